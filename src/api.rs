@@ -1,0 +1,240 @@
+//! ptraind's D-Bus API (`org.ptrain.Daemon1` on the system bus), and the
+//! stable JSON shapes the CLI prints with `--json`.
+//!
+//! Callers are identified by the uid the bus daemon vouches for; a user may
+//! stop only their own jobs (root any). Reads are open to every local user,
+//! as `squeue` and `systemctl list-units` are.
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::gpu::GpuInfo;
+use crate::store::{JobRecord, Outcome, RejectRecord};
+use crate::unit::explain_exit_status;
+
+/// One job as `ptrain status --json` and `ptrain list --json` show it.
+/// Fields are only ever added, never renamed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobView {
+    pub id: String,
+    pub status: String,
+    pub owner: String,
+    pub uid: u32,
+    pub unit: String,
+    pub command: Vec<String>,
+    pub workdir: Option<String>,
+    pub gpus: Vec<u32>,
+    pub gpu_uuids: Vec<String>,
+    pub submitted_at: u64,
+    pub started_at: Option<u64>,
+    pub ended_at: Option<u64>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub outcome: Option<Outcome>,
+    /// A sentence for people: what happened and, on failure, why.
+    pub detail: String,
+    pub invocation_id: Option<String>,
+    pub systemd_result: Option<String>,
+    pub timeout_secs: Option<u64>,
+}
+
+impl JobView {
+    pub fn of(record: &JobRecord) -> JobView {
+        let (exit_code, signal) = match &record.outcome {
+            Some(Outcome::Failed { exit_code }) => (Some(*exit_code), None),
+            Some(Outcome::Succeeded) => (Some(0), None),
+            Some(Outcome::Killed { signal }) => (None, Some(*signal)),
+            _ => (None, None),
+        };
+        let detail = match (&record.outcome, record.status()) {
+            (Some(outcome), _) => {
+                let mut s = outcome.describe();
+                if let Some(why) = exit_code.and_then(explain_exit_status) {
+                    s.push_str(&format!(" ({why})"));
+                }
+                s
+            }
+            (None, "queued") if record.spec.gpus > 0 => {
+                format!("waiting for {} free GPU(s)", record.spec.gpus)
+            }
+            (None, status) => status.to_string(),
+        };
+        JobView {
+            id: record.id.to_string(),
+            status: record.status().to_string(),
+            owner: record.owner.name.clone(),
+            uid: record.owner.uid,
+            unit: record.unit.clone(),
+            command: record.spec.command.clone(),
+            workdir: record.spec.workdir.as_ref().map(|p| p.display().to_string()),
+            gpus: record.gpus.iter().map(|g| g.index).collect(),
+            gpu_uuids: record.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            submitted_at: record.submitted_at,
+            started_at: record.started_at,
+            ended_at: record.ended_at,
+            exit_code,
+            signal,
+            outcome: record.outcome.clone(),
+            detail,
+            invocation_id: record.invocation_id.clone(),
+            systemd_result: record.systemd_result.clone(),
+            timeout_secs: record.spec.timeout.map(|t| t.as_secs()),
+        }
+    }
+}
+
+/// A GPU and the job holding it, for `ptrain gpus`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GpuView {
+    #[serde(flatten)]
+    pub gpu: GpuInfo,
+    pub held_by: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GpusView {
+    pub backend: String,
+    pub gpus: Vec<GpuView>,
+}
+
+/// Why an API call failed; becomes a D-Bus error the CLI maps to an exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("no job {0:?}; `ptrain list` shows the jobs ptraind knows")]
+    NotFound(String),
+    #[error("job {id} belongs to {owner}; only its owner or root may {action} it")]
+    NotYours {
+        id: String,
+        owner: String,
+        action: &'static str,
+    },
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<ApiError> for zbus::fdo::Error {
+    fn from(e: ApiError) -> Self {
+        match e {
+            ApiError::NotFound(_) => zbus::fdo::Error::FileNotFound(e.to_string()),
+            ApiError::NotYours { .. } => zbus::fdo::Error::AccessDenied(e.to_string()),
+            ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
+        }
+    }
+}
+
+/// A request from the API to the daemon's state task.
+pub enum ApiRequest {
+    List(oneshot::Sender<Vec<JobView>>),
+    Status(String, oneshot::Sender<Result<JobView, ApiError>>),
+    Stop {
+        id: String,
+        caller_uid: u32,
+        reply: oneshot::Sender<Result<String, ApiError>>,
+    },
+    Rejected {
+        caller_uid: u32,
+        reply: oneshot::Sender<Result<Vec<RejectRecord>, ApiError>>,
+    },
+    Gpus(oneshot::Sender<Result<GpusView, ApiError>>),
+}
+
+/// The object served at [`crate::DBUS_PATH`].
+pub struct DaemonApi {
+    pub requests: mpsc::UnboundedSender<ApiRequest>,
+}
+
+impl DaemonApi {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest) -> zbus::fdo::Result<T> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(make(tx))
+            .map_err(|_| zbus::fdo::Error::Failed("ptraind is shutting down".into()))?;
+        rx.await
+            .map_err(|_| zbus::fdo::Error::Failed("ptraind is shutting down".into()))
+    }
+}
+
+async fn caller_uid(conn: &zbus::Connection, header: &zbus::message::Header<'_>) -> zbus::fdo::Result<u32> {
+    let sender = header
+        .sender()
+        .ok_or_else(|| zbus::fdo::Error::AccessDenied("caller has no bus name".into()))?;
+    let dbus = zbus::fdo::DBusProxy::new(conn).await?;
+    dbus.get_connection_unix_user(sender.clone().into()).await
+}
+
+fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("views always serialise")
+}
+
+#[zbus::interface(name = "org.ptrain.Daemon1")]
+impl DaemonApi {
+    /// Every job, as a JSON array of JobView.
+    async fn list(&self) -> zbus::fdo::Result<String> {
+        Ok(to_json(&self.ask(ApiRequest::List).await?))
+    }
+
+    /// One job, as a JSON JobView.
+    async fn status(&self, id: String) -> zbus::fdo::Result<String> {
+        let view = self.ask(|tx| ApiRequest::Status(id, tx)).await??;
+        Ok(to_json(&view))
+    }
+
+    /// Stops a job (queued or running); returns a sentence saying what happened.
+    async fn stop(
+        &self,
+        id: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller_uid = caller_uid(conn, &header).await?;
+        Ok(self
+            .ask(|reply| ApiRequest::Stop {
+                id,
+                caller_uid,
+                reply,
+            })
+            .await??)
+    }
+
+    /// Rejected spool files: the caller's own (root: all), JSON array.
+    async fn rejected(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller_uid = caller_uid(conn, &header).await?;
+        let list = self
+            .ask(|reply| ApiRequest::Rejected { caller_uid, reply })
+            .await??;
+        Ok(to_json(&list))
+    }
+
+    /// The GPU inventory and which job holds each GPU, JSON.
+    async fn gpus(&self) -> zbus::fdo::Result<String> {
+        Ok(to_json(&self.ask(ApiRequest::Gpus).await??))
+    }
+
+    /// Emitted on every job state change: id and new status.
+    #[zbus(signal)]
+    pub async fn job_changed(
+        emitter: &zbus::object_server::SignalEmitter<'_>,
+        id: &str,
+        status: &str,
+    ) -> zbus::Result<()>;
+}
+
+/// The client side, for the `ptrain` CLI.
+#[zbus::proxy(
+    interface = "org.ptrain.Daemon1",
+    default_service = "org.ptrain.Daemon1",
+    default_path = "/org/ptrain/Daemon1"
+)]
+pub trait Daemon1 {
+    fn list(&self) -> zbus::Result<String>;
+    fn status(&self, id: &str) -> zbus::Result<String>;
+    fn stop(&self, id: &str) -> zbus::Result<String>;
+    fn rejected(&self) -> zbus::Result<String>;
+    fn gpus(&self) -> zbus::Result<String>;
+    #[zbus(signal)]
+    fn job_changed(&self, id: String, status: String) -> zbus::Result<()>;
+}

@@ -1,0 +1,481 @@
+//! ptrain: the user's command line for ptraind.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use futures_util::StreamExt;
+
+use ptrain::api::{Daemon1Proxy, GpusView, JobView};
+use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
+use ptrain::spec::{parse_spec, spool_file_stem, MAX_SPEC_BYTES};
+use ptrain::store::{signal_name, RejectRecord};
+
+const EXIT_FAILURE: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_NO_DAEMON: u8 = 3;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Submit and follow GPU training jobs run by ptraind as systemd units",
+    after_help = "Examples:
+  ptrain submit train.json          drop a job file into the spool
+  ptrain list                       every job and its state
+  ptrain status resnet-lr01         one job's outcome, times and GPUs
+  ptrain logs -f resnet-lr01        follow a job's output
+  ptrain stop resnet-lr01           stop a queued or running job
+
+Exit codes: 0 success, 1 the request failed (unknown job, not yours, job failed),
+2 bad usage or invalid job file, 3 ptraind is not reachable."
+)]
+struct Cli {
+    /// Configuration file (for the spool directory).
+    #[arg(long, global = true, default_value = DEFAULT_CONFIG_PATH, env = "PTRAIN_CONFIG")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a job file and drop it into the spool (FILE or - for stdin).
+    Submit {
+        file: PathBuf,
+        /// Job id when reading stdin (default: the file's stem).
+        #[arg(long)]
+        id: Option<String>,
+        /// Return once the file is dropped, without waiting for ptraind to accept it.
+        #[arg(long)]
+        no_confirm: bool,
+    },
+    /// List every job.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job.
+    Status {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a queued or running job.
+    Stop { id: String },
+    /// Show a job's output from the journal.
+    Logs {
+        id: String,
+        /// Follow the output until the job ends.
+        #[arg(short, long)]
+        follow: bool,
+        /// Show only the last N lines.
+        #[arg(short = 'n', long)]
+        lines: Option<u32>,
+    },
+    /// Job files ptraind refused, and why (yours; root sees all).
+    Rejected {
+        #[arg(long)]
+        json: bool,
+    },
+    /// GPUs and the jobs holding them.
+    Gpus {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+fn fail(code: u8, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+    }
+}
+
+fn from_bus(e: zbus::Error) -> Failure {
+    match &e {
+        zbus::Error::MethodError(name, msg, _) => {
+            let text = msg.clone().unwrap_or_else(|| name.to_string());
+            if name.as_str() == "org.freedesktop.DBus.Error.ServiceUnknown"
+                || name.as_str() == "org.freedesktop.DBus.Error.NameHasNoOwner"
+            {
+                fail(EXIT_NO_DAEMON, "ptraind is not running (systemctl start ptraind)")
+            } else {
+                fail(EXIT_FAILURE, text)
+            }
+        }
+        zbus::Error::FDO(fdo) => match fdo.as_ref() {
+            zbus::fdo::Error::ServiceUnknown(_) | zbus::fdo::Error::NameHasNoOwner(_) => {
+                fail(EXIT_NO_DAEMON, "ptraind is not running (systemctl start ptraind)")
+            }
+            other => fail(EXIT_FAILURE, fdo_message(other)),
+        },
+        _ => fail(EXIT_NO_DAEMON, format!("cannot reach ptraind on the system bus: {e}")),
+    }
+}
+
+fn fdo_message(e: &zbus::fdo::Error) -> String {
+    let text = e.to_string();
+    // "org.freedesktop.DBus.Error.X: message" → "message"
+    text.split_once(": ").map(|(_, m)| m.to_string()).unwrap_or(text)
+}
+
+async fn proxy() -> Result<Daemon1Proxy<'static>, Failure> {
+    let conn = zbus::Connection::system()
+        .await
+        .map_err(|e| fail(EXIT_NO_DAEMON, format!("cannot connect to the system bus: {e}")))?;
+    Daemon1Proxy::new(&conn).await.map_err(from_bus)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("ptrain: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<u8, Failure> {
+    match cli.command {
+        Command::Submit { file, id, no_confirm } => submit(&cli.config, &file, id, no_confirm).await,
+        Command::List { json } => {
+            let jobs: Vec<JobView> = parse(&proxy().await?.list().await.map_err(from_bus)?)?;
+            if json {
+                print_json(&jobs);
+            } else {
+                print_table(&jobs);
+            }
+            Ok(0)
+        }
+        Command::Status { id, json } => {
+            let job: JobView = parse(&proxy().await?.status(&id).await.map_err(from_bus)?)?;
+            if json {
+                print_json(&job);
+            } else {
+                print_status(&job);
+            }
+            Ok(0)
+        }
+        Command::Stop { id } => {
+            println!("{}", proxy().await?.stop(&id).await.map_err(from_bus)?);
+            Ok(0)
+        }
+        Command::Logs { id, follow, lines } => logs(&id, follow, lines).await,
+        Command::Rejected { json } => {
+            let list: Vec<RejectRecord> = parse(&proxy().await?.rejected().await.map_err(from_bus)?)?;
+            if json {
+                print_json(&list);
+            } else if list.is_empty() {
+                println!("no rejected job files");
+            } else {
+                for r in &list {
+                    println!(
+                        "{}  {}  {}: {}",
+                        format_time(r.rejected_at),
+                        r.owner.as_deref().unwrap_or("?"),
+                        r.file.escape_debug(),
+                        r.reason
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Command::Gpus { json } => {
+            let view: GpusView = parse(&proxy().await?.gpus().await.map_err(from_bus)?)?;
+            if json {
+                print_json(&view);
+            } else {
+                println!("backend: {}", view.backend);
+                println!("{:<5} {:<24} {:>10} {:>10} {:<16} UUID", "INDEX", "NAME", "MEM MiB", "USED MiB", "JOB");
+                for g in &view.gpus {
+                    println!(
+                        "{:<5} {:<24} {:>10} {:>10} {:<16} {}",
+                        g.gpu.index,
+                        truncate(&g.gpu.name, 24),
+                        g.gpu.memory_total_mib,
+                        g.gpu.memory_used_mib.map(|m| m.to_string()).unwrap_or("-".into()),
+                        g.held_by.as_deref().unwrap_or("-"),
+                        g.gpu.uuid
+                    );
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Failure> {
+    serde_json::from_str(json).map_err(|e| fail(EXIT_FAILURE, format!("unexpected reply from ptraind: {e}")))
+}
+
+fn print_json<T: serde::Serialize>(value: &T) {
+    println!("{}", serde_json::to_string_pretty(value).expect("serialisable"));
+}
+
+fn truncate(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+fn format_time(micros: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_micros(micros);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn format_duration(micros: u64) -> String {
+    humantime::format_duration(Duration::from_secs(micros / 1_000_000)).to_string()
+}
+
+fn duration_of(job: &JobView) -> Option<u64> {
+    let start = job.started_at?;
+    let end = job.ended_at.unwrap_or_else(ptrain::now_micros);
+    Some(end.saturating_sub(start))
+}
+
+fn print_table(jobs: &[JobView]) {
+    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    println!("{:<24} {:<13} {:<12} {:<6} {:<20} {:<10} DETAIL", "ID", "STATUS", "OWNER", "GPUS", "SUBMITTED", "RAN");
+    for j in jobs {
+        let gpus = if j.gpus.is_empty() {
+            "-".to_string()
+        } else {
+            j.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        };
+        let status = format!("{:<13}", j.status);
+        let status = if color {
+            let code = match j.status.as_str() {
+                "succeeded" => "32",
+                "running" | "launching" => "36",
+                "queued" => "33",
+                _ => "31",
+            };
+            format!("\x1b[{code}m{status}\x1b[0m")
+        } else {
+            status
+        };
+        println!(
+            "{:<24} {} {:<12} {:<6} {:<20} {:<10} {}",
+            truncate(&j.id, 24),
+            status,
+            truncate(&j.owner, 12),
+            gpus,
+            format_time(j.submitted_at),
+            duration_of(j).map(format_duration).unwrap_or_else(|| "-".into()),
+            j.detail
+        );
+    }
+}
+
+fn print_status(j: &JobView) {
+    println!("job:       {}", j.id);
+    println!("status:    {} — {}", j.status, j.detail);
+    println!("owner:     {} (uid {})", j.owner, j.uid);
+    println!("unit:      {}", j.unit);
+    println!("command:   {}", j.command.join(" "));
+    if let Some(w) = &j.workdir {
+        println!("workdir:   {w}");
+    }
+    if let Some(t) = j.timeout_secs {
+        println!("timeout:   {}", humantime::format_duration(Duration::from_secs(t)));
+    }
+    let gpus = if j.gpus.is_empty() {
+        "none".to_string()
+    } else {
+        j.gpus
+            .iter()
+            .zip(&j.gpu_uuids)
+            .map(|(i, u)| format!("{i} ({u})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("gpus:      {gpus}");
+    println!("submitted: {}", format_time(j.submitted_at));
+    if let Some(s) = j.started_at {
+        println!("started:   {}", format_time(s));
+    }
+    if let Some(e) = j.ended_at {
+        println!("ended:     {}", format_time(e));
+    }
+    if let Some(d) = duration_of(j) {
+        println!("ran for:   {}", format_duration(d));
+    }
+    if let Some(code) = j.exit_code {
+        println!("exit code: {code}");
+    }
+    if let Some(sig) = j.signal {
+        println!("signal:    {}", signal_name(sig));
+    }
+    if let Some(inv) = &j.invocation_id {
+        println!("logs:      journalctl _SYSTEMD_INVOCATION_ID={inv}");
+    }
+}
+
+/// The spool directory from the config, or the default when the config is
+/// not readable by this user (it is normally root-only-writable, world-readable).
+fn spool_dir(config: &Path) -> PathBuf {
+    Config::load(config)
+        .map(|c| c.spool_dir)
+        .unwrap_or_else(|_| PathBuf::from("/var/spool/ptrain"))
+}
+
+async fn submit(config: &Path, file: &Path, id: Option<String>, no_confirm: bool) -> Result<u8, Failure> {
+    let (bytes, default_id) = if file == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .take(MAX_SPEC_BYTES as u64 + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| fail(EXIT_FAILURE, format!("cannot read stdin: {e}")))?;
+        let id = id.ok_or_else(|| fail(EXIT_USAGE, "reading a job from stdin needs --id ID (or an \"id\" field)"))?;
+        (buf, id)
+    } else {
+        let bytes = std::fs::read(file).map_err(|e| fail(EXIT_USAGE, format!("cannot read {}: {e}", file.display())))?;
+        let stem = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .map(str::to_owned)
+            .unwrap_or_default();
+        (bytes, id.unwrap_or(stem))
+    };
+    // The same checks ptraind makes, so mistakes show up here, not later.
+    let spec = parse_spec(&bytes, &default_id)
+        .map_err(|e| fail(EXIT_USAGE, format!("{}: {e}", file.display())))?;
+    let name = format!("{}.json", spec.id);
+    debug_assert!(spool_file_stem(&name).is_some());
+    let spool = spool_dir(config);
+
+    // Listen before dropping, so the daemon's answer cannot be missed.
+    let listener = match proxy().await {
+        Ok(p) if !no_confirm => p.receive_job_changed().await.ok().map(|s| (p, s)),
+        _ => None,
+    };
+    drop_into_spool(&spool, &name, &bytes)?;
+    println!("submitted {} as {}", spec.id, spool.join(&name).display());
+    let Some((proxy, mut changes)) = listener else {
+        return Ok(0);
+    };
+    let wait = async {
+        while let Some(signal) = changes.next().await {
+            if let Ok(args) = signal.args() {
+                if args.id == spec.id.as_str() {
+                    return Some(args.status.clone());
+                }
+            }
+        }
+        None
+    };
+    match tokio::time::timeout(Duration::from_secs(10), wait).await {
+        Ok(Some(status)) => {
+            println!("ptraind accepted job {} ({status}); `ptrain status {}` shows it", spec.id, spec.id);
+            Ok(0)
+        }
+        _ => {
+            let rejected: Vec<RejectRecord> = proxy
+                .rejected()
+                .await
+                .ok()
+                .and_then(|j| serde_json::from_str(&j).ok())
+                .unwrap_or_default();
+            if let Some(r) = rejected.iter().rev().find(|r| r.file == name) {
+                return Err(fail(EXIT_FAILURE, format!("ptraind rejected {name}: {}", r.reason)));
+            }
+            println!("ptraind has not picked it up yet; check with `ptrain status {}`", spec.id);
+            Ok(0)
+        }
+    }
+}
+
+/// Writes the job under a dot-name the daemon ignores, then renames it to
+/// its final name, so ptraind never sees a half-written file. Refuses to
+/// replace a pending file of the same name.
+fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<(), Failure> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = spool.join(format!(".{name}.{}.tmp", std::process::id()));
+    let io = |what: &str, e: std::io::Error| fail(EXIT_FAILURE, format!("cannot {what} in {}: {e}", spool.display()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| io("create a file", e))?;
+    let written = f.write_all(bytes).and_then(|()| f.sync_all());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io("write the job file", e));
+    }
+    drop(f);
+    let from = std::ffi::CString::new(tmp.as_os_str().as_encoded_bytes()).expect("no NUL");
+    let to = std::ffi::CString::new(spool.join(name).as_os_str().as_encoded_bytes()).expect("no NUL");
+    // SAFETY: renameat2 with NUL-terminated absolute or cwd-relative paths.
+    let rc = unsafe {
+        libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE)
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        let _ = std::fs::remove_file(&tmp);
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            return Err(fail(EXIT_FAILURE, format!("{name} is already waiting in the spool; give the job another id")));
+        }
+        return Err(io("publish the job file", e));
+    }
+    Ok(())
+}
+
+async fn logs(id: &str, follow: bool, lines: Option<u32>) -> Result<u8, Failure> {
+    let proxy = proxy().await?;
+    let mut job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
+    let mut changes = proxy.receive_job_changed().await.map_err(from_bus)?;
+    let ended = |j: &JobView| !matches!(j.status.as_str(), "queued" | "launching" | "running");
+    if follow {
+        // Wait for a queued job to start, so its invocation id is known.
+        while job.invocation_id.is_none() && !ended(&job) {
+            let Some(_) = changes.next().await else { break };
+            job = parse(&proxy.status(id).await.map_err(from_bus)?)?;
+        }
+    }
+    let mut cmd = std::process::Command::new("journalctl");
+    cmd.args(["--no-pager", "-o", "cat"]);
+    match &job.invocation_id {
+        Some(inv) => cmd.arg(format!("_SYSTEMD_INVOCATION_ID={inv}")),
+        None => cmd.arg(format!("_SYSTEMD_UNIT={}", job.unit)),
+    };
+    if let Some(n) = lines {
+        cmd.arg(format!("--lines={n}"));
+    }
+    if !follow || ended(&job) {
+        let status = cmd.status().map_err(|e| fail(EXIT_FAILURE, format!("cannot run journalctl: {e}")))?;
+        return Ok(if status.success() { 0 } else { EXIT_FAILURE });
+    }
+    cmd.arg("--follow");
+    let mut child = cmd.spawn().map_err(|e| fail(EXIT_FAILURE, format!("cannot run journalctl: {e}")))?;
+    while let Some(signal) = changes.next().await {
+        if signal.args().is_ok_and(|a| a.id == id && !matches!(a.status.as_str(), "queued" | "launching" | "running")) {
+            break;
+        }
+    }
+    // The journal may still be writing the last lines: give journalctl a
+    // moment to print them before it is stopped.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(0)
+}

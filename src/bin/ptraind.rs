@@ -1,0 +1,91 @@
+//! ptraind: the root daemon that turns spool files into systemd units.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::prelude::*;
+
+use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
+
+/// Runs GPU training jobs dropped into the spool as supervised systemd units.
+#[derive(Parser)]
+#[command(version, about, after_help = "Examples:\n  ptraind --check-config\n  ptraind --config /etc/ptrain/ptrain.toml")]
+struct Args {
+    /// Configuration file.
+    #[arg(long, default_value = DEFAULT_CONFIG_PATH, env = "PTRAIN_CONFIG")]
+    config: PathBuf,
+    /// Validate the configuration, print the result and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PTRAIN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Under systemd (stderr connected to the journal) log structured
+    // entries to journald, so `journalctl PTRAIN_JOB=ID` works; elsewhere
+    // to stderr.
+    let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let journald = under_journal.then(|| tracing_journald::layer().ok()).flatten();
+    let stderr = journald
+        .is_none()
+        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(journald)
+        .with(stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match Config::load(&args.config) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("ptraind: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.check_config {
+        println!("{}: ok", args.config.display());
+        println!("  spool_dir = {}", config.spool_dir.display());
+        println!("  state_dir = {}", config.state_dir.display());
+        println!("  log_dir   = {}", config.log_dir.display());
+        println!("  slice     = {}", config.slice);
+        println!("  gpus      = backend {:?}", config.gpus.backend);
+        return ExitCode::SUCCESS;
+    }
+    init_logging();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ptraind: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let cancel = CancellationToken::new();
+        let on_signal = cancel.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            on_signal.cancel();
+        });
+        match ptrain::daemon::run(config, cancel).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("ptraind: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}

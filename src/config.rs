@@ -1,0 +1,183 @@
+//! `/etc/ptrain/ptrain.toml`: read in two stages, a raw serde layer that
+//! mirrors the file (unknown keys are errors) and a validated [`Config`].
+//! Every error names the file, the key and the fix.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::gpu::GpuConfig;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/ptrain/ptrain.toml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}; create it (see packaging/ptrain.toml) or pass --config")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: key `{key}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    spool_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    log_dir: Option<PathBuf>,
+    slice: Option<String>,
+    allow_root_jobs: Option<bool>,
+    max_queued_per_user: Option<usize>,
+    gpus: Option<GpuConfig>,
+    jobs: Option<RawJobs>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJobs {
+    read_write_paths: Option<Vec<PathBuf>>,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub spool_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub slice: String,
+    pub allow_root_jobs: bool,
+    pub max_queued_per_user: usize,
+    pub gpus: GpuConfig,
+    /// Paths every job may write besides its workdir (datasets, caches).
+    pub read_write_paths: Vec<PathBuf>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_toml(path, &text)
+    }
+
+    pub fn from_toml(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().replace('\n', "\n  "),
+        })?;
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            message,
+        };
+        let absolute = |key: &str, value: Option<PathBuf>, default: &str| {
+            let value = value.unwrap_or_else(|| PathBuf::from(default));
+            if value.is_absolute() {
+                Ok(value)
+            } else {
+                Err(invalid(
+                    key,
+                    format!("{} is relative; give an absolute path like {default}", value.display()),
+                ))
+            }
+        };
+        let spool_dir = absolute("spool_dir", raw.spool_dir, "/var/spool/ptrain")?;
+        let state_dir = absolute("state_dir", raw.state_dir, "/var/lib/ptrain")?;
+        let log_dir = absolute("log_dir", raw.log_dir, "/var/log/ptrain")?;
+        if spool_dir.starts_with(&state_dir) || state_dir.starts_with(&spool_dir) {
+            return Err(invalid(
+                "state_dir",
+                "must not be inside spool_dir or contain it; users can write the spool".into(),
+            ));
+        }
+        let slice = raw.slice.unwrap_or_else(|| "ptrain.slice".into());
+        let slice_ok = slice.ends_with(".slice")
+            && slice.len() <= 255
+            && slice[..slice.len() - ".slice".len()]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+            && slice.len() > ".slice".len();
+        if !slice_ok {
+            return Err(invalid(
+                "slice",
+                format!("{slice:?} is not a slice unit name; use something like \"ptrain.slice\""),
+            ));
+        }
+        let max_queued_per_user = raw.max_queued_per_user.unwrap_or(1000);
+        if max_queued_per_user == 0 {
+            return Err(invalid("max_queued_per_user", "must be at least 1".into()));
+        }
+        let gpus = match raw.gpus {
+            Some(g) => g,
+            None => GpuConfig::deserialize(toml::Value::Table(Default::default())).map_err(|e| {
+                invalid("gpus", format!("defaults do not load: {e}"))
+            })?,
+        };
+        gpus.validate().map_err(|message| invalid("gpus", message))?;
+        let read_write_paths = raw.jobs.and_then(|j| j.read_write_paths).unwrap_or_default();
+        for (i, p) in read_write_paths.iter().enumerate() {
+            if !p.is_absolute() {
+                return Err(invalid(
+                    &format!("jobs.read_write_paths[{i}]"),
+                    format!("{} is relative; give an absolute path", p.display()),
+                ));
+            }
+        }
+        Ok(Config {
+            spool_dir,
+            state_dir,
+            log_dir,
+            slice,
+            allow_root_jobs: raw.allow_root_jobs.unwrap_or(false),
+            max_queued_per_user,
+            gpus,
+            read_write_paths,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(Path::new("/etc/ptrain/ptrain.toml"), text)
+    }
+
+    #[test]
+    fn empty_config_gives_defaults() {
+        let c = load("").unwrap();
+        assert_eq!(c.spool_dir, Path::new("/var/spool/ptrain"));
+        assert_eq!(c.slice, "ptrain.slice");
+        assert!(!c.allow_root_jobs);
+    }
+
+    #[test]
+    fn shipped_default_config_loads() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/ptrain.toml"));
+        if let Ok(text) = text {
+            load(&text).unwrap();
+        }
+    }
+
+    #[test]
+    fn errors_name_the_key_and_fix() {
+        let e = load("spool_dir = \"spool\"").unwrap_err().to_string();
+        assert!(e.contains("spool_dir") && e.contains("absolute"), "{e}");
+        let e = load("spol_dir = \"/x\"").unwrap_err().to_string();
+        assert!(e.contains("spol_dir"), "{e}");
+        let e = load("slice = \"ptrain\"").unwrap_err().to_string();
+        assert!(e.contains("slice") && e.contains("ptrain.slice"), "{e}");
+        let e = load("state_dir = \"/var/spool/ptrain/state\"").unwrap_err().to_string();
+        assert!(e.contains("state_dir"), "{e}");
+    }
+}

@@ -1,0 +1,735 @@
+//! The daemon: one task owns every job's state and applies events in
+//! order (spool files, systemd signals, API requests). No lock is held
+//! across an await; other tasks only send events.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::os::fd::OwnedFd;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::api::{ApiError, ApiRequest, DaemonApi, GpuView, GpusView, JobView};
+use crate::config::Config;
+use crate::fsutil::{self, FileIdentity};
+use crate::gpu::{GpuInfo, GpuInventory};
+use crate::scheduler::{self, Waiting};
+use crate::spec::{parse_spec, JobId};
+use crate::spool::{self, SpoolEvent, SpoolRead};
+use crate::store::{AssignedGpu, JobRecord, JobState, Outcome, RejectRecord, SpoolSource, Store};
+use crate::systemd::{Systemd, SystemdError, UnitSignal, UnitState};
+use crate::{now_micros, unit, users, DBUS_NAME, DBUS_PATH};
+
+/// Prefix of every job unit's name.
+pub const JOB_UNIT_PREFIX: &str = "ptrain-job@";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("{0}")]
+    UnsafeSpool(String),
+    #[error("cannot set up {what} {path}: {source}")]
+    Setup {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+    #[error("cannot serve the D-Bus API as {DBUS_NAME}: {0}; is the D-Bus policy installed (packaging/dbus) and is another ptraind running?")]
+    Api(zbus::Error),
+    #[error("cannot watch the spool: {0}")]
+    Watch(#[from] notify::Error),
+}
+
+/// Everything the state task reacts to.
+pub enum Event {
+    Spool(SpoolEvent),
+    Unit(UnitSignal),
+    Api(ApiRequest),
+}
+
+pub struct Daemon {
+    config: Config,
+    store: Store,
+    systemd: Systemd,
+    inventory: Box<dyn GpuInventory>,
+    spool_fd: OwnedFd,
+    jobs: BTreeMap<JobId, JobRecord>,
+    /// Queued jobs in arrival order.
+    queue: VecDeque<JobId>,
+    /// GPU index → the job holding it.
+    held: BTreeMap<u32, JobId>,
+    /// Units we started (or adopted) and still wait to see end.
+    by_unit: HashMap<String, JobId>,
+    queued_per_user: HashMap<u32, usize>,
+    /// Spool entries we could neither claim nor remove (a user's non-empty
+    /// directory): refused once, then left alone.
+    stuck_entries: HashSet<(u64, u64)>,
+}
+
+/// Runs ptraind until `cancel` fires. Returns after state is consistent on
+/// disk; running jobs keep running (they are systemd units, not children).
+pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), DaemonError> {
+    let setup = |what, path: &std::path::Path| {
+        let path = path.to_owned();
+        move |source| DaemonError::Setup { what, path, source }
+    };
+    spool::ensure_spool_dir(&config.spool_dir).map_err(setup("spool directory", &config.spool_dir))?;
+    spool::check_spool_dir(&config.spool_dir).map_err(DaemonError::UnsafeSpool)?;
+    let spool_fd = fsutil::open_dir(&config.spool_dir).map_err(setup("spool directory", &config.spool_dir))?;
+    let store = Store::open(&config.state_dir)?;
+    let inventory = crate::gpu::open_inventory(&config.gpus)?;
+    info!(backend = inventory.backend(), "GPU inventory ready");
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let systemd = Systemd::connect().await?;
+    let unit_tx = tx.clone();
+    systemd
+        .forward_signals(JOB_UNIT_PREFIX, move |signal| {
+            let _ = unit_tx.send(Event::Unit(signal));
+        })
+        .await?;
+
+    let mut daemon = Daemon {
+        config,
+        store,
+        systemd,
+        inventory,
+        spool_fd,
+        jobs: BTreeMap::new(),
+        queue: VecDeque::new(),
+        held: BTreeMap::new(),
+        by_unit: HashMap::new(),
+        queued_per_user: HashMap::new(),
+        stuck_entries: HashSet::new(),
+    };
+    daemon.restore().await?;
+
+    // The API comes up after the state is restored, so no caller ever sees
+    // a half-loaded daemon.
+    let (api_tx, mut api_rx) = mpsc::unbounded_channel();
+    let conn = daemon.systemd.connection().clone();
+    conn.object_server()
+        .at(DBUS_PATH, DaemonApi { requests: api_tx })
+        .await
+        .map_err(DaemonError::Api)?;
+    conn.request_name(DBUS_NAME).await.map_err(DaemonError::Api)?;
+    let api_forward = tx.clone();
+    tokio::spawn(async move {
+        while let Some(req) = api_rx.recv().await {
+            if api_forward.send(Event::Api(req)).is_err() {
+                break;
+            }
+        }
+    });
+
+    let spool_tx = tx.clone();
+    let _watcher = spool::watch(&daemon.config.spool_dir, move |event| {
+        let _ = spool_tx.send(Event::Spool(event));
+    })?;
+    // Files dropped while ptraind was down (or before the watch began).
+    daemon.rescan().await;
+    daemon.schedule().await;
+
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    daemon.notify_status();
+    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.jobs.len(), "ptraind ready");
+
+    let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
+    let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(std::time::Duration::from_secs(3600)));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = watchdog_tick.tick(), if watchdog.is_some() => {
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+            event = rx.recv() => {
+                let Some(event) = event else { break };
+                daemon.handle(event).await;
+                // Apply everything already waiting before planning, so a
+                // burst of files is scheduled once.
+                while let Ok(event) = rx.try_recv() {
+                    daemon.handle(event).await;
+                }
+                daemon.schedule().await;
+                daemon.notify_status();
+            }
+        }
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    info!("ptraind stopping; running jobs keep running");
+    Ok(())
+}
+
+impl Daemon {
+    async fn handle(&mut self, event: Event) {
+        match event {
+            Event::Spool(SpoolEvent::File(name)) => self.ingest(&name).await,
+            Event::Spool(SpoolEvent::Rescan) => self.rescan().await,
+            Event::Unit(signal) => self.on_unit_signal(signal).await,
+            Event::Api(request) => self.on_api(request).await,
+        }
+    }
+
+    fn notify_status(&self) {
+        let running = self
+            .jobs
+            .values()
+            .filter(|r| matches!(r.state, JobState::Running | JobState::Launching))
+            .count();
+        let status = format!(
+            "{} queued, {} running, {} GPUs busy",
+            self.queue.len(),
+            running,
+            self.held.len()
+        );
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);
+    }
+
+    /// Loads every record and re-attaches to units that were launched
+    /// before a restart.
+    async fn restore(&mut self) -> Result<(), DaemonError> {
+        let records = self.store.load_all()?;
+        let mut to_check = Vec::new();
+        for record in records {
+            let id = record.id.clone();
+            match record.state {
+                JobState::Queued => {
+                    self.queue.push_back(id.clone());
+                    *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
+                }
+                JobState::Launching | JobState::Running => {
+                    for gpu in &record.gpus {
+                        self.held.insert(gpu.index, id.clone());
+                    }
+                    self.by_unit.insert(record.unit.clone(), id.clone());
+                    to_check.push(id.clone());
+                }
+                JobState::Ended => {}
+            }
+            self.jobs.insert(id, record);
+        }
+        for id in to_check {
+            self.reattach(&id).await;
+        }
+        Ok(())
+    }
+
+    async fn reattach(&mut self, id: &JobId) {
+        let Some(record) = self.jobs.get(id) else { return };
+        let unit = record.unit.clone();
+        let state = record.state;
+        match self.systemd.ref_unit(&unit).await {
+            Ok(()) => {
+                info!(job = %id, unit, "re-attached to running unit");
+                self.check_unit(&unit).await;
+            }
+            Err(SystemdError::NoSuchUnit(_)) if state == JobState::Launching => {
+                // Recorded as launching, but systemd never got (or kept)
+                // the unit: start it now, once.
+                warn!(job = %id, unit, "launch was interrupted; launching again");
+                self.by_unit.remove(&unit);
+                let gpus: Vec<u32> = self.jobs[id].gpus.iter().map(|g| g.index).collect();
+                self.start_unit(id, gpus).await;
+            }
+            Err(e) => {
+                warn!(job = %id, unit, error = %e, "unit is gone; its result is unknown");
+                self.finish(
+                    id,
+                    Outcome::LaunchFailed {
+                        reason: "the unit ended while ptraind was down and systemd no longer has its result".into(),
+                    },
+                    None,
+                )
+                .await;
+            }
+        }
+    }
+
+    async fn rescan(&mut self) {
+        match spool::scan(&self.config.spool_dir) {
+            Ok(names) => {
+                for name in names {
+                    self.ingest(&name).await;
+                }
+            }
+            Err(e) => error!(spool = %self.config.spool_dir.display(), error = %e, "cannot read the spool"),
+        }
+    }
+
+    /// Claims one spool file: validate, record durably, then remove it.
+    async fn ingest(&mut self, name: &str) {
+        match spool::read_spool_file(&self.spool_fd, name) {
+            SpoolRead::Ignored => {}
+            SpoolRead::Refused {
+                name,
+                reason,
+                identity,
+                bytes,
+                is_dir,
+            } => self.reject(&name, &reason, identity, bytes.as_deref(), is_dir),
+            SpoolRead::File {
+                name,
+                stem,
+                identity,
+                bytes,
+            } => self.claim(&name, &stem, identity, bytes),
+        }
+    }
+
+    fn claim(&mut self, name: &str, stem: &str, identity: FileIdentity, bytes: Vec<u8>) {
+        let reject = |this: &mut Self, reason: String| {
+            this.reject(name, &reason, Some(identity), Some(&bytes), false)
+        };
+        let Some(owner) = users::owner_of_uid(identity.uid) else {
+            return reject(
+                self,
+                format!(
+                    "its owner uid {} has no passwd entry; jobs run only as known users",
+                    identity.uid
+                ),
+            );
+        };
+        if owner.uid == 0 && !self.config.allow_root_jobs {
+            return reject(
+                self,
+                "it is owned by root and allow_root_jobs is false; submit it as the user who should run it".into(),
+            );
+        }
+        let spec = match parse_spec(&bytes, stem) {
+            Ok(spec) => spec,
+            Err(e) => return reject(self, e.to_string()),
+        };
+        if let Some(user) = &spec.user {
+            if *user != owner.name {
+                return reject(
+                    self,
+                    format!(
+                        "field `user` says {user:?} but the file belongs to {:?}; jobs run as the file's owner, \
+                         so drop the `user` field or submit as {user:?}",
+                        owner.name
+                    ),
+                );
+            }
+        }
+        let source = SpoolSource {
+            file: name.to_owned(),
+            dev: identity.dev,
+            ino: identity.ino,
+            ctime_ns: identity.ctime_ns,
+            size: identity.size,
+        };
+        if let Some(existing) = self.jobs.get(&spec.id) {
+            // The same file claimed before a crash that came between the
+            // claim and the unlink: finish the unlink, never run it twice.
+            let same_file = existing.source == source
+                && self.store.descriptor(&spec.id).is_ok_and(|d| d == bytes);
+            if same_file {
+                info!(job = %spec.id, file = name, "spool file was already claimed; removing it");
+                self.remove_spool_entry(name, &identity, false);
+                return;
+            }
+            return reject(
+                self,
+                format!(
+                    "job id {:?} already exists ({}, owner {}); ids are unique: pick another `id` or file name",
+                    spec.id.as_str(),
+                    existing.status(),
+                    existing.owner.name
+                ),
+            );
+        }
+        let queued = self.queued_per_user.get(&owner.uid).copied().unwrap_or(0);
+        if queued >= self.config.max_queued_per_user {
+            return reject(
+                self,
+                format!(
+                    "{} already has {queued} queued jobs, the limit (max_queued_per_user); wait for some to start",
+                    owner.name
+                ),
+            );
+        }
+        let record = JobRecord::new(spec, owner, source, now_micros());
+        if let Err(e) = self.store.claim(&record, &bytes) {
+            // Not claimed: the file stays in the spool and is tried again
+            // at the next event or rescan. Nothing is lost.
+            error!(file = name, error = %e, "cannot claim job file; leaving it in the spool");
+            return;
+        }
+        self.remove_spool_entry(name, &identity, false);
+        info!(
+            job = %record.id,
+            PTRAIN_JOB = %record.id,
+            owner = %record.owner.name,
+            uid = record.owner.uid,
+            file = name,
+            "job accepted"
+        );
+        let id = record.id.clone();
+        *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
+        self.queue.push_back(id.clone());
+        self.jobs.insert(id.clone(), record);
+        self.emit_changed(&id);
+    }
+
+    fn reject(
+        &mut self,
+        name: &str,
+        reason: &str,
+        identity: Option<FileIdentity>,
+        bytes: Option<&[u8]>,
+        is_dir: bool,
+    ) {
+        if let Some(id) = identity {
+            if self.stuck_entries.contains(&(id.dev, id.ino)) {
+                return;
+            }
+        }
+        let uid = identity.map(|i| i.uid);
+        let owner = uid.and_then(users::owner_of_uid).map(|o| o.name);
+        warn!(
+            file = name,
+            PTRAIN_FILE = name,
+            uid = ?uid,
+            owner = owner.as_deref().unwrap_or("?"),
+            reason,
+            "rejected job file {name:?}: {reason}"
+        );
+        let record = RejectRecord {
+            file: name.to_owned(),
+            uid,
+            owner,
+            rejected_at: now_micros(),
+            reason: reason.to_owned(),
+            saved_as: None,
+        };
+        if let Err(e) = self.store.reject(record, bytes) {
+            // Keep the file where its owner can still see it.
+            error!(file = name, error = %e, "cannot quarantine a rejected file; leaving it in the spool");
+            return;
+        }
+        match identity {
+            Some(identity) => self.remove_spool_entry(name, &identity, is_dir),
+            None => {
+                let _ = fsutil::unlink_at(&self.spool_fd, name, is_dir);
+            }
+        }
+    }
+
+    /// Removes a spool entry only if it is still the one we read: a user
+    /// who renamed a new file over it meanwhile keeps the new one.
+    fn remove_spool_entry(&mut self, name: &str, identity: &FileIdentity, is_dir: bool) {
+        match fsutil::lstat_at(&self.spool_fd, name) {
+            Ok(now) if now.dev == identity.dev && now.ino == identity.ino => {
+                if let Err(e) = fsutil::unlink_at(&self.spool_fd, name, is_dir) {
+                    warn!(file = name, error = %e, "cannot remove spool entry; ignoring it from now on");
+                    self.stuck_entries.insert((identity.dev, identity.ino));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts every queued job that can start now.
+    async fn schedule(&mut self) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let waiting: Vec<Waiting> = self
+            .queue
+            .iter()
+            .map(|id| Waiting {
+                id: id.clone(),
+                gpus: self.jobs[id].spec.gpus,
+            })
+            .collect();
+        let snapshot = if waiting.iter().any(|w| w.gpus > 0) {
+            self.gpu_snapshot()
+        } else {
+            Vec::new()
+        };
+        let held: BTreeSet<u32> = self.held.keys().copied().collect();
+        let placements = scheduler::plan(
+            &waiting,
+            &snapshot,
+            &held,
+            self.config.gpus.foreign_memory_threshold_mib,
+        );
+        for placement in placements {
+            self.launch(&placement.id, &placement.gpus, &snapshot).await;
+        }
+    }
+
+    fn gpu_snapshot(&self) -> Vec<GpuInfo> {
+        match self.inventory.snapshot() {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                error!(error = %e, "cannot read the GPU inventory; GPU jobs wait");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Write-ahead: the record says "launching as unit U on these GPUs"
+    /// durably before systemd is asked.
+    async fn launch(&mut self, id: &JobId, gpus: &[u32], snapshot: &[GpuInfo]) {
+        let Some(record) = self.jobs.get_mut(id) else { return };
+        let before = record.clone();
+        record.gpus = gpus
+            .iter()
+            .filter_map(|i| snapshot.iter().find(|g| g.index == *i))
+            .map(|g| AssignedGpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                device: g.device.clone(),
+            })
+            .collect();
+        record.state = JobState::Launching;
+        if let Err(e) = self.store.save(record) {
+            error!(job = %id, error = %e, "cannot record the launch; the job stays queued");
+            *record = before;
+            return;
+        }
+        self.queue.retain(|q| q != id);
+        if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
+            *n = n.saturating_sub(1);
+        }
+        for gpu in gpus {
+            self.held.insert(*gpu, id.clone());
+        }
+        self.emit_changed(id);
+        self.start_unit(id, gpus.to_vec()).await;
+    }
+
+    async fn start_unit(&mut self, id: &JobId, gpus: Vec<u32>) {
+        let record = &self.jobs[id];
+        let unit = record.unit.clone();
+        let home_exists = record.owner.home.is_dir();
+        let props = unit::job_unit_properties(record, &self.config, home_exists);
+        self.by_unit.insert(unit.clone(), id.clone());
+        match self.systemd.start_unit(&unit, &props).await {
+            Ok(_) => {
+                info!(job = %id, PTRAIN_JOB = %id, unit, gpus = ?gpus, "unit started");
+            }
+            Err(SystemdError::UnitExists(_)) => {
+                // Started before a crash: adopt it, never start it twice.
+                info!(job = %id, unit, "unit already exists; adopting it");
+                if let Err(e) = self.systemd.ref_unit(&unit).await {
+                    warn!(job = %id, unit, error = %e, "cannot reference existing unit");
+                }
+                self.check_unit(&unit).await;
+            }
+            Err(e) => {
+                error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot start unit");
+                self.finish(id, Outcome::LaunchFailed { reason: e.to_string() }, None)
+                    .await;
+            }
+        }
+    }
+
+    async fn on_unit_signal(&mut self, signal: UnitSignal) {
+        if self.by_unit.contains_key(signal.unit()) {
+            self.check_unit(signal.unit()).await;
+        }
+    }
+
+    /// Looks at a unit and moves its job on: launching → running → ended.
+    async fn check_unit(&mut self, unit: &str) {
+        let Some(id) = self.by_unit.get(unit).cloned() else { return };
+        let state = match self.systemd.unit_state(unit).await {
+            Ok(state) => state,
+            Err(SystemdError::NoSuchUnit(_)) => {
+                // We hold a reference, so this means the unit never loaded.
+                self.finish(
+                    &id,
+                    Outcome::LaunchFailed {
+                        reason: "systemd dropped the unit before it could be read".into(),
+                    },
+                    None,
+                )
+                .await;
+                return;
+            }
+            Err(e) => {
+                warn!(job = %id, unit, error = %e, "cannot read unit state; will look again at its next signal");
+                return;
+            }
+        };
+        if state.has_ended() {
+            let stop_requested_by = self.jobs[&id].stop_requested_by;
+            let outcome = scheduler::outcome_of_unit(
+                &state.result,
+                state.exec_main_code,
+                state.exec_main_status,
+                stop_requested_by,
+            );
+            self.finish(&id, outcome, Some(&state)).await;
+        } else if state.active_state == "active" || state.active_state == "deactivating" {
+            let record = self.jobs.get_mut(&id).expect("tracked job exists");
+            if record.state == JobState::Launching {
+                record.state = JobState::Running;
+                record.started_at = Some(state.exec_main_start).filter(|t| *t > 0).or(Some(now_micros()));
+                record.main_pid = Some(state.main_pid).filter(|p| *p > 0);
+                record.invocation_id = state.invocation_id.clone();
+                if let Err(e) = self.store.save(record) {
+                    error!(job = %id, error = %e, "cannot record that the job runs");
+                }
+                info!(job = %id, PTRAIN_JOB = %id, unit, pid = state.main_pid, "job running");
+                self.emit_changed(&id);
+            }
+        }
+    }
+
+    /// Records a job's end durably, then frees its GPUs and lets systemd
+    /// collect the unit.
+    async fn finish(&mut self, id: &JobId, outcome: Outcome, state: Option<&UnitState>) {
+        let Some(record) = self.jobs.get_mut(id) else { return };
+        if record.state == JobState::Queued {
+            self.queue.retain(|q| q != id);
+            if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        record.state = JobState::Ended;
+        let now = now_micros();
+        if let Some(state) = state {
+            if record.started_at.is_none() && state.exec_main_start > 0 {
+                record.started_at = Some(state.exec_main_start);
+            }
+            if state.invocation_id.is_some() {
+                record.invocation_id = state.invocation_id.clone();
+            }
+            record.systemd_result = Some(state.result.clone());
+            let end = [state.exec_main_exit, state.inactive_enter].into_iter().find(|t| *t > 0);
+            record.ended_at = Some(end.unwrap_or(now));
+        } else {
+            record.ended_at = Some(now);
+        }
+        record.outcome = Some(outcome.clone());
+        if let Err(e) = self.store.save(record) {
+            // Keep our reference on the unit so the result can still be
+            // read once the disk accepts writes again.
+            error!(job = %id, error = %e, "cannot record the job's end; will retry at the unit's next signal");
+            return;
+        }
+        info!(
+            job = %id,
+            PTRAIN_JOB = %id,
+            unit = %record.unit,
+            outcome = outcome.status(),
+            "job ended: {}",
+            outcome.describe()
+        );
+        let unit = record.unit.clone();
+        self.held.retain(|_, holder| holder != id);
+        if self.by_unit.remove(&unit).is_some() && state.is_some() {
+            self.systemd.release(&unit).await;
+        }
+        self.emit_changed(id);
+    }
+
+    async fn on_api(&mut self, request: ApiRequest) {
+        match request {
+            ApiRequest::List(reply) => {
+                let _ = reply.send(self.jobs.values().map(JobView::of).collect());
+            }
+            ApiRequest::Status(id, reply) => {
+                let view = JobId::parse(&id)
+                    .ok()
+                    .and_then(|id| self.jobs.get(&id))
+                    .map(JobView::of)
+                    .ok_or(ApiError::NotFound(id));
+                let _ = reply.send(view);
+            }
+            ApiRequest::Stop {
+                id,
+                caller_uid,
+                reply,
+            } => {
+                let result = self.stop(&id, caller_uid).await;
+                let _ = reply.send(result);
+            }
+            ApiRequest::Rejected { caller_uid, reply } => {
+                let result = self
+                    .store
+                    .rejected()
+                    .map(|all| {
+                        all.into_iter()
+                            .filter(|r| caller_uid == 0 || r.uid == Some(caller_uid))
+                            .collect()
+                    })
+                    .map_err(|e| ApiError::Failed(e.to_string()));
+                let _ = reply.send(result);
+            }
+            ApiRequest::Gpus(reply) => {
+                let snapshot = self.inventory.snapshot().map_err(|e| ApiError::Failed(e.to_string()));
+                let view = snapshot.map(|gpus| GpusView {
+                    backend: self.inventory.backend().to_string(),
+                    gpus: gpus
+                        .into_iter()
+                        .map(|gpu| GpuView {
+                            held_by: self.held.get(&gpu.index).map(|id| id.to_string()),
+                            gpu,
+                        })
+                        .collect(),
+                });
+                let _ = reply.send(view);
+            }
+        }
+    }
+
+    async fn stop(&mut self, id: &str, caller_uid: u32) -> Result<String, ApiError> {
+        let job_id = JobId::parse(id).map_err(|_| ApiError::NotFound(id.to_owned()))?;
+        let record = self
+            .jobs
+            .get_mut(&job_id)
+            .ok_or_else(|| ApiError::NotFound(id.to_owned()))?;
+        if caller_uid != 0 && caller_uid != record.owner.uid {
+            return Err(ApiError::NotYours {
+                id: id.to_owned(),
+                owner: record.owner.name.clone(),
+                action: "stop",
+            });
+        }
+        match record.state {
+            JobState::Ended => Ok(format!("job {id} already ended ({})", record.status())),
+            JobState::Queued => {
+                self.finish(&job_id, Outcome::Stopped { by_uid: caller_uid }, None)
+                    .await;
+                Ok(format!("job {id} removed from the queue"))
+            }
+            JobState::Launching | JobState::Running => {
+                record.stop_requested_by = Some(caller_uid);
+                self.store
+                    .save(record)
+                    .map_err(|e| ApiError::Failed(format!("cannot record the stop request: {e}")))?;
+                let unit = record.unit.clone();
+                info!(job = %id, PTRAIN_JOB = %id, unit, by_uid = caller_uid, "stopping job");
+                self.systemd
+                    .stop_unit(&unit)
+                    .await
+                    .map_err(|e| ApiError::Failed(e.to_string()))?;
+                Ok(format!("job {id} is stopping"))
+            }
+        }
+    }
+
+    fn emit_changed(&self, id: &JobId) {
+        let Some(record) = self.jobs.get(id) else { return };
+        let conn = self.systemd.connection().clone();
+        let id = id.to_string();
+        let status = record.status().to_string();
+        // Fire and forget: a slow listener must not hold up the state task.
+        tokio::spawn(async move {
+            let _ = conn
+                .emit_signal(None::<&str>, DBUS_PATH, DBUS_NAME, "JobChanged", &(id.as_str(), status.as_str()))
+                .await;
+        });
+    }
+}

@@ -1,0 +1,235 @@
+//! Durable writes and safe opens: the primitives every record and every
+//! spool file goes through.
+//!
+//! A record is durable only after: write to a temp file in the same
+//! directory, fsync it, rename it over the final name, fsync the directory.
+//! Any error on that path (ENOSPC, EIO) is returned, never assumed done.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn cstr(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
+}
+
+/// Opens a directory for use as the base of `*at` calls.
+pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    // SAFETY: plain open(2) of a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// fsync of a directory, so a rename or unlink inside it survives a crash.
+pub fn fsync_dir(path: &Path) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    File::from(dir).sync_all()
+}
+
+/// Writes `bytes` to `dir/name` atomically and durably.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    // A stale temp file from a crash is ours to replace (the dir is root-only).
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags_nofollow()
+        .open(&tmp)?;
+    let result = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, dir.join(name)))
+        .and_then(|()| fsync_dir(dir));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+trait NoFollow {
+    fn custom_flags_nofollow(&mut self) -> &mut Self;
+}
+
+impl NoFollow for std::fs::OpenOptions {
+    fn custom_flags_nofollow(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).mode(0o600)
+    }
+}
+
+/// Creates a directory with `mode` if missing; an existing one must be a
+/// real directory (not a symlink).
+pub fn ensure_dir(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a directory", path.display()),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(mode)
+                .create(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// What `fstat` says about an open file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileIdentity {
+    pub dev: u64,
+    pub ino: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub nlink: u64,
+    pub size: u64,
+    pub ctime_ns: i128,
+}
+
+impl FileIdentity {
+    pub fn is_regular(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self.mode & libc::S_IFMT {
+            libc::S_IFREG => "regular file",
+            libc::S_IFDIR => "directory",
+            libc::S_IFLNK => "symbolic link",
+            libc::S_IFIFO => "FIFO",
+            libc::S_IFSOCK => "socket",
+            libc::S_IFCHR => "character device",
+            libc::S_IFBLK => "block device",
+            _ => "unknown file type",
+        }
+    }
+
+    fn from_stat(st: &libc::stat) -> Self {
+        FileIdentity {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mode: st.st_mode,
+            nlink: st.st_nlink,
+            size: st.st_size as u64,
+            ctime_ns: st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128,
+        }
+    }
+}
+
+pub fn fstat(fd: &impl AsRawFd) -> io::Result<FileIdentity> {
+    // SAFETY: stat is plain old data; fstat fills it or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(FileIdentity::from_stat(&st))
+}
+
+/// `lstat` relative to a directory fd. Only for reporting who dropped a file
+/// we refused to open; never for a decision.
+pub fn lstat_at(dir: &impl AsRawFd, name: &str) -> io::Result<FileIdentity> {
+    let c = cstr(name)?;
+    // SAFETY: as in fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(FileIdentity::from_stat(&st))
+}
+
+/// Opens `name` inside `dir` read-only without following a symlink and
+/// without blocking on a FIFO.
+pub fn open_at_nofollow(dir: &impl AsRawFd, name: &str) -> io::Result<File> {
+    let c = cstr(name)?;
+    // SAFETY: openat(2) with a NUL-terminated name relative to a valid dir fd.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is fresh and owned here.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Removes `name` from `dir` (a file, or an empty directory).
+pub fn unlink_at(dir: &impl AsRawFd, name: &str, is_dir: bool) -> io::Result<()> {
+    let c = cstr(name)?;
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: unlinkat(2) with a NUL-terminated name relative to a valid dir fd.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads at most `limit + 1` bytes, so the caller can tell "exactly at the
+/// limit" from "over it" without ever reading an unbounded file.
+pub fn read_bounded(file: &mut File, limit: usize) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(limit.min(64 * 1024) + 1);
+    file.take(limit as u64 + 1).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_atomic_replaces_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        write_atomic(dir.path(), "r.json", b"one").unwrap();
+        write_atomic(dir.path(), "r.json", b"two").unwrap();
+        assert_eq!(std::fs::read(dir.path().join("r.json")).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn open_at_nofollow_refuses_symlink_and_does_not_block_on_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link.json")).unwrap();
+        let c = CString::new(dir.path().join("fifo.json").as_os_str().as_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let dfd = open_dir(dir.path()).unwrap();
+        let err = open_at_nofollow(&dfd, "link.json").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        let fifo = open_at_nofollow(&dfd, "fifo.json").unwrap();
+        assert_eq!(fstat(&fifo).unwrap().kind(), "FIFO");
+    }
+
+    #[test]
+    fn read_bounded_stops_after_limit_plus_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("big"), vec![b'x'; 1000]).unwrap();
+        let mut f = File::open(dir.path().join("big")).unwrap();
+        assert_eq!(read_bounded(&mut f, 10).unwrap().len(), 11);
+    }
+}

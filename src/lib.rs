@@ -1,0 +1,57 @@
+//! ptrain: run GPU training jobs unattended as supervised systemd units.
+//!
+//! # Layout
+//!
+//! The modules follow a job's path through the daemon:
+//!
+//! 1. [`spool`]: a user drops `NAME.json` into the spool directory. The
+//!    watcher (inotify, through `notify`) reports close-write and moved-to
+//!    events; [`spool::open_spool_file`] opens the file relative to the
+//!    spool's fd without following links and decides everything from `fstat`
+//!    of the open fd (owner, type, link count, size).
+//! 2. [`spec`]: the bytes are parsed into a validated [`spec::JobSpec`]
+//!    (strict, bounded, versioned). Pure: no I/O.
+//! 3. [`store`]: the job is claimed durably into the root-only state
+//!    directory (one record per job, temp + fsync + rename + fsync dir)
+//!    before the spool file is removed; rejected files go to quarantine with
+//!    their reason.
+//! 4. [`scheduler`]: the pure core that decides which queued jobs start now,
+//!    choosing GPUs from an inventory snapshot ([`gpu`]).
+//! 5. [`unit`]: the transient unit's properties (identity, confinement, GPU
+//!    device allow-list, environment) are built from the record. Pure.
+//! 6. [`systemd`]: `StartTransientUnit` over D-Bus, and one stream of
+//!    `JobRemoved` / `PropertiesChanged` signals that tells when a unit ends;
+//!    the end is read (Result, exit code or signal) before the unit is
+//!    released for garbage collection.
+//! 7. [`daemon`]: the one task that owns the state, receives every event
+//!    (spool, systemd, API) on a channel and applies it; [`api`] is the
+//!    D-Bus interface the `ptrain` CLI talks to.
+//!
+//! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
+//! the durable-write and safe-open primitives; [`users`] resolves uids.
+
+pub mod api;
+pub mod config;
+pub mod daemon;
+pub mod fsutil;
+pub mod gpu;
+pub mod scheduler;
+pub mod spec;
+pub mod spool;
+pub mod store;
+pub mod systemd;
+pub mod unit;
+pub mod users;
+
+/// The well-known bus name, object path and interface of ptraind's API.
+pub const DBUS_NAME: &str = "org.ptrain.Daemon1";
+pub const DBUS_PATH: &str = "/org/ptrain/Daemon1";
+
+/// Microseconds since the Unix epoch, the one time unit of records and of
+/// systemd's timestamps.
+pub fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,1700 @@
+//! The job descriptor (spec version 1): the JSON file a user drops into the
+//! spool directory.
+//!
+//! The input is hostile — any local user can write it and the daemon runs as
+//! root — so parsing is done in stages that each bound the work of the next:
+//! size limit, UTF-8 check, a byte pre-scan for NUL and nesting depth, a
+//! strict JSON parse that rejects duplicate keys and NUL characters, and only
+//! then field-by-field validation with messages aimed at the person who wrote
+//! the file.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+
+/// The descriptor format version this daemon understands.
+pub const SPEC_VERSION: u64 = 1;
+/// Largest accepted descriptor; readers read at most this + 1 bytes so that an
+/// oversized file is detected without reading all of it.
+pub const MAX_SPEC_BYTES: usize = 64 * 1024;
+/// Deepest accepted nesting of arrays/objects. A descriptor needs 2; the margin
+/// leaves room for later versions while keeping recursion trivially bounded.
+pub const MAX_JSON_DEPTH: usize = 32;
+/// Most arguments accepted in `command`.
+pub const MAX_ARGV: usize = 4096;
+/// Most variables accepted in `env`.
+pub const MAX_ENV: usize = 1024;
+/// Most GPUs one job may request.
+pub const MAX_GPUS: u32 = 64;
+/// Longest accepted `timeout`.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+/// Longest accepted job id (and spool file stem).
+pub const MAX_ID_LEN: usize = 64;
+/// Longest accepted `user` (LOGIN_NAME_MAX less the terminating NUL).
+pub const MAX_USER_LEN: usize = 255;
+
+/// Every top-level field version 1 accepts, in documentation order. This list is
+/// the single source of truth for unknown-field detection and its message.
+pub const SPEC_FIELDS: &[&str] = &[
+    "version", "id", "command", "workdir", "env", "gpus", "timeout", "user",
+];
+
+/// Environment variables a job may not set, with why. Matching is exact
+/// (variable names are case-sensitive); `PTRAIN_*` is handled separately.
+const RESERVED_ENV: &[(&str, &str)] = &[
+    (
+        "CUDA_VISIBLE_DEVICES",
+        "ptraind assigns GPUs through it (ask for GPUs with field `gpus`)",
+    ),
+    (
+        "CUDA_DEVICE_ORDER",
+        "ptraind fixes the device order so GPU numbers match its allocation",
+    ),
+    (
+        "NVIDIA_VISIBLE_DEVICES",
+        "ptraind assigns GPUs itself (ask for GPUs with field `gpus`)",
+    ),
+    (
+        "LD_PRELOAD",
+        "injecting libraries into jobs is not allowed (link or load the library from your program)",
+    ),
+    ("LD_AUDIT", "loader audit modules are not allowed"),
+    ("USER", "it is set from the account that owns the job file"),
+    (
+        "LOGNAME",
+        "it is set from the account that owns the job file",
+    ),
+];
+
+/// Longest excerpt of user-supplied text quoted in an error message, so a
+/// hostile file cannot flood the log through its own error.
+const QUOTE_MAX: usize = 80;
+
+/// A validated job id: `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`, so it is safe as a
+/// file name and as a systemd unit instance without escaping.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(try_from = "String", into = "String")]
+pub struct JobId(String);
+
+const UNIT_PREFIX: &str = "ptrain-job@";
+const UNIT_SUFFIX: &str = ".service";
+
+impl JobId {
+    /// Validates `s` as a job id.
+    pub fn parse(s: &str) -> Result<JobId, SpecError> {
+        if is_valid_id(s) {
+            Ok(JobId(s.to_owned()))
+        } else {
+            Err(SpecError::InvalidId { id: quote(s) })
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The transient unit that runs this job: `ptrain-job@<id>.service`.
+    pub fn unit_name(&self) -> String {
+        format!("{UNIT_PREFIX}{}{UNIT_SUFFIX}", self.0)
+    }
+
+    /// Inverse of [`JobId::unit_name`]; `None` for any other unit.
+    pub fn from_unit_name(unit: &str) -> Option<JobId> {
+        let id = unit.strip_prefix(UNIT_PREFIX)?.strip_suffix(UNIT_SUFFIX)?;
+        JobId::parse(id).ok()
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for JobId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for JobId {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobId::parse(s)
+    }
+}
+
+impl TryFrom<String> for JobId {
+    type Error = SpecError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        if is_valid_id(&s) {
+            Ok(JobId(s))
+        } else {
+            Err(SpecError::InvalidId { id: quote(&s) })
+        }
+    }
+}
+
+impl From<JobId> for String {
+    fn from(id: JobId) -> String {
+        id.0
+    }
+}
+
+fn is_valid_id(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_ID_LEN
+        && b[0].is_ascii_alphanumeric()
+        && b[1..]
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// The spool file name rule: `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\.json$`.
+/// Returns the stem, which is the job's default id. Dotfiles, temp names and
+/// editor leftovers (`.x.json.swp`, `x.json~`, `#x.json#`) give `None`, so a
+/// half-written file is never picked up.
+pub fn spool_file_stem(file_name: &str) -> Option<&str> {
+    let stem = file_name.strip_suffix(".json")?;
+    is_valid_id(stem).then_some(stem)
+}
+
+/// A validated job descriptor.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct JobSpec {
+    pub id: JobId,
+    /// argv; non-empty, argv[0] non-empty, no NUL anywhere.
+    pub command: Vec<String>,
+    /// Absolute and normalised (no `.`/`..` components, no repeated `/`).
+    pub workdir: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    pub gpus: u32,
+    /// Stored as a humantime string ("12h") so the state file stays readable;
+    /// integer seconds are accepted on the way back in.
+    #[serde(with = "timeout_serde")]
+    pub timeout: Option<Duration>,
+    /// If present the daemon checks it equals the file owner's name.
+    pub user: Option<String>,
+}
+
+mod timeout_serde {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => s.collect_str(&humantime::format_duration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Secs(u64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        match Option::<Repr>::deserialize(d)? {
+            None => Ok(None),
+            Some(Repr::Secs(n)) => Ok(Some(Duration::from_secs(n))),
+            Some(Repr::Text(t)) => humantime::parse_duration(&t)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Why a descriptor was rejected. Messages are shown to the user who wrote the
+/// file: each names the field and ends with how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("job file is larger than {MAX_SPEC_BYTES} bytes; a descriptor only names a command, keep data in files it reads")]
+    TooLarge,
+
+    #[error("job file is empty; write a JSON object such as {{\"version\": 1, \"command\": [\"python3\", \"train.py\"]}}")]
+    Empty,
+
+    #[error("job file is not valid UTF-8 (first bad byte at offset {offset}); save it as UTF-8")]
+    InvalidUtf8 { offset: usize },
+
+    #[error(
+        "job file contains a NUL byte at offset {offset}; JSON text cannot contain NUL, remove it"
+    )]
+    NulByte { offset: usize },
+
+    #[error("job file nests arrays/objects deeper than {MAX_JSON_DEPTH} levels (at byte offset {offset}); a descriptor needs at most 2, flatten it")]
+    TooDeep { offset: usize },
+
+    #[error("job file ends before the JSON is complete (line {line} column {column}); add the missing closing bracket or quote, and write the file elsewhere then rename it into the spool")]
+    Truncated { line: usize, column: usize },
+
+    #[error("job file is not valid JSON: {message} at line {line} column {column}; fix the syntax (`python3 -m json.tool FILE` points at the spot)")]
+    Syntax {
+        message: String,
+        line: usize,
+        column: usize,
+    },
+
+    #[error("duplicate key {key} in {location} (line {line} column {column}); each key may appear only once in an object, remove the extra one")]
+    DuplicateKey {
+        key: String,
+        location: String,
+        line: usize,
+        column: usize,
+    },
+
+    #[error("string in {location} contains a NUL character (\\u0000); programs cannot receive NUL, remove it")]
+    NulInString { location: String },
+
+    #[error("job file must hold a JSON object at the top level, not {found}; wrap the fields in {{ ... }}")]
+    NotAnObject { found: &'static str },
+
+    #[error("field `version` is missing; add \"version\": 1")]
+    MissingVersion,
+
+    #[error("field `version` must be the integer 1, not {found}; write \"version\": 1")]
+    BadVersion { found: String },
+
+    #[error("unsupported version {version}; this ptraind reads version {SPEC_VERSION} (upgrade ptraind or write the file for version {SPEC_VERSION})")]
+    UnsupportedVersion { version: u64 },
+
+    #[error("unknown field {field}; version {SPEC_VERSION} accepts {accepted}; check the spelling or remove it")]
+    UnknownField { field: String, accepted: String },
+
+    #[error("invalid job id {id} (field `id`, defaulting to the file name without `.json`): an id is 1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 . _ - starting with a letter or digit; rename the file or set a valid `id`")]
+    InvalidId { id: String },
+
+    #[error("field `{field}` must be {expected}, not {found}; {hint}")]
+    WrongType {
+        field: String,
+        expected: &'static str,
+        found: &'static str,
+        hint: &'static str,
+    },
+
+    #[error("field `command` must be an array of strings (argv), not a shell string; write [\"sh\", \"-c\", \"...\"] if you need a shell")]
+    CommandIsString,
+
+    #[error("field `command` is empty; give at least the program to run, e.g. [\"python3\", \"train.py\"]")]
+    CommandEmpty,
+
+    #[error("field `command` has {len} arguments, more than the limit of {MAX_ARGV}; pass long argument lists through a file")]
+    CommandTooLong { len: usize },
+
+    #[error(
+        "field `command[0]` (the program) is an empty string; name the program, e.g. \"python3\""
+    )]
+    CommandProgramEmpty,
+
+    #[error("field `workdir` must be an absolute path, not {path}; start it with `/`, e.g. \"/home/alice/proj\"")]
+    WorkdirNotAbsolute { path: String },
+
+    #[error("field `workdir` must not contain `..` components ({path}); write the resolved absolute path")]
+    WorkdirDotDot { path: String },
+
+    #[error("field `env` has {len} variables, more than the limit of {MAX_ENV}; put bulk configuration in a file")]
+    EnvTooMany { len: usize },
+
+    #[error("field `env` has an invalid variable name {key}; names must match [A-Za-z_][A-Za-z0-9_]*, rename it")]
+    EnvBadKey { key: String },
+
+    #[error("field `env` must not set `{key}`: {why}; remove it")]
+    EnvReserved { key: String, why: &'static str },
+
+    #[error("field `gpus` must be a whole number from 0 to {MAX_GPUS}, not {found}; write e.g. \"gpus\": 1")]
+    GpusInvalid { found: String },
+
+    #[error("field `timeout` {value} is not a duration ({reason}); write e.g. \"90m\", \"12h\", \"1h30m\" or a whole number of seconds")]
+    TimeoutInvalid { value: String, reason: String },
+
+    #[error("field `timeout` must be more than 0 and at most 365 days, not {value}; pick a duration in that range or omit the field for no limit")]
+    TimeoutOutOfRange { value: String },
+
+    #[error("field `user` {user} is not a valid user name; write your login name (as `id -un` prints it) or omit the field")]
+    InvalidUser { user: String },
+}
+
+/// Debug-quotes untrusted text (escaping control characters such as `\n`) and
+/// cuts it short so an error can be logged safely.
+fn quote(s: &str) -> String {
+    match s.char_indices().nth(QUOTE_MAX) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Parse and validate a descriptor. `default_id` is the spool file's stem,
+/// used when the descriptor has no `id`.
+pub fn parse_spec(bytes: &[u8], default_id: &str) -> Result<JobSpec, SpecError> {
+    let value = parse_strict_json(bytes)?;
+    let Value::Object(map) = value else {
+        return Err(SpecError::NotAnObject {
+            found: kind(&value),
+        });
+    };
+    // Version first: a file written for a newer daemon should be told so,
+    // not confronted with "unknown field" for the fields that version added.
+    check_version(map.get("version"))?;
+    RawSpec::from_object(map)?.validate(default_id)
+}
+
+/// Stages 1–4: size, UTF-8, byte pre-scan, strict parse. Returns the tree.
+fn parse_strict_json(bytes: &[u8]) -> Result<Value, SpecError> {
+    if bytes.len() > MAX_SPEC_BYTES {
+        return Err(SpecError::TooLarge);
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| SpecError::InvalidUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    // Windows editors prepend a byte order mark; it carries no meaning here.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    if text.trim_matches([' ', '\t', '\n', '\r']).is_empty() {
+        return Err(SpecError::Empty);
+    }
+    prescan(text.as_bytes())?;
+
+    let problem = RefCell::new(None);
+    let root = PathNode {
+        seg: None,
+        parent: None,
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let result = StrictSeed {
+        path: &root,
+        problem: &problem,
+    }
+    .deserialize(&mut de)
+    .and_then(|v| de.end().map(|()| v));
+    result.map_err(|e| json_error(e, problem.into_inner()))
+}
+
+/// One linear pass over the bytes, tracking only string/escape state and the
+/// nesting depth, so pathological nesting is refused before any recursive
+/// parser sees it.
+fn prescan(bytes: &[u8]) -> Result<(), SpecError> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (offset, &b) in bytes.iter().enumerate() {
+        if b == 0 {
+            return Err(SpecError::NulByte { offset });
+        }
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return Err(SpecError::TooDeep { offset });
+                }
+            }
+            // Unbalanced closers are a syntax error the parser will report
+            // with a position; here they only must not underflow.
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn json_error(e: serde_json::Error, problem: Option<Problem>) -> SpecError {
+    let (line, column) = (e.line(), e.column());
+    match problem {
+        Some(Problem::Duplicate { key, location }) => SpecError::DuplicateKey {
+            key,
+            location,
+            line,
+            column,
+        },
+        Some(Problem::Nul { location }) => SpecError::NulInString { location },
+        None if e.classify() == serde_json::error::Category::Eof => {
+            SpecError::Truncated { line, column }
+        }
+        None => {
+            // serde_json appends the position itself; we print it ourselves.
+            let full = e.to_string();
+            let suffix = format!(" at line {line} column {column}");
+            let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
+            SpecError::Syntax {
+                message,
+                line,
+                column,
+            }
+        }
+    }
+}
+
+/// What the strict visitor found wrong; serde's error type cannot carry it.
+enum Problem {
+    Duplicate { key: String, location: String },
+    Nul { location: String },
+}
+
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// Where the visitor is, as a borrowed chain, so the path is only rendered
+/// (allocated) when there is an error to report.
+struct PathNode<'a> {
+    seg: Option<Seg<'a>>,
+    parent: Option<&'a PathNode<'a>>,
+}
+
+impl PathNode<'_> {
+    fn render(&self) -> String {
+        let mut segs = Vec::new();
+        let mut node = Some(self);
+        while let Some(n) = node {
+            if let Some(seg) = n.seg {
+                segs.push(seg);
+            }
+            node = n.parent;
+        }
+        if segs.is_empty() {
+            return "the top-level object".to_owned();
+        }
+        let mut out = String::from("`");
+        for (i, seg) in segs.iter().rev().enumerate() {
+            match seg {
+                Seg::Key(k) if i == 0 => out.push_str(&clip(k)),
+                Seg::Key(k) => {
+                    out.push('.');
+                    out.push_str(&clip(k));
+                }
+                Seg::Index(n) => out.push_str(&format!("[{n}]")),
+            }
+        }
+        out.push('`');
+        out
+    }
+}
+
+/// Like [`quote`] without the quotes, for use inside a rendered path.
+fn clip(s: &str) -> String {
+    let q = quote(s);
+    match q.strip_prefix('"').and_then(|q| q.strip_suffix('"')) {
+        Some(inner) => inner.to_owned(),
+        None => q,
+    }
+}
+
+/// Builds a `serde_json::Value`, refusing duplicate keys (serde_json would keep
+/// the last one silently, so two readers could disagree on what a file says)
+/// and NUL characters in any string (they cannot reach argv or the
+/// environment). Recursion is bounded by the pre-scan.
+struct StrictSeed<'a> {
+    path: &'a PathNode<'a>,
+    problem: &'a RefCell<Option<Problem>>,
+}
+
+impl StrictSeed<'_> {
+    fn nul_error<E: de::Error>(&self, key: Option<&str>) -> E {
+        let location = match key {
+            Some(k) => PathNode {
+                seg: Some(Seg::Key(k)),
+                parent: Some(self.path),
+            }
+            .render(),
+            None => self.path.render(),
+        };
+        *self.problem.borrow_mut() = Some(Problem::Nul { location });
+        E::custom("NUL character in string")
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for StrictSeed<'_> {
+    type Value = Value;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrictSeed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("number is not finite"))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        if v.contains('\0') {
+            return Err(self.nul_error(None));
+        }
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        if v.contains('\0') {
+            return Err(self.nul_error(None));
+        }
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        self.deserialize(d)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        loop {
+            let node = PathNode {
+                seg: Some(Seg::Index(out.len())),
+                parent: Some(self.path),
+            };
+            let seed = StrictSeed {
+                path: &node,
+                problem: self.problem,
+            };
+            match seq.next_element_seed(seed)? {
+                Some(v) => out.push(v),
+                None => return Ok(Value::Array(out)),
+            }
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if key.contains('\0') {
+                return Err(self.nul_error(Some(&key)));
+            }
+            if out.contains_key(&key) {
+                let location = match self.path.seg {
+                    None => "the top-level object".to_owned(),
+                    Some(_) => format!("object {}", self.path.render()),
+                };
+                let err = de::Error::custom(format_args!("duplicate key {}", quote(&key)));
+                *self.problem.borrow_mut() = Some(Problem::Duplicate {
+                    key: quote(&key),
+                    location,
+                });
+                return Err(err);
+            }
+            let node = PathNode {
+                seg: Some(Seg::Key(&key)),
+                parent: Some(self.path),
+            };
+            let value = map.next_value_seed(StrictSeed {
+                path: &node,
+                problem: self.problem,
+            })?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+fn check_version(v: Option<&Value>) -> Result<(), SpecError> {
+    match v {
+        None => Err(SpecError::MissingVersion),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(SPEC_VERSION) => Ok(()),
+            Some(version) => Err(SpecError::UnsupportedVersion { version }),
+            None => Err(SpecError::BadVersion {
+                found: n.to_string(),
+            }),
+        },
+        Some(other) => Err(SpecError::BadVersion {
+            found: match other {
+                Value::String(s) => quote(s),
+                other => kind(other).to_owned(),
+            },
+        }),
+    }
+}
+
+/// The descriptor as written, before validation: one slot per field any
+/// version knows. A later version adds its fields here and to [`SPEC_FIELDS`],
+/// and gates them on the version number. Values stay untyped so each field
+/// gets its own precise error (and so `gpus` can later also accept an object).
+/// `null` is treated as absent, which is what JSON writers mean by `None`.
+#[derive(Default)]
+struct RawSpec {
+    id: Option<Value>,
+    command: Option<Value>,
+    workdir: Option<Value>,
+    env: Option<Value>,
+    gpus: Option<Value>,
+    timeout: Option<Value>,
+    user: Option<Value>,
+}
+
+impl RawSpec {
+    fn from_object(map: Map<String, Value>) -> Result<RawSpec, SpecError> {
+        let mut raw = RawSpec::default();
+        for (key, value) in map {
+            let slot = match key.as_str() {
+                // Already checked by `check_version`.
+                "version" => continue,
+                "id" => &mut raw.id,
+                "command" => &mut raw.command,
+                "workdir" => &mut raw.workdir,
+                "env" => &mut raw.env,
+                "gpus" => &mut raw.gpus,
+                "timeout" => &mut raw.timeout,
+                "user" => &mut raw.user,
+                _ => {
+                    return Err(SpecError::UnknownField {
+                        field: quote(&key),
+                        accepted: SPEC_FIELDS
+                            .iter()
+                            .map(|f| format!("`{f}`"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
+                }
+            };
+            if !value.is_null() {
+                *slot = Some(value);
+            }
+        }
+        Ok(raw)
+    }
+
+    fn validate(self, default_id: &str) -> Result<JobSpec, SpecError> {
+        let id = match self.id {
+            None => JobId::parse(default_id)?,
+            Some(Value::String(s)) => JobId::try_from(s)?,
+            Some(other) => return Err(wrong_type("id", "a string", &other, ID_HINT)),
+        };
+        let command = match self.command {
+            None => return Err(missing_command()),
+            Some(v) => validate_command(v)?,
+        };
+        let workdir = self.workdir.map(validate_workdir).transpose()?;
+        let env = self.env.map(validate_env).transpose()?.unwrap_or_default();
+        let gpus = self
+            .gpus
+            .map(|v| validate_gpus(&v))
+            .transpose()?
+            .unwrap_or(0);
+        let timeout = self.timeout.map(|v| validate_timeout(&v)).transpose()?;
+        let user = self.user.map(validate_user).transpose()?;
+        Ok(JobSpec {
+            id,
+            command,
+            workdir,
+            env,
+            gpus,
+            timeout,
+            user,
+        })
+    }
+}
+
+const ID_HINT: &str = "write e.g. \"id\": \"run-42\", or omit it to use the file name";
+
+fn wrong_type(field: &str, expected: &'static str, v: &Value, hint: &'static str) -> SpecError {
+    SpecError::WrongType {
+        field: field.to_owned(),
+        expected,
+        found: kind(v),
+        hint,
+    }
+}
+
+fn missing_command() -> SpecError {
+    SpecError::WrongType {
+        field: "command".to_owned(),
+        expected: "present",
+        found: "missing",
+        hint: "add the argv to run, e.g. \"command\": [\"python3\", \"train.py\"]",
+    }
+}
+
+fn validate_command(v: Value) -> Result<Vec<String>, SpecError> {
+    let items = match v {
+        Value::Array(items) => items,
+        Value::String(_) => return Err(SpecError::CommandIsString),
+        other => {
+            return Err(wrong_type(
+                "command",
+                "an array of strings (argv)",
+                &other,
+                "write e.g. [\"python3\", \"train.py\"]",
+            ))
+        }
+    };
+    if items.is_empty() {
+        return Err(SpecError::CommandEmpty);
+    }
+    if items.len() > MAX_ARGV {
+        return Err(SpecError::CommandTooLong { len: items.len() });
+    }
+    let mut argv = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        match item {
+            // The strict parser already refuses NUL; checked again because
+            // argv is handed to execve and must never be cut short silently.
+            Value::String(s) if s.contains('\0') => {
+                return Err(SpecError::NulInString {
+                    location: format!("`command[{i}]`"),
+                })
+            }
+            Value::String(s) => argv.push(s),
+            other => {
+                return Err(SpecError::WrongType {
+                    field: format!("command[{i}]"),
+                    expected: "a string",
+                    found: kind(&other),
+                    hint: "quote it, e.g. \"0.1\" instead of 0.1",
+                })
+            }
+        }
+    }
+    if argv[0].is_empty() {
+        return Err(SpecError::CommandProgramEmpty);
+    }
+    Ok(argv)
+}
+
+fn validate_workdir(v: Value) -> Result<PathBuf, SpecError> {
+    let Value::String(s) = v else {
+        return Err(wrong_type(
+            "workdir",
+            "a string (an absolute path)",
+            &v,
+            "write e.g. \"/home/alice/proj\"",
+        ));
+    };
+    if s.contains('\0') {
+        return Err(SpecError::NulInString {
+            location: "`workdir`".to_owned(),
+        });
+    }
+    if !s.starts_with('/') {
+        return Err(SpecError::WorkdirNotAbsolute { path: quote(&s) });
+    }
+    let mut normal = String::with_capacity(s.len());
+    for comp in s.split('/') {
+        match comp {
+            "" | "." => {}
+            // Refused rather than resolved: resolving `..` lexically is wrong
+            // across symlinks, and the daemon should not guess.
+            ".." => return Err(SpecError::WorkdirDotDot { path: quote(&s) }),
+            c => {
+                normal.push('/');
+                normal.push_str(c);
+            }
+        }
+    }
+    if normal.is_empty() {
+        normal.push('/');
+    }
+    Ok(PathBuf::from(normal))
+}
+
+fn validate_env(v: Value) -> Result<BTreeMap<String, String>, SpecError> {
+    let Value::Object(map) = v else {
+        return Err(wrong_type(
+            "env",
+            "an object of strings",
+            &v,
+            "write e.g. {\"OMP_NUM_THREADS\": \"8\"}",
+        ));
+    };
+    if map.len() > MAX_ENV {
+        return Err(SpecError::EnvTooMany { len: map.len() });
+    }
+    let mut env = BTreeMap::new();
+    for (key, value) in map {
+        if !is_env_name(&key) {
+            return Err(SpecError::EnvBadKey { key: quote(&key) });
+        }
+        if let Some(why) = reserved_env(&key) {
+            return Err(SpecError::EnvReserved { key, why });
+        }
+        match value {
+            Value::String(s) if s.contains('\0') => {
+                return Err(SpecError::NulInString {
+                    location: format!("`env.{key}`"),
+                })
+            }
+            Value::String(s) => {
+                env.insert(key, s);
+            }
+            other => {
+                return Err(SpecError::WrongType {
+                    found: kind(&other),
+                    field: format!("env.{key}"),
+                    expected: "a string",
+                    hint: "quote the value, e.g. \"8\" instead of 8",
+                })
+            }
+        }
+    }
+    Ok(env)
+}
+
+fn is_env_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// Why `key` is reserved for the daemon, if it is.
+pub fn reserved_env(key: &str) -> Option<&'static str> {
+    if key.starts_with("PTRAIN_") {
+        return Some("the PTRAIN_ prefix is reserved for variables ptraind sets");
+    }
+    RESERVED_ENV
+        .iter()
+        .find(|(name, _)| *name == key)
+        .map(|(_, why)| *why)
+}
+
+/// Kept as a match on the raw value so a later version can add an object form
+/// (e.g. {"count": 2, "min_memory_mib": ...}) as one more arm.
+fn validate_gpus(v: &Value) -> Result<u32, SpecError> {
+    match v {
+        Value::Number(n) => match n.as_u64() {
+            Some(k) if k <= u64::from(MAX_GPUS) => Ok(k as u32),
+            _ => Err(SpecError::GpusInvalid {
+                found: n.to_string(),
+            }),
+        },
+        Value::String(s) => Err(SpecError::GpusInvalid { found: quote(s) }),
+        other => Err(SpecError::GpusInvalid {
+            found: kind(other).to_owned(),
+        }),
+    }
+}
+
+fn validate_timeout(v: &Value) -> Result<Duration, SpecError> {
+    let d = match v {
+        Value::String(s) => {
+            humantime::parse_duration(s.trim()).map_err(|e| SpecError::TimeoutInvalid {
+                value: quote(s),
+                reason: e.to_string(),
+            })?
+        }
+        Value::Number(n) => match n.as_u64() {
+            Some(secs) => Duration::from_secs(secs),
+            None => {
+                return Err(SpecError::TimeoutInvalid {
+                    value: n.to_string(),
+                    reason: "a number must be a whole, non-negative count of seconds".to_owned(),
+                })
+            }
+        },
+        other => {
+            return Err(wrong_type(
+                "timeout",
+                "a duration string or a number of seconds",
+                other,
+                "write e.g. \"12h\" or 3600",
+            ))
+        }
+    };
+    if d.is_zero() || d > MAX_TIMEOUT {
+        return Err(SpecError::TimeoutOutOfRange {
+            value: match v {
+                Value::String(s) => quote(s),
+                other => other.to_string(),
+            },
+        });
+    }
+    Ok(d)
+}
+
+/// Plausible login name: the shape useradd and systemd accept in practice. The
+/// daemon compares it with the file owner's name, so this only keeps garbage
+/// (and numeric uids, which would be ambiguous) out.
+fn validate_user(v: Value) -> Result<String, SpecError> {
+    let Value::String(s) = v else {
+        return Err(wrong_type(
+            "user",
+            "a string (a login name)",
+            &v,
+            "write e.g. \"user\": \"alice\", or omit it",
+        ));
+    };
+    let b = s.as_bytes();
+    let body = b.strip_suffix(b"$").unwrap_or(b);
+    let ok = !body.is_empty()
+        && b.len() <= MAX_USER_LEN
+        && (body[0].is_ascii_alphabetic() || body[0] == b'_')
+        && body
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(s)
+    } else {
+        Err(SpecError::InvalidUser { user: quote(&s) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn parse(s: &str) -> Result<JobSpec, SpecError> {
+        parse_spec(s.as_bytes(), "job1")
+    }
+
+    fn err(s: &str) -> String {
+        match parse(s) {
+            Ok(spec) => panic!("expected an error for {s:?}, got {spec:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn assert_err_contains(s: &str, needles: &[&str]) {
+        let msg = err(s);
+        for n in needles {
+            assert!(msg.contains(n), "error {msg:?} should contain {n:?}");
+        }
+    }
+
+    #[test]
+    fn spec_example_parses() {
+        let spec = parse(
+            r#"{"version": 1, "command": ["python3", "train.py", "--lr", "0.1"], "workdir": "/home/alice/proj", "gpus": 1, "timeout": "12h"}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.id.as_str(), "job1");
+        assert_eq!(spec.command, ["python3", "train.py", "--lr", "0.1"]);
+        assert_eq!(spec.workdir, Some(PathBuf::from("/home/alice/proj")));
+        assert_eq!(spec.gpus, 1);
+        assert_eq!(spec.timeout, Some(Duration::from_secs(12 * 3600)));
+        assert!(spec.env.is_empty());
+        assert_eq!(spec.user, None);
+    }
+
+    #[test]
+    fn minimal_spec_defaults() {
+        let spec = parse(r#"{"version":1,"command":["true"]}"#).unwrap();
+        assert_eq!(spec.gpus, 0);
+        assert_eq!(spec.workdir, None);
+        assert_eq!(spec.timeout, None);
+        assert!(spec.env.is_empty());
+    }
+
+    #[test]
+    fn full_spec_parses() {
+        let spec = parse(
+            r#"{"version":1,"id":"run-7.a_b","command":["sh","-c","echo hi"],
+               "workdir":"//srv/./data//x/","env":{"OMP_NUM_THREADS":"8","HOME":"/tmp","_X1":""},
+               "gpus":64,"timeout":3600,"user":"alice"}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.id.as_str(), "run-7.a_b");
+        assert_eq!(spec.workdir, Some(PathBuf::from("/srv/data/x")));
+        assert_eq!(spec.env.len(), 3);
+        assert_eq!(spec.env["HOME"], "/tmp");
+        assert_eq!(spec.gpus, 64);
+        assert_eq!(spec.timeout, Some(Duration::from_secs(3600)));
+        assert_eq!(spec.user.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn null_means_absent() {
+        let spec = parse(
+            r#"{"version":1,"command":["x"],"workdir":null,"timeout":null,"gpus":null,"env":null,"user":null,"id":null}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.id.as_str(), "job1");
+        assert_eq!(spec.gpus, 0);
+        assert_eq!(spec.workdir, None);
+    }
+
+    #[test]
+    fn size_limit() {
+        let mut big = br#"{"version":1,"command":["x"],"env":{"A":""#.to_vec();
+        big.resize(MAX_SPEC_BYTES + 1, b'a');
+        let e = parse_spec(&big, "j").unwrap_err();
+        assert!(matches!(e, SpecError::TooLarge), "{e}");
+        assert!(e.to_string().contains("65536"));
+
+        // Exactly at the limit is read (and here fails later for syntax).
+        big.truncate(MAX_SPEC_BYTES);
+        assert!(!matches!(
+            parse_spec(&big, "j").unwrap_err(),
+            SpecError::TooLarge
+        ));
+    }
+
+    #[test]
+    fn empty_file() {
+        for s in ["", "   \n\t\r\n", "\u{feff}"] {
+            let e = parse(s).unwrap_err();
+            assert!(matches!(e, SpecError::Empty), "{s:?}: {e}");
+            assert!(e.to_string().contains("empty"));
+        }
+    }
+
+    #[test]
+    fn byte_order_mark_is_ignored() {
+        assert!(parse("\u{feff}{\"version\":1,\"command\":[\"x\"]}").is_ok());
+    }
+
+    #[test]
+    fn invalid_utf8_reports_offset() {
+        let bytes = b"{\"version\":1,\"command\":[\"\xff\"]}";
+        let e = parse_spec(bytes, "j").unwrap_err();
+        assert!(matches!(e, SpecError::InvalidUtf8 { offset: 25 }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("UTF-8") && msg.contains("offset 25"), "{msg}");
+    }
+
+    #[test]
+    fn raw_nul_byte() {
+        let e = parse_spec(b"{\"version\":1,\0}", "j").unwrap_err();
+        assert!(matches!(e, SpecError::NulByte { offset: 13 }), "{e}");
+        assert!(e.to_string().contains("NUL"));
+    }
+
+    #[test]
+    fn escaped_nul_in_strings() {
+        assert_err_contains(
+            r#"{"version":1,"command":["a","b\u0000c"]}"#,
+            &["`command[1]`", "NUL"],
+        );
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"env":{"X":"a\u0000"}}"#,
+            &["`env.X`", "NUL"],
+        );
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"env":{"X\u0000":"a"}}"#,
+            &["env", "NUL"],
+        );
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"workdir":"/a\u0000b"}"#,
+            &["`workdir`", "NUL"],
+        );
+        assert_err_contains(r#"{"version":1,"command":["\u0000"]}"#, &["command[0]"]);
+    }
+
+    #[test]
+    fn deep_nesting_rejected_quickly() {
+        let deep = format!(
+            "{{\"version\":1,\"command\":[\"x\"],\"env\":{}{}}}",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        let start = Instant::now();
+        let e = parse(&deep).unwrap_err();
+        assert!(start.elapsed().as_millis() < 500);
+        assert!(matches!(e, SpecError::TooDeep { .. }), "{e}");
+        assert!(e.to_string().contains("deeper than 32"));
+
+        // Unterminated deep nesting, objects, and no closing at all.
+        let e = parse_spec("{\"a\":".repeat(10_000).as_bytes(), "j").unwrap_err();
+        assert!(matches!(e, SpecError::TooDeep { .. }), "{e}");
+    }
+
+    #[test]
+    fn nesting_at_the_limit_is_parsed() {
+        // 32 levels total (including the top-level object) is fine for the
+        // pre-scan; it then fails as an unknown field, not as too deep.
+        let inner = format!("{}{}", "[".repeat(31), "]".repeat(31));
+        let s = format!("{{\"version\":1,\"command\":[\"x\"],\"extra\":{inner}}}");
+        assert_eq!(s.matches('[').count(), 32);
+        let e = parse(&s);
+        // `command` adds a level only side by side, not nested.
+        assert!(matches!(e, Err(SpecError::UnknownField { .. })), "{e:?}");
+
+        let inner = format!("{}{}", "[".repeat(32), "]".repeat(32));
+        let s = format!("{{\"version\":1,\"extra\":{inner}}}");
+        assert!(matches!(parse(&s), Err(SpecError::TooDeep { .. })));
+    }
+
+    #[test]
+    fn brackets_inside_strings_do_not_count() {
+        let s = format!(
+            r#"{{"version":1,"command":["{}", "\"[[[", "\\"]}}"#,
+            "[".repeat(1000)
+        );
+        let spec = parse(&s).unwrap();
+        assert_eq!(spec.command[0].len(), 1000);
+        assert_eq!(spec.command[1], "\"[[[");
+        assert_eq!(spec.command[2], "\\");
+    }
+
+    #[test]
+    fn duplicate_keys_top_level() {
+        let e = parse(r#"{"version":1,"command":["a"],"command":["b"]}"#).unwrap_err();
+        assert!(matches!(e, SpecError::DuplicateKey { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("duplicate key \"command\""), "{msg}");
+        assert!(msg.contains("top-level"), "{msg}");
+    }
+
+    #[test]
+    fn duplicate_keys_nested() {
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"env":{"A":"1","B":"2","A":"3"}}"#,
+            &["duplicate key \"A\"", "`env`"],
+        );
+        // Deeper and inside an array, even in a field that would be rejected.
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"x":[{"k":1},{"k":1,"k":2}]}"#,
+            &["duplicate key \"k\"", "`x[1]`"],
+        );
+        assert_err_contains(
+            r#"{"version":1,"version":1,"command":["a"]}"#,
+            &["duplicate key \"version\""],
+        );
+    }
+
+    #[test]
+    fn truncated_json() {
+        for s in [
+            r#"{"version":1,"command":["a""#,
+            r#"{"version":1,"#,
+            r#"{"version""#,
+            "{",
+        ] {
+            let e = parse(s).unwrap_err();
+            assert!(matches!(e, SpecError::Truncated { .. }), "{s:?}: {e}");
+            assert!(e.to_string().contains("line 1"));
+        }
+    }
+
+    #[test]
+    fn syntax_errors() {
+        for s in [
+            r#"{"version":1,}"#,
+            r#"{version:1}"#,
+            r#"{"version":1} trailing"#,
+            r#"{"version":1}}"#,
+            r#"]"#,
+            r#"{"version":1,"command":['a']}"#,
+            "{\"version\":1,\"command\":[\"a\tb\"]}",
+        ] {
+            let e = parse(s).unwrap_err();
+            assert!(matches!(e, SpecError::Syntax { .. }), "{s:?}: {e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("not valid JSON") && msg.contains("line 1"),
+                "{msg}"
+            );
+            assert_eq!(msg.matches(" at line ").count(), 1, "{msg}");
+        }
+    }
+
+    #[test]
+    fn top_level_must_be_object() {
+        for (s, kind) in [
+            ("[]", "an array"),
+            ("1", "a number"),
+            ("\"x\"", "a string"),
+            ("null", "null"),
+        ] {
+            let e = parse(s).unwrap_err();
+            assert!(matches!(e, SpecError::NotAnObject { .. }), "{s:?}: {e}");
+            assert!(e.to_string().contains(kind));
+        }
+    }
+
+    #[test]
+    fn version_rules() {
+        assert_err_contains(r#"{"command":["a"]}"#, &["`version`", "missing"]);
+        assert_err_contains(
+            r#"{"version":"1","command":["a"]}"#,
+            &["`version`", "\"1\""],
+        );
+        assert_err_contains(r#"{"version":1.0,"command":["a"]}"#, &["`version`"]);
+        assert_err_contains(r#"{"version":-1,"command":["a"]}"#, &["`version`", "-1"]);
+        assert_err_contains(
+            r#"{"version":0,"command":["a"]}"#,
+            &["unsupported version 0"],
+        );
+        // Version 2 with fields version 1 does not know: the version wins.
+        let msg = err(r#"{"version":2,"command":["a"],"after_ok":["x"],"priority":3}"#);
+        assert!(
+            msg.contains("unsupported version 2; this ptraind reads version 1"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn unknown_field_lists_accepted() {
+        let msg = err(r#"{"version":1,"command":["a"],"gpu":1}"#);
+        assert!(msg.contains("unknown field \"gpu\""), "{msg}");
+        for f in SPEC_FIELDS {
+            assert!(msg.contains(&format!("`{f}`")), "{msg} lacks {f}");
+        }
+        // Hostile field names are escaped and clipped.
+        let long = "x\n".repeat(1000);
+        let msg = err(&format!(
+            r#"{{"version":1,"command":["a"],"{}":1}}"#,
+            long.replace('\n', "\\n")
+        ));
+        assert!(!msg.contains('\n'));
+        assert!(msg.len() < 600, "{}", msg.len());
+    }
+
+    #[test]
+    fn all_fields_are_known() {
+        let obj = SPEC_FIELDS
+            .iter()
+            .map(|f| format!("\"{f}\":{}", if *f == "version" { "1" } else { "null" }))
+            .collect::<Vec<_>>()
+            .join(",");
+        // Every listed field is accepted; the error is the missing command.
+        assert_err_contains(&format!("{{{obj}}}"), &["`command`", "missing"]);
+    }
+
+    #[test]
+    fn id_rules() {
+        let spec = parse(r#"{"version":1,"id":"A.b-c_9","command":["a"]}"#).unwrap();
+        assert_eq!(spec.id.as_str(), "A.b-c_9");
+
+        for bad in ["..", ".hidden", "a/b", "a\nb", "", "-x", "_x", "a b", "é"] {
+            let s = serde_json::json!({"version": 1, "id": bad, "command": ["a"]}).to_string();
+            let msg = err(&s);
+            assert!(msg.contains("field `id`"), "{msg}");
+            assert!(
+                msg.contains(&format!("{bad:?}")),
+                "{msg} should quote {bad:?}"
+            );
+        }
+        let long = "a".repeat(300);
+        let s = serde_json::json!({"version": 1, "id": long, "command": ["a"]}).to_string();
+        let msg = err(&s);
+        assert!(
+            msg.contains("field `id`") && msg.contains("300 bytes"),
+            "{msg}"
+        );
+        assert!(!msg.contains(&long));
+
+        let a64 = "a".repeat(64);
+        assert!(JobId::parse(&a64).is_ok());
+        assert!(JobId::parse(&format!("{a64}a")).is_err());
+
+        assert_err_contains(
+            r#"{"version":1,"id":5,"command":["a"]}"#,
+            &["field `id`", "a number"],
+        );
+    }
+
+    #[test]
+    fn default_id_is_validated() {
+        let e = parse_spec(br#"{"version":1,"command":["a"]}"#, "../etc").unwrap_err();
+        assert!(e.to_string().contains("\"../etc\""), "{e}");
+        // An explicit id does not depend on the default.
+        let spec = parse_spec(br#"{"version":1,"id":"ok","command":["a"]}"#, "").unwrap();
+        assert_eq!(spec.id.as_str(), "ok");
+    }
+
+    #[test]
+    fn job_id_helpers() {
+        let id = JobId::parse("train-1").unwrap();
+        assert_eq!(id.to_string(), "train-1");
+        assert_eq!(id.unit_name(), "ptrain-job@train-1.service");
+        assert_eq!(JobId::from_unit_name(&id.unit_name()), Some(id.clone()));
+        assert_eq!(JobId::from_unit_name("ptrain-job@.service"), None);
+        assert_eq!(JobId::from_unit_name("ptrain-job@a/b.service"), None);
+        assert_eq!(JobId::from_unit_name("other@x.service"), None);
+        assert_eq!(JobId::from_unit_name("ptrain-job@x.timer"), None);
+        assert_eq!(JobId::from_unit_name("ptrain-job@x"), None);
+        assert_eq!("train-1".parse::<JobId>().unwrap(), id);
+
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, "\"train-1\"");
+        assert_eq!(serde_json::from_str::<JobId>(&json).unwrap(), id);
+        assert!(serde_json::from_str::<JobId>("\"../x\"").is_err());
+    }
+
+    #[test]
+    fn spool_file_names() {
+        assert_eq!(spool_file_stem("train.json"), Some("train"));
+        assert_eq!(spool_file_stem("a.b-c_d.json"), Some("a.b-c_d"));
+        assert_eq!(spool_file_stem("9.json"), Some("9"));
+        let long = format!("{}.json", "a".repeat(64));
+        assert_eq!(spool_file_stem(&long), Some(&long[..64]));
+        for bad in [
+            ".json",
+            ".train.json",
+            ".train.json.swp",
+            "train.json~",
+            "#train.json#",
+            ".#train.json",
+            "train.json.tmp",
+            "train.JSON",
+            "train",
+            "tr ain.json",
+            "a/b.json",
+            "-x.json",
+            "",
+        ] {
+            assert_eq!(spool_file_stem(bad), None, "{bad:?}");
+        }
+        assert_eq!(spool_file_stem(&format!("{}.json", "a".repeat(65))), None);
+    }
+
+    #[test]
+    fn command_rules() {
+        let msg = err(r#"{"version":1,"command":"python3 train.py"}"#);
+        assert!(
+            msg.contains("field `command` must be an array of strings (argv), not a shell string")
+        );
+        assert!(msg.contains("[\"sh\", \"-c\", \"...\"]"));
+
+        assert_err_contains(r#"{"version":1}"#, &["field `command`", "missing"]);
+        assert_err_contains(
+            r#"{"version":1,"command":[]}"#,
+            &["field `command`", "empty"],
+        );
+        assert_err_contains(r#"{"version":1,"command":[""]}"#, &["`command[0]`"]);
+        assert_err_contains(
+            r#"{"version":1,"command":["python3","--lr",0.1]}"#,
+            &["field `command[2]`", "a number", "quote"],
+        );
+        assert_err_contains(
+            r#"{"version":1,"command":{"a":1}}"#,
+            &["field `command`", "an object"],
+        );
+
+        // An empty later argument is legitimate.
+        assert_eq!(
+            parse(r#"{"version":1,"command":["a",""]}"#)
+                .unwrap()
+                .command,
+            ["a", ""]
+        );
+
+        let many = vec!["x"; MAX_ARGV + 1];
+        let s = serde_json::json!({"version": 1, "command": many}).to_string();
+        assert_err_contains(&s, &["field `command`", "4097", "4096"]);
+        let ok = vec!["x"; MAX_ARGV];
+        let s = serde_json::json!({"version": 1, "command": ok}).to_string();
+        assert_eq!(parse(&s).unwrap().command.len(), MAX_ARGV);
+    }
+
+    #[test]
+    fn workdir_rules() {
+        let wd = |p: &str| {
+            let s = serde_json::json!({"version": 1, "command": ["a"], "workdir": p}).to_string();
+            parse(&s).map(|s| s.workdir.unwrap())
+        };
+        assert_eq!(wd("/").unwrap(), PathBuf::from("/"));
+        assert_eq!(wd("//").unwrap(), PathBuf::from("/"));
+        assert_eq!(wd("/./.").unwrap(), PathBuf::from("/"));
+        assert_eq!(wd("/a//b/./c/").unwrap(), PathBuf::from("/a/b/c"));
+        assert_eq!(wd("/a/..b/c..").unwrap(), PathBuf::from("/a/..b/c.."));
+        for bad in ["relative/path", "./x", "", "~/proj"] {
+            let msg = wd(bad).unwrap_err().to_string();
+            assert!(
+                msg.contains("field `workdir`") && msg.contains("absolute"),
+                "{msg}"
+            );
+        }
+        for bad in ["/a/../b", "/..", "/a/.."] {
+            let msg = wd(bad).unwrap_err().to_string();
+            assert!(
+                msg.contains("field `workdir`") && msg.contains(".."),
+                "{msg}"
+            );
+        }
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"workdir":7}"#,
+            &["field `workdir`"],
+        );
+    }
+
+    #[test]
+    fn env_rules() {
+        let env = |e: Value| {
+            let s = serde_json::json!({"version": 1, "command": ["a"], "env": e}).to_string();
+            parse(&s).map(|s| s.env)
+        };
+        let ok = env(serde_json::json!({"LD_LIBRARY_PATH": "/opt/cuda/lib64", "HOME": "/scratch", "a_1": "x"}))
+            .unwrap();
+        assert_eq!(ok.len(), 3);
+
+        for reserved in [
+            "CUDA_VISIBLE_DEVICES",
+            "CUDA_DEVICE_ORDER",
+            "NVIDIA_VISIBLE_DEVICES",
+            "PTRAIN_JOB_ID",
+            "PTRAIN_",
+            "LD_PRELOAD",
+            "LD_AUDIT",
+            "USER",
+            "LOGNAME",
+        ] {
+            let mut m = Map::new();
+            m.insert(reserved.to_owned(), Value::String("x".into()));
+            let msg = env(Value::Object(m)).unwrap_err().to_string();
+            assert!(
+                msg.contains("field `env`") && msg.contains(reserved),
+                "{msg}"
+            );
+        }
+        assert!(env(serde_json::json!({"CUDA_VISIBLE_DEVICES": "0"}))
+            .unwrap_err()
+            .to_string()
+            .contains("field `gpus`"));
+
+        for bad in ["1X", "A-B", "A=B", "", "A B", "É"] {
+            let mut m = Map::new();
+            m.insert(bad.to_owned(), Value::String("x".into()));
+            let msg = env(Value::Object(m)).unwrap_err().to_string();
+            assert!(
+                msg.contains("field `env`") && msg.contains("invalid variable name"),
+                "{msg}"
+            );
+        }
+
+        let msg = env(serde_json::json!({"N": 8})).unwrap_err().to_string();
+        assert!(
+            msg.contains("field `env.N`") && msg.contains("a number"),
+            "{msg}"
+        );
+        let msg = env(serde_json::json!(["A=1"])).unwrap_err().to_string();
+        assert!(
+            msg.contains("field `env`") && msg.contains("an array"),
+            "{msg}"
+        );
+
+        let big: Map<String, Value> = (0..=MAX_ENV)
+            .map(|i| (format!("V{i}"), Value::String(String::new())))
+            .collect();
+        let msg = env(Value::Object(big)).unwrap_err().to_string();
+        assert!(msg.contains("field `env`") && msg.contains("1025"), "{msg}");
+    }
+
+    #[test]
+    fn gpus_rules() {
+        let gpus = |g: &str| parse(&format!(r#"{{"version":1,"command":["a"],"gpus":{g}}}"#));
+        assert_eq!(gpus("0").unwrap().gpus, 0);
+        assert_eq!(gpus("64").unwrap().gpus, 64);
+        for bad in [
+            "65",
+            "-1",
+            "1.5",
+            "1e3",
+            "\"2\"",
+            "true",
+            "[1]",
+            "18446744073709551616",
+        ] {
+            let msg = gpus(bad).unwrap_err().to_string();
+            assert!(msg.contains("field `gpus`"), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn timeout_rules() {
+        let t = |v: &str| {
+            parse(&format!(r#"{{"version":1,"command":["a"],"timeout":{v}}}"#))
+                .map(|s| s.timeout.unwrap())
+        };
+        assert_eq!(t("\"90m\"").unwrap(), Duration::from_secs(90 * 60));
+        assert_eq!(t("\"1h30m\"").unwrap(), Duration::from_secs(5400));
+        assert_eq!(t("\"45s\"").unwrap(), Duration::from_secs(45));
+        assert_eq!(t("\"365days\"").unwrap(), MAX_TIMEOUT);
+        assert_eq!(t("45").unwrap(), Duration::from_secs(45));
+        assert_eq!(t("31536000").unwrap(), MAX_TIMEOUT);
+        for bad in [
+            "\"soon\"",
+            "\"12\"",
+            "\"h\"",
+            "-5",
+            "1.5",
+            "true",
+            "\"99999999999999999999999y\"",
+        ] {
+            let msg = t(bad).unwrap_err().to_string();
+            assert!(msg.contains("field `timeout`"), "{bad}: {msg}");
+        }
+        for out in [
+            "0",
+            "\"0s\"",
+            "\"366days\"",
+            "\"1y\"",
+            "31536001",
+            "18446744073709551615",
+        ] {
+            let msg = t(out).unwrap_err().to_string();
+            assert!(
+                msg.contains("field `timeout`") && msg.contains("365 days"),
+                "{out}: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn user_rules() {
+        let u = |v: &str| {
+            let s = serde_json::json!({"version": 1, "command": ["a"], "user": v}).to_string();
+            parse(&s).map(|s| s.user.unwrap())
+        };
+        for ok in ["alice", "_svc", "bob.smith", "a-b_c9", "machine$"] {
+            assert_eq!(u(ok).unwrap(), ok);
+        }
+        for bad in [
+            "",
+            "1000",
+            "-x",
+            "al ice",
+            "a/b",
+            "a:b",
+            "root\n",
+            "$",
+            &"a".repeat(256),
+        ] {
+            let msg = u(bad).unwrap_err().to_string();
+            assert!(msg.contains("field `user`"), "{bad:?}: {msg}");
+        }
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"user":0}"#,
+            &["field `user`"],
+        );
+    }
+
+    #[test]
+    fn jobspec_serde_round_trip() {
+        let spec = parse(
+            r#"{"version":1,"id":"rt","command":["python3","t.py"],"workdir":"/w","env":{"A":"1"},
+               "gpus":2,"timeout":"1h30m","user":"alice"}"#,
+        )
+        .unwrap();
+        let json = serde_json::to_string(&spec).unwrap();
+        assert!(json.contains("\"timeout\":\"1h 30m\""), "{json}");
+        let back: JobSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, spec);
+
+        let mut odd = spec.clone();
+        for d in [
+            Duration::from_nanos(1),
+            Duration::new(59, 999_999_999),
+            MAX_TIMEOUT,
+            Duration::from_secs(2_630_016 + 1),
+        ] {
+            odd.timeout = Some(d);
+            let back: JobSpec =
+                serde_json::from_str(&serde_json::to_string(&odd).unwrap()).unwrap();
+            assert_eq!(back, odd);
+        }
+        odd.timeout = None;
+        odd.workdir = None;
+        odd.user = None;
+        let back: JobSpec = serde_json::from_str(&serde_json::to_string(&odd).unwrap()).unwrap();
+        assert_eq!(back, odd);
+
+        // Integer seconds are accepted too; an invalid id is not.
+        let v = json.replace("\"1h 30m\"", "5400");
+        assert_eq!(serde_json::from_str::<JobSpec>(&v).unwrap(), spec);
+        let v = json.replace("\"rt\"", "\"../x\"");
+        assert!(serde_json::from_str::<JobSpec>(&v).is_err());
+    }
+
+    #[test]
+    fn hostile_inputs_do_not_panic() {
+        let inputs: Vec<Vec<u8>> = vec![
+            b"\"".to_vec(),
+            b"\"\\".to_vec(),
+            b"{\"\\u".to_vec(),
+            b"{\"\\ud800\":1}".to_vec(),
+            b"[[[[]]]]]]]]]]".to_vec(),
+            b"}}}}{{{{".to_vec(),
+            b"1e999999".to_vec(),
+            b"-".to_vec(),
+            b"{\"version\":1e400}".to_vec(),
+            b"{\"version\":18446744073709551616}".to_vec(),
+            b"\xef\xbb".to_vec(),
+            vec![b'['; MAX_SPEC_BYTES],
+            vec![b' '; MAX_SPEC_BYTES + 1],
+            vec![0xff; 10],
+        ];
+        for input in inputs {
+            assert!(parse_spec(&input, "j").is_err());
+        }
+    }
+
+    #[test]
+    fn many_small_values_within_limit() {
+        // A wide but shallow document at the size limit parses in bounded time.
+        let n = (MAX_SPEC_BYTES - 64) / 4;
+        let s = format!(
+            r#"{{"version":1,"command":["a"],"x":[{}]}}"#,
+            vec!["1"; n].join(",")
+        );
+        let start = Instant::now();
+        assert!(matches!(parse(&s), Err(SpecError::UnknownField { .. })));
+        assert!(start.elapsed().as_millis() < 1000);
+    }
+
+    #[test]
+    fn messages_are_lowercase_and_have_hints() {
+        let samples = [
+            SpecError::TooLarge,
+            SpecError::Empty,
+            SpecError::MissingVersion,
+            SpecError::CommandIsString,
+            SpecError::CommandEmpty,
+            SpecError::CommandProgramEmpty,
+            SpecError::UnsupportedVersion { version: 2 },
+        ];
+        for e in samples {
+            let msg = e.to_string();
+            assert!(msg.chars().next().unwrap().is_lowercase(), "{msg}");
+            assert!(msg.contains(';'), "{msg}");
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! The spool: where users drop job files, and the one place ptraind reads
+//! data that untrusted users control. Everything here decides from `fstat` of
+//! the open fd, never from a path looked up earlier.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind, RenameMode};
+use notify::{RecursiveMode, Watcher};
+
+use crate::fsutil::{self, FileIdentity};
+use crate::spec::{spool_file_stem, MAX_SPEC_BYTES};
+
+/// What reading one spool entry gave.
+#[derive(Debug)]
+pub enum SpoolRead {
+    /// A regular file with one link, read whole (at most `MAX_SPEC_BYTES`).
+    File {
+        name: String,
+        stem: String,
+        identity: FileIdentity,
+        bytes: Vec<u8>,
+    },
+    /// Refused before its content mattered. `identity` is from fstat when
+    /// the file could be opened, else from an lstat used only to tell the
+    /// owner.
+    Refused {
+        name: String,
+        reason: String,
+        identity: Option<FileIdentity>,
+        /// The bytes, when they could be read, to keep in quarantine.
+        bytes: Option<Vec<u8>>,
+        is_dir: bool,
+    },
+    /// Not a job file (a dotfile, a temp name, an editor leftover) or gone.
+    Ignored,
+}
+
+/// Is this a name users publish jobs under? Temp files and dotfiles are
+/// not: a writer renames them to their final name when complete.
+pub fn is_candidate_name(name: &str) -> bool {
+    !name.starts_with('.') && name.ends_with(".json")
+}
+
+/// Opens and reads one spool entry safely.
+pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
+    if !is_candidate_name(name) {
+        return SpoolRead::Ignored;
+    }
+    let refused = |reason: String, identity, bytes, is_dir| SpoolRead::Refused {
+        name: name.to_owned(),
+        reason,
+        identity,
+        bytes,
+        is_dir,
+    };
+    let Some(stem) = spool_file_stem(name) else {
+        let identity = fsutil::lstat_at(spool, name).ok();
+        let is_dir = identity.is_some_and(|i| i.mode & libc::S_IFMT == libc::S_IFDIR);
+        return refused(
+            format!(
+                "file name {name:?} is not allowed; name job files like `resnet-lr01.json` \
+                 (letters, digits, '.', '_', '-'; at most 64 characters before .json)"
+            ),
+            identity,
+            None,
+            is_dir,
+        );
+    };
+    let mut file = match fsutil::open_at_nofollow(spool, name) {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return SpoolRead::Ignored,
+        Err(e) => {
+            let identity = fsutil::lstat_at(spool, name).ok();
+            let is_dir = identity.is_some_and(|i| i.mode & libc::S_IFMT == libc::S_IFDIR);
+            let reason = if e.raw_os_error() == Some(libc::ELOOP) {
+                "it is a symbolic link; copy the job file itself into the spool (ptrain submit FILE)"
+                    .to_string()
+            } else {
+                format!("it cannot be opened ({e}); drop a readable regular file")
+            };
+            return refused(reason, identity, None, is_dir);
+        }
+    };
+    let identity = match fsutil::fstat(&file) {
+        Ok(identity) => identity,
+        Err(e) => return refused(format!("fstat failed: {e}"), None, None, false),
+    };
+    if !identity.is_regular() {
+        let is_dir = identity.mode & libc::S_IFMT == libc::S_IFDIR;
+        return refused(
+            format!("it is a {}, not a regular file; drop a regular JSON file", identity.kind()),
+            Some(identity),
+            None,
+            is_dir,
+        );
+    }
+    if identity.nlink != 1 {
+        return refused(
+            format!(
+                "it has {} hard links; a job file must have exactly one (copy it, do not link it)",
+                identity.nlink
+            ),
+            Some(identity),
+            None,
+            false,
+        );
+    }
+    if identity.size > MAX_SPEC_BYTES as u64 {
+        return refused(
+            format!(
+                "it is {} bytes, over the limit of {MAX_SPEC_BYTES} bytes; keep large data in the workdir",
+                identity.size
+            ),
+            Some(identity),
+            None,
+            false,
+        );
+    }
+    let bytes = match fsutil::read_bounded(&mut file, MAX_SPEC_BYTES) {
+        Ok(bytes) => bytes,
+        Err(e) => return refused(format!("read failed: {e}"), Some(identity), None, false),
+    };
+    if bytes.len() > MAX_SPEC_BYTES {
+        return refused(
+            format!("it grew past the limit of {MAX_SPEC_BYTES} bytes while being read"),
+            Some(identity),
+            None,
+            false,
+        );
+    }
+    SpoolRead::File {
+        name: name.to_owned(),
+        stem: stem.to_owned(),
+        identity,
+        bytes,
+    }
+}
+
+/// Lists candidate names in the spool, for the rescan at start and after an
+/// inotify overflow.
+pub fn scan(spool_dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(spool_dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| is_candidate_name(n))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Refuses a spool directory (or parent) that someone other than root
+/// could tamper with.
+pub fn check_spool_dir(spool_dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(spool_dir)
+        .map_err(|e| format!("spool directory {}: {e}", spool_dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!(
+            "spool directory {} is not a directory (a symlink?); make it a real directory owned by root with mode 1733",
+            spool_dir.display()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if meta.uid() != 0 || mode != 0o1733 {
+        return Err(format!(
+            "spool directory {} is owned by uid {} with mode {:o}; it must be root-owned with mode 1733 \
+             (users drop files, cannot list or remove others'): chown root:root {0} && chmod 1733 {0}",
+            spool_dir.display(),
+            meta.uid(),
+            mode
+        ));
+    }
+    let mut parent: Option<PathBuf> = spool_dir.parent().map(Path::to_owned);
+    while let Some(dir) = parent {
+        let meta = std::fs::metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mode = meta.mode();
+        let writable_by_others = mode & 0o022 != 0;
+        let sticky = mode & 0o1000 != 0;
+        if meta.uid() != 0 || (writable_by_others && !sticky) {
+            return Err(format!(
+                "parent directory {} of the spool is owned by uid {} with mode {:o}; every parent must be \
+                 root-owned and not writable by others, or someone could swap the spool: fix its owner and mode",
+                dir.display(),
+                meta.uid(),
+                mode & 0o7777
+            ));
+        }
+        parent = dir.parent().map(Path::to_owned);
+    }
+    Ok(())
+}
+
+/// Creates the spool with the right owner and mode when it does not exist.
+pub fn ensure_spool_dir(spool_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::symlink_metadata(spool_dir).is_err() {
+        fsutil::ensure_dir(spool_dir, 0o1733)?;
+        std::fs::set_permissions(spool_dir, std::fs::Permissions::from_mode(0o1733))?;
+    }
+    Ok(())
+}
+
+/// What the watcher reports.
+#[derive(Debug)]
+pub enum SpoolEvent {
+    /// A file was completed under this name (close-write or moved in).
+    File(String),
+    /// Events were lost (inotify overflow): read the whole directory again.
+    Rescan,
+}
+
+/// Watches the spool with inotify and sends names of completed files.
+/// Acts only on close-write and moved-to, never on create: a file being
+/// written is not a job yet.
+pub fn watch(
+    spool_dir: &Path,
+    on_event: impl Fn(SpoolEvent) + Send + 'static,
+) -> notify::Result<notify::RecommendedWatcher> {
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let event = match res {
+            Ok(event) => event,
+            Err(e) => {
+                tracing::warn!(error = %e, "spool watcher error; rescanning");
+                on_event(SpoolEvent::Rescan);
+                return;
+            }
+        };
+        if event.need_rescan() {
+            on_event(SpoolEvent::Rescan);
+            return;
+        }
+        let complete = matches!(
+            event.kind,
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+                | EventKind::Modify(ModifyKind::Name(RenameMode::To))
+        );
+        if !complete {
+            return;
+        }
+        for path in event.paths {
+            if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                if is_candidate_name(name) {
+                    on_event(SpoolEvent::File(name.to_owned()));
+                }
+            }
+        }
+    })?;
+    watcher.watch(spool_dir, RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_regular_files_and_refuses_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("ok.json"), b"{}").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", p.join("link.json")).unwrap();
+        std::fs::write(p.join("orig"), b"{}").unwrap();
+        std::fs::hard_link(p.join("orig"), p.join("hard.json")).unwrap();
+        std::fs::create_dir(p.join("dir.json")).unwrap();
+        std::fs::write(p.join("bad name.json"), b"{}").unwrap();
+        let f = std::fs::File::create(p.join("sparse.json")).unwrap();
+        f.set_len(2 << 30).unwrap();
+        let fd = fsutil::open_dir(p).unwrap();
+        assert!(matches!(read_spool_file(&fd, "ok.json"), SpoolRead::File { stem, .. } if stem == "ok"));
+        for (name, needle) in [
+            ("link.json", "symbolic link"),
+            ("hard.json", "hard links"),
+            ("dir.json", "directory"),
+            ("bad name.json", "file name"),
+            ("sparse.json", "over the limit"),
+        ] {
+            match read_spool_file(&fd, name) {
+                SpoolRead::Refused { reason, .. } => assert!(reason.contains(needle), "{name}: {reason}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        assert!(matches!(read_spool_file(&fd, ".tmp.json"), SpoolRead::Ignored));
+        assert!(matches!(read_spool_file(&fd, "gone.json"), SpoolRead::Ignored));
+    }
+
+    #[test]
+    fn spool_dir_must_be_root_1733() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("spool");
+        ensure_spool_dir(&spool).unwrap();
+        // tempdir's parents are root-owned on the test machines (running as root).
+        if unsafe { libc::geteuid() } == 0 {
+            check_spool_dir(&spool).unwrap();
+        }
+        std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_spool_dir(&spool).unwrap_err();
+        assert!(err.contains("1733"), "{err}");
+    }
+}

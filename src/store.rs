@@ -1,0 +1,419 @@
+//! The durable record of every job, one directory per job under
+//! `STATE/jobs/ID/`, so that the cost of a change never grows with history:
+//! a state change rewrites only that job's small `record.json`, atomically.
+//!
+//! `descriptor.json` keeps the exact bytes the user submitted. Rejected
+//! spool files go to `STATE/rejected/` with their reason.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil::{ensure_dir, fsync_dir, write_atomic};
+use crate::spec::{JobId, JobSpec};
+use crate::users::Owner;
+
+const RECORD: &str = "record.json";
+const DESCRIPTOR: &str = "descriptor.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("record {path} is corrupt: {message}; move it aside to let ptraind start")]
+    Corrupt { path: PathBuf, message: String },
+    #[error("job id {0} already exists")]
+    Exists(JobId),
+}
+
+impl StoreError {
+    /// True when the disk is full: the caller keeps the spool file and
+    /// retries later instead of rejecting it.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StoreError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
+    }
+}
+
+fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobState {
+    Queued,
+    /// Recorded before `StartTransientUnit` is called (write-ahead).
+    Launching,
+    Running,
+    Ended,
+}
+
+/// How a job ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Outcome {
+    Succeeded,
+    Failed { exit_code: i32 },
+    Killed { signal: i32 },
+    Timeout,
+    Stopped { by_uid: u32 },
+    LaunchFailed { reason: String },
+}
+
+impl Outcome {
+    /// The one-word status users see in `ptrain list`.
+    pub fn status(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed { .. } => "failed",
+            Outcome::Killed { .. } => "killed",
+            Outcome::Timeout => "timeout",
+            Outcome::Stopped { .. } => "stopped",
+            Outcome::LaunchFailed { .. } => "launch-failed",
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Outcome::Succeeded => "succeeded".into(),
+            Outcome::Failed { exit_code } => format!("failed with exit code {exit_code}"),
+            Outcome::Killed { signal } => format!("killed by signal {}", signal_name(*signal)),
+            Outcome::Timeout => "timed out (stopped at its timeout)".into(),
+            Outcome::Stopped { by_uid } => format!("stopped by uid {by_uid}"),
+            Outcome::LaunchFailed { reason } => format!("could not be launched: {reason}"),
+        }
+    }
+}
+
+pub fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGXCPU => "SIGXCPU",
+        _ => return signal.to_string(),
+    };
+    name.to_string()
+}
+
+/// Where a job came from, to recognise its own spool file after a crash
+/// between the claim and the unlink (and never mistake a new file for it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpoolSource {
+    pub file: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub ctime_ns: i128,
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssignedGpu {
+    pub index: u32,
+    pub uuid: String,
+    pub device: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub owner: Owner,
+    pub source: SpoolSource,
+    /// Microseconds since the epoch, like every timestamp here.
+    pub submitted_at: u64,
+    pub state: JobState,
+    pub unit: String,
+    #[serde(default)]
+    pub gpus: Vec<AssignedGpu>,
+    #[serde(default)]
+    pub invocation_id: Option<String>,
+    #[serde(default)]
+    pub main_pid: Option<u32>,
+    #[serde(default)]
+    pub started_at: Option<u64>,
+    #[serde(default)]
+    pub ended_at: Option<u64>,
+    #[serde(default)]
+    pub outcome: Option<Outcome>,
+    /// systemd's own word for the end (`success`, `exit-code`, `timeout`...).
+    #[serde(default)]
+    pub systemd_result: Option<String>,
+    #[serde(default)]
+    pub stop_requested_by: Option<u32>,
+}
+
+impl JobRecord {
+    pub fn new(spec: JobSpec, owner: Owner, source: SpoolSource, now: u64) -> JobRecord {
+        JobRecord {
+            id: spec.id.clone(),
+            unit: spec.id.unit_name(),
+            spec,
+            owner,
+            source,
+            submitted_at: now,
+            state: JobState::Queued,
+            gpus: Vec::new(),
+            invocation_id: None,
+            main_pid: None,
+            started_at: None,
+            ended_at: None,
+            outcome: None,
+            systemd_result: None,
+            stop_requested_by: None,
+        }
+    }
+
+    /// `queued`, `launching`, `running`, or the outcome's status.
+    pub fn status(&self) -> &'static str {
+        match (&self.state, &self.outcome) {
+            (JobState::Ended, Some(outcome)) => outcome.status(),
+            (JobState::Ended, None) => "ended",
+            (JobState::Queued, _) => "queued",
+            (JobState::Launching, _) => "launching",
+            (JobState::Running, _) => "running",
+        }
+    }
+}
+
+/// Why a spool file was refused, kept in quarantine for its owner.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectRecord {
+    pub file: String,
+    pub uid: Option<u32>,
+    pub owner: Option<String>,
+    pub rejected_at: u64,
+    pub reason: String,
+    /// Name of the quarantined copy of the bytes, when they were readable.
+    pub saved_as: Option<String>,
+}
+
+pub struct Store {
+    jobs_dir: PathBuf,
+    rejected_dir: PathBuf,
+}
+
+impl Store {
+    pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        let jobs_dir = state_dir.join("jobs");
+        let rejected_dir = state_dir.join("rejected");
+        for dir in [state_dir, &jobs_dir, &rejected_dir] {
+            ensure_dir(dir, 0o700).map_err(io_err("create directory", dir))?;
+        }
+        Ok(Store {
+            jobs_dir,
+            rejected_dir,
+        })
+    }
+
+    fn job_dir(&self, id: &JobId) -> PathBuf {
+        // A JobId is validated ([A-Za-z0-9._-], never "." or ".."), so it
+        // is one safe path component.
+        self.jobs_dir.join(id.as_str())
+    }
+
+    pub fn exists(&self, id: &JobId) -> bool {
+        self.job_dir(id).join(RECORD).exists()
+    }
+
+    /// Reads every job record. A job directory without a record is a claim
+    /// that crashed before it committed: its spool file is still there, so
+    /// the directory is removed and the file will be claimed again.
+    pub fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
+        let mut records = Vec::new();
+        let entries = std::fs::read_dir(&self.jobs_dir).map_err(io_err("read", &self.jobs_dir))?;
+        for entry in entries {
+            let entry = entry.map_err(io_err("read", &self.jobs_dir))?;
+            let dir = entry.path();
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let path = dir.join(RECORD);
+            match std::fs::read(&path) {
+                Ok(bytes) => {
+                    let record: JobRecord =
+                        serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+                            path: path.clone(),
+                            message: e.to_string(),
+                        })?;
+                    records.push(record);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    tracing::warn!(dir = %dir.display(), "removing an uncommitted claim; its spool file will be claimed again");
+                    std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+                }
+                Err(e) => return Err(io_err("read", &path)(e)),
+            }
+        }
+        records.sort_by_key(|r| (r.submitted_at, r.id.clone()));
+        Ok(records)
+    }
+
+    /// Durably records a new job: once this returns Ok the job exists and
+    /// the spool file may be removed.
+    pub fn claim(&self, record: &JobRecord, descriptor: &[u8]) -> Result<(), StoreError> {
+        let dir = self.job_dir(&record.id);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if self.exists(&record.id) {
+                    return Err(StoreError::Exists(record.id.clone()));
+                }
+            }
+            Err(e) => return Err(io_err("create directory", &dir)(e)),
+        }
+        let result = write_atomic(&dir, DESCRIPTOR, descriptor)
+            .map_err(io_err("write", &dir.join(DESCRIPTOR)))
+            .and_then(|()| self.save(record))
+            .and_then(|()| fsync_dir(&self.jobs_dir).map_err(io_err("sync", &self.jobs_dir)));
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        result
+    }
+
+    /// The exact bytes the job was submitted with.
+    pub fn descriptor(&self, id: &JobId) -> Result<Vec<u8>, StoreError> {
+        let path = self.job_dir(id).join(DESCRIPTOR);
+        std::fs::read(&path).map_err(io_err("read", &path))
+    }
+
+    /// Durably replaces a job's record.
+    pub fn save(&self, record: &JobRecord) -> Result<(), StoreError> {
+        let dir = self.job_dir(&record.id);
+        let bytes = serde_json::to_vec_pretty(record).expect("records always serialise");
+        write_atomic(&dir, RECORD, &bytes).map_err(io_err("write", &dir.join(RECORD)))
+    }
+
+    /// Quarantines a rejected file's bytes (if any) with its reason.
+    pub fn reject(&self, mut record: RejectRecord, bytes: Option<&[u8]>) -> Result<(), StoreError> {
+        let base = format!("{}-{}", record.rejected_at, sanitize(&record.file));
+        if let Some(bytes) = bytes {
+            let name = format!("{base}.data");
+            write_atomic(&self.rejected_dir, &name, bytes)
+                .map_err(io_err("write", &self.rejected_dir.join(&name)))?;
+            record.saved_as = Some(name);
+        }
+        let name = format!("{base}.reason.json");
+        let json = serde_json::to_vec_pretty(&record).expect("records always serialise");
+        write_atomic(&self.rejected_dir, &name, &json)
+            .map_err(io_err("write", &self.rejected_dir.join(&name)))
+    }
+
+    /// Every rejection on record, oldest first.
+    pub fn rejected(&self) -> Result<Vec<RejectRecord>, StoreError> {
+        let mut out = Vec::new();
+        let entries =
+            std::fs::read_dir(&self.rejected_dir).map_err(io_err("read", &self.rejected_dir))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".reason.json") || name.starts_with('.') {
+                continue;
+            }
+            if let Ok(bytes) = std::fs::read(entry.path()) {
+                if let Ok(record) = serde_json::from_slice::<RejectRecord>(&bytes) {
+                    out.push(record);
+                }
+            }
+        }
+        out.sort_by_key(|r| r.rejected_at);
+        Ok(out)
+    }
+}
+
+/// A file name as one safe, printable path component for the quarantine.
+fn sanitize(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
+        .take(80)
+        .collect();
+    if s.starts_with('.') {
+        s.insert(0, '_');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse_spec;
+
+    fn record(id: &str) -> JobRecord {
+        let spec = parse_spec(br#"{"version": 1, "command": ["true"]}"#, id).unwrap();
+        let owner = crate::users::owner_of_uid(0).unwrap();
+        let source = SpoolSource {
+            file: format!("{id}.json"),
+            dev: 1,
+            ino: 2,
+            ctime_ns: 3,
+            size: 4,
+        };
+        JobRecord::new(spec, owner, source, 10)
+    }
+
+    #[test]
+    fn claim_save_load_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut r = record("a");
+        store.claim(&r, b"{}").unwrap();
+        assert!(matches!(store.claim(&r, b"{}"), Err(StoreError::Exists(_))));
+        r.state = JobState::Ended;
+        r.outcome = Some(Outcome::Killed { signal: 9 });
+        store.save(&r).unwrap();
+        let all = store.load_all().unwrap();
+        assert_eq!(all, vec![r.clone()]);
+        assert_eq!(all[0].status(), "killed");
+        assert_eq!(store.descriptor(&r.id).unwrap(), b"{}");
+    }
+
+    #[test]
+    fn uncommitted_claim_is_dropped_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        std::fs::create_dir(dir.path().join("jobs/half")).unwrap();
+        assert!(store.load_all().unwrap().is_empty());
+        assert!(!dir.path().join("jobs/half").exists());
+    }
+
+    #[test]
+    fn rejections_are_listed_with_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let rec = RejectRecord {
+            file: "../x\n.json".into(),
+            uid: Some(1000),
+            owner: Some("alice".into()),
+            rejected_at: 5,
+            reason: "bad".into(),
+            saved_as: None,
+        };
+        store.reject(rec, Some(b"data")).unwrap();
+        let listed = store.rejected().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].reason, "bad");
+        let saved = listed[0].saved_as.as_ref().unwrap();
+        assert!(!saved.contains('/') && !saved.contains('\n'));
+    }
+}

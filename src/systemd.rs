@@ -1,0 +1,376 @@
+//! The systemd edge: starting job units over D-Bus, reading how they ended,
+//! and one stream of signals that says when to look.
+//!
+//! Facts this relies on (see tests/harness and the systemd D-Bus API):
+//! - `Subscribe()` from a connection that stays up, or no unit signals are
+//!   broadcast.
+//! - A unit started with `AddRef=true` stays loaded after it ends while our
+//!   reference lives, so its Result and exit status can be read; `Unref`
+//!   then lets `CollectMode=inactive-or-failed` collect it.
+//! - The first PropertiesChanged of a new unit may already say
+//!   inactive/dead: a unit has ended only when it is inactive or failed AND
+//!   has no pending job.
+
+use std::collections::HashMap;
+
+use futures_util::StreamExt;
+use zbus::{Connection, OwnedObjectPath, OwnedVariant};
+use zbus_systemd::systemd1::ManagerProxy;
+
+use crate::unit::{PropValue, UnitProperties};
+
+const SYSTEMD: &str = "org.freedesktop.systemd1";
+const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
+const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
+const UNIT_PATH_PREFIX: &str = "/org/freedesktop/systemd1/unit/";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SystemdError {
+    #[error("unit {0} already exists")]
+    UnitExists(String),
+    #[error("no unit {0} is loaded")]
+    NoSuchUnit(String),
+    #[error("systemd D-Bus call {call} for {unit} failed: {source}")]
+    Call {
+        call: &'static str,
+        unit: String,
+        source: zbus::Error,
+    },
+    #[error("cannot connect to the system bus: {0}; is dbus running (DBUS_SYSTEM_BUS_ADDRESS)?")]
+    Connect(zbus::Error),
+}
+
+fn call_err<'a>(call: &'static str, unit: &'a str) -> impl FnOnce(zbus::Error) -> SystemdError + 'a {
+    move |source| {
+        if let zbus::Error::MethodError(name, _, _) = &source {
+            match name.as_str() {
+                "org.freedesktop.systemd1.UnitExists" => {
+                    return SystemdError::UnitExists(unit.to_owned())
+                }
+                "org.freedesktop.systemd1.NoSuchUnit" => {
+                    return SystemdError::NoSuchUnit(unit.to_owned())
+                }
+                _ => {}
+            }
+        }
+        SystemdError::Call {
+            call,
+            unit: unit.to_owned(),
+            source,
+        }
+    }
+}
+
+/// systemd's object path for a unit name (sd_bus_path_encode: every byte
+/// that is not ASCII alphanumeric becomes `_xx`).
+pub fn unit_object_path(unit: &str) -> String {
+    let mut path = String::from(UNIT_PATH_PREFIX);
+    for (i, b) in unit.bytes().enumerate() {
+        if b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()) {
+            path.push(b as char);
+        } else {
+            path.push_str(&format!("_{b:02x}"));
+        }
+    }
+    path
+}
+
+/// The inverse of [`unit_object_path`]; None for paths of other objects.
+pub fn unit_name_from_path(path: &str) -> Option<String> {
+    let label = path.strip_prefix(UNIT_PATH_PREFIX)?;
+    let bytes = label.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'_' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A signal worth a look at one unit.
+#[derive(Debug, Clone)]
+pub enum UnitSignal {
+    /// A job (start, stop) of this unit finished.
+    JobRemoved { unit: String, result: String },
+    /// The unit's ActiveState changed.
+    StateChanged { unit: String, active_state: String },
+}
+
+impl UnitSignal {
+    pub fn unit(&self) -> &str {
+        match self {
+            UnitSignal::JobRemoved { unit, .. } | UnitSignal::StateChanged { unit, .. } => unit,
+        }
+    }
+}
+
+/// What a unit looks like now.
+#[derive(Debug, Clone, Default)]
+pub struct UnitState {
+    pub active_state: String,
+    /// A job (start or stop) is still pending for the unit.
+    pub has_pending_job: bool,
+    pub invocation_id: Option<String>,
+    pub main_pid: u32,
+    pub result: String,
+    /// CLD_EXITED (1), CLD_KILLED (2), CLD_DUMPED (3), or 0 if never ran.
+    pub exec_main_code: i32,
+    pub exec_main_status: i32,
+    /// Microseconds since the epoch, 0 when unknown.
+    pub exec_main_start: u64,
+    pub exec_main_exit: u64,
+    pub inactive_enter: u64,
+}
+
+impl UnitState {
+    pub fn has_ended(&self) -> bool {
+        !self.has_pending_job && matches!(self.active_state.as_str(), "inactive" | "failed")
+    }
+}
+
+#[derive(Clone)]
+pub struct Systemd {
+    conn: Connection,
+    manager: ManagerProxy<'static>,
+}
+
+impl Systemd {
+    /// Connects to the system bus and subscribes to unit signals. The
+    /// connection must stay up for the subscription to hold.
+    pub async fn connect() -> Result<Systemd, SystemdError> {
+        let conn = Connection::system().await.map_err(SystemdError::Connect)?;
+        let manager = ManagerProxy::new(&conn).await.map_err(SystemdError::Connect)?;
+        manager
+            .subscribe()
+            .await
+            .map_err(call_err("Subscribe", "-"))?;
+        Ok(Systemd { conn, manager })
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Starts forwarding unit signals of units whose name starts with
+    /// `unit_prefix` to `sink`. Two tasks drain the D-Bus streams
+    /// continuously so that a busy consumer can never block the connection
+    /// (and with it the replies to our own calls).
+    pub async fn forward_signals(
+        &self,
+        unit_prefix: &'static str,
+        sink: impl Fn(UnitSignal) + Send + Sync + Clone + 'static,
+    ) -> Result<(), SystemdError> {
+        let mut removed = self
+            .manager
+            .receive_job_removed()
+            .await
+            .map_err(call_err("AddMatch JobRemoved", "-"))?;
+        let sink1 = sink.clone();
+        tokio::spawn(async move {
+            while let Some(signal) = removed.next().await {
+                let Ok(args) = signal.args() else { continue };
+                if args.unit.starts_with(unit_prefix) {
+                    sink1(UnitSignal::JobRemoved {
+                        unit: args.unit.clone(),
+                        result: args.result.clone(),
+                    });
+                }
+            }
+            tracing::error!("systemd JobRemoved stream ended");
+        });
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .sender(SYSTEMD)
+            .interface("org.freedesktop.DBus.Properties")
+            .member("PropertiesChanged")
+            .path_namespace("/org/freedesktop/systemd1/unit")
+            .arg(0, UNIT_IFACE)
+            .build()
+            .map_err(call_err("build match rule", "-"))?;
+        let mut changes = zbus::MessageStream::for_match_rule(rule, &self.conn, None)
+            .await
+            .map_err(call_err("AddMatch PropertiesChanged", "-"))?;
+        let path_prefix = unit_object_path(unit_prefix);
+        tokio::spawn(async move {
+            while let Some(msg) = changes.next().await {
+                let Ok(msg) = msg else { continue };
+                let header = msg.header();
+                let Some(path) = header.path() else { continue };
+                if !path.as_str().starts_with(&path_prefix) {
+                    continue;
+                }
+                let Some(unit) = unit_name_from_path(path.as_str()) else {
+                    continue;
+                };
+                let Ok((_, changed, _)) = msg
+                    .body()
+                    .deserialize::<(String, HashMap<String, OwnedVariant>, Vec<String>)>()
+                else {
+                    continue;
+                };
+                if let Some(state) = changed.get("ActiveState") {
+                    if let Ok(active_state) = String::try_from(state.try_clone().unwrap_or_else(|_| OwnedVariant::from(0u8))) {
+                        sink(UnitSignal::StateChanged { unit, active_state });
+                    }
+                }
+            }
+            tracing::error!("systemd PropertiesChanged stream ended");
+        });
+        Ok(())
+    }
+
+    /// StartTransientUnit with AddRef, so the unit outlives its end until
+    /// we have read it.
+    pub async fn start_unit(
+        &self,
+        unit: &str,
+        properties: &UnitProperties,
+    ) -> Result<OwnedObjectPath, SystemdError> {
+        let mut props: Vec<(String, OwnedVariant)> = Vec::with_capacity(properties.len() + 1);
+        for (key, value) in properties {
+            props.push((key.to_string(), to_variant(value)));
+        }
+        props.push(("AddRef".into(), OwnedVariant::from(true)));
+        self.manager
+            .start_transient_unit(unit.to_owned(), "fail".into(), props, Vec::new())
+            .await
+            .map_err(call_err("StartTransientUnit", unit))
+    }
+
+    /// Takes a reference on an existing unit (adoption after a restart).
+    pub async fn ref_unit(&self, unit: &str) -> Result<(), SystemdError> {
+        self.manager
+            .ref_unit(unit.to_owned())
+            .await
+            .map_err(call_err("RefUnit", unit))
+    }
+
+    /// Drops our reference and clears a failed state so systemd collects
+    /// the unit now that its result is recorded.
+    pub async fn release(&self, unit: &str) {
+        if let Err(e) = self.manager.unref_unit(unit.to_owned()).await {
+            tracing::debug!(unit, error = %e, "UnrefUnit");
+        }
+        if let Err(e) = self.manager.reset_failed_unit(unit.to_owned()).await {
+            tracing::debug!(unit, error = %e, "ResetFailedUnit");
+        }
+    }
+
+    pub async fn stop_unit(&self, unit: &str) -> Result<(), SystemdError> {
+        self.manager
+            .stop_unit(unit.to_owned(), "replace".into())
+            .await
+            .map(|_| ())
+            .map_err(call_err("StopUnit", unit))
+    }
+
+    /// Is a unit of this name loaded? Returns its state if so.
+    pub async fn unit_state(&self, unit: &str) -> Result<UnitState, SystemdError> {
+        // GetUnit fails with NoSuchUnit for a unit that is not loaded; the
+        // computed path would instead answer with an empty "inactive" ghost.
+        self.manager
+            .get_unit(unit.to_owned())
+            .await
+            .map_err(call_err("GetUnit", unit))?;
+        let path = unit_object_path(unit);
+        let unit_props = self.get_all(&path, UNIT_IFACE, unit).await?;
+        let service_props = self.get_all(&path, SERVICE_IFACE, unit).await?;
+        let string = |m: &HashMap<String, OwnedVariant>, k: &str| {
+            m.get(k)
+                .and_then(|v| v.try_clone().ok())
+                .and_then(|v| String::try_from(v).ok())
+                .unwrap_or_default()
+        };
+        let int = |m: &HashMap<String, OwnedVariant>, k: &str| {
+            m.get(k).and_then(|v| i32::try_from(v).ok()).unwrap_or(0)
+        };
+        let micros = |m: &HashMap<String, OwnedVariant>, k: &str| {
+            m.get(k).and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
+        };
+        let has_pending_job = unit_props
+            .get("Job")
+            .and_then(|v| v.try_clone().ok())
+            .and_then(|v| <(u32, OwnedObjectPath)>::try_from(v).ok())
+            .is_some_and(|(id, _)| id != 0);
+        let invocation_id = unit_props
+            .get("InvocationID")
+            .and_then(|v| v.try_clone().ok())
+            .and_then(|v| Vec::<u8>::try_from(v).ok())
+            .filter(|b| !b.is_empty())
+            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
+        Ok(UnitState {
+            active_state: string(&unit_props, "ActiveState"),
+            has_pending_job,
+            invocation_id,
+            main_pid: service_props
+                .get("ExecMainPID")
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(0),
+            result: string(&service_props, "Result"),
+            exec_main_code: int(&service_props, "ExecMainCode"),
+            exec_main_status: int(&service_props, "ExecMainStatus"),
+            exec_main_start: micros(&service_props, "ExecMainStartTimestamp"),
+            exec_main_exit: micros(&service_props, "ExecMainExitTimestamp"),
+            inactive_enter: micros(&unit_props, "InactiveEnterTimestamp"),
+        })
+    }
+
+    async fn get_all(
+        &self,
+        path: &str,
+        interface: &str,
+        unit: &str,
+    ) -> Result<HashMap<String, OwnedVariant>, SystemdError> {
+        let reply = self
+            .conn
+            .call_method(
+                Some(SYSTEMD),
+                path,
+                Some("org.freedesktop.DBus.Properties"),
+                "GetAll",
+                &(interface,),
+            )
+            .await
+            .map_err(call_err("GetAll", unit))?;
+        reply
+            .body()
+            .deserialize::<HashMap<String, OwnedVariant>>()
+            .map_err(call_err("GetAll (decode)", unit))
+    }
+}
+
+fn to_variant(value: &PropValue) -> OwnedVariant {
+    let variant = match value {
+        PropValue::Str(s) => zbus::Variant::from(s.clone()),
+        PropValue::Bool(b) => zbus::Variant::from(*b),
+        PropValue::U64(n) => zbus::Variant::from(*n),
+        PropValue::StrList(list) => zbus::Variant::from(list.clone()),
+        PropValue::Exec(cmds) => zbus::Variant::from(cmds.clone()),
+        PropValue::DeviceAllow(devs) => zbus::Variant::from(devs.clone()),
+    };
+    OwnedVariant::try_from(variant).expect("plain values convert without file descriptors")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_paths_round_trip() {
+        let unit = "ptrain-job@resnet-lr0.1_x.service";
+        let path = unit_object_path(unit);
+        assert_eq!(
+            path,
+            "/org/freedesktop/systemd1/unit/ptrain_2djob_40resnet_2dlr0_2e1_5fx_2eservice"
+        );
+        assert_eq!(unit_name_from_path(&path).as_deref(), Some(unit));
+        assert_eq!(unit_name_from_path("/org/freedesktop/systemd1/job/1"), None);
+    }
+}
