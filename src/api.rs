@@ -66,7 +66,11 @@ impl JobView {
             uid: record.owner.uid,
             unit: record.unit.clone(),
             command: record.spec.command.clone(),
-            workdir: record.spec.workdir.as_ref().map(|p| p.display().to_string()),
+            workdir: record
+                .spec
+                .workdir
+                .as_ref()
+                .map(|p| p.display().to_string()),
             gpus: record.gpus.iter().map(|g| g.index).collect(),
             gpu_uuids: record.gpus.iter().map(|g| g.uuid.clone()).collect(),
             submitted_at: record.submitted_at,
@@ -144,7 +148,10 @@ pub struct DaemonApi {
 }
 
 impl DaemonApi {
-    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest) -> zbus::fdo::Result<T> {
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
+    ) -> zbus::fdo::Result<T> {
         let (tx, rx) = oneshot::channel();
         self.requests
             .send(make(tx))
@@ -154,12 +161,50 @@ impl DaemonApi {
     }
 }
 
-async fn caller_uid(conn: &zbus::Connection, header: &zbus::message::Header<'_>) -> zbus::fdo::Result<u32> {
+async fn caller_uid(
+    conn: &zbus::Connection,
+    header: &zbus::message::Header<'_>,
+) -> zbus::fdo::Result<u32> {
     let sender = header
         .sender()
         .ok_or_else(|| zbus::fdo::Error::AccessDenied("caller has no bus name".into()))?;
     let dbus = zbus::fdo::DBusProxy::new(conn).await?;
     dbus.get_connection_unix_user(sender.clone().into()).await
+}
+
+/// Most output one Logs call returns; `journalctl` itself has no limit.
+const MAX_LOG_BYTES: usize = 8 << 20;
+
+/// journalctl arguments selecting one job's output: by invocation id when
+/// known, so a re-used unit name never mixes runs.
+pub fn journal_match(job: &JobView) -> String {
+    match &job.invocation_id {
+        Some(inv) => format!("_SYSTEMD_INVOCATION_ID={inv}"),
+        None => format!("_SYSTEMD_UNIT={}", job.unit),
+    }
+}
+
+async fn read_journal(job: &JobView, lines: u32) -> std::io::Result<String> {
+    use tokio::io::AsyncReadExt;
+    let mut cmd = tokio::process::Command::new("journalctl");
+    cmd.args(["--no-pager", "-q", "-o", "cat"])
+        .arg(journal_match(job));
+    if lines > 0 {
+        cmd.arg(format!("--lines={lines}"));
+    }
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut out = Vec::new();
+    let stdout = child.stdout.take().expect("piped");
+    stdout
+        .take(MAX_LOG_BYTES as u64)
+        .read_to_end(&mut out)
+        .await?;
+    let _ = child.kill().await;
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 fn to_json<T: Serialize>(value: &T) -> String {
@@ -209,6 +254,31 @@ impl DaemonApi {
         Ok(to_json(&list))
     }
 
+    /// The last `lines` lines of a job's output (0: all, up to a cap), for
+    /// its owner or root. Users often cannot read the system journal
+    /// themselves (volatile storage keeps one root-only file).
+    async fn logs(
+        &self,
+        id: String,
+        lines: u32,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller_uid = caller_uid(conn, &header).await?;
+        let job = self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await??;
+        if caller_uid != 0 && caller_uid != job.uid {
+            return Err(ApiError::NotYours {
+                id,
+                owner: job.owner,
+                action: "read the output of",
+            }
+            .into());
+        }
+        read_journal(&job, lines)
+            .await
+            .map_err(|e| zbus::fdo::Error::Failed(format!("cannot read the journal: {e}")))
+    }
+
     /// The GPU inventory and which job holds each GPU, JSON.
     async fn gpus(&self) -> zbus::fdo::Result<String> {
         Ok(to_json(&self.ask(ApiRequest::Gpus).await??))
@@ -235,6 +305,7 @@ pub trait Daemon1 {
     fn stop(&self, id: &str) -> zbus::Result<String>;
     fn rejected(&self) -> zbus::Result<String>;
     fn gpus(&self) -> zbus::Result<String>;
+    fn logs(&self, id: &str, lines: u32) -> zbus::Result<String>;
     #[zbus(signal)]
     fn job_changed(&self, id: String, status: String) -> zbus::Result<()>;
 }

@@ -86,7 +86,10 @@ impl Config {
             } else {
                 Err(invalid(
                     key,
-                    format!("{} is relative; give an absolute path like {default}", value.display()),
+                    format!(
+                        "{} is relative; give an absolute path like {default}",
+                        value.display()
+                    ),
                 ))
             }
         };
@@ -118,12 +121,15 @@ impl Config {
         }
         let gpus = match raw.gpus {
             Some(g) => g,
-            None => GpuConfig::deserialize(toml::Value::Table(Default::default())).map_err(|e| {
-                invalid("gpus", format!("defaults do not load: {e}"))
-            })?,
+            None => GpuConfig::deserialize(toml::Value::Table(Default::default()))
+                .map_err(|e| invalid("gpus", format!("defaults do not load: {e}")))?,
         };
-        gpus.validate().map_err(|message| invalid("gpus", message))?;
-        let read_write_paths = raw.jobs.and_then(|j| j.read_write_paths).unwrap_or_default();
+        gpus.validate()
+            .map_err(|message| invalid("gpus", message))?;
+        let read_write_paths = raw
+            .jobs
+            .and_then(|j| j.read_write_paths)
+            .unwrap_or_default();
         for (i, p) in read_write_paths.iter().enumerate() {
             if !p.is_absolute() {
                 return Err(invalid(
@@ -163,7 +169,10 @@ mod tests {
 
     #[test]
     fn shipped_default_config_loads() {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/ptrain.toml"));
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/packaging/ptrain.toml"
+        ));
         if let Ok(text) = text {
             load(&text).unwrap();
         }
@@ -177,7 +186,9 @@ mod tests {
         assert!(e.contains("spol_dir"), "{e}");
         let e = load("slice = \"ptrain\"").unwrap_err().to_string();
         assert!(e.contains("slice") && e.contains("ptrain.slice"), "{e}");
-        let e = load("state_dir = \"/var/spool/ptrain/state\"").unwrap_err().to_string();
+        let e = load("state_dir = \"/var/spool/ptrain/state\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("state_dir"), "{e}");
     }
 }

@@ -80,9 +80,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         let path = path.to_owned();
         move |source| DaemonError::Setup { what, path, source }
     };
-    spool::ensure_spool_dir(&config.spool_dir).map_err(setup("spool directory", &config.spool_dir))?;
+    spool::ensure_spool_dir(&config.spool_dir)
+        .map_err(setup("spool directory", &config.spool_dir))?;
     spool::check_spool_dir(&config.spool_dir).map_err(DaemonError::UnsafeSpool)?;
-    let spool_fd = fsutil::open_dir(&config.spool_dir).map_err(setup("spool directory", &config.spool_dir))?;
+    let spool_fd =
+        fsutil::open_dir(&config.spool_dir).map_err(setup("spool directory", &config.spool_dir))?;
     let store = Store::open(&config.state_dir)?;
     let inventory = crate::gpu::open_inventory(&config.gpus)?;
     info!(backend = inventory.backend(), "GPU inventory ready");
@@ -119,7 +121,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         .at(DBUS_PATH, DaemonApi { requests: api_tx })
         .await
         .map_err(DaemonError::Api)?;
-    conn.request_name(DBUS_NAME).await.map_err(DaemonError::Api)?;
+    conn.request_name(DBUS_NAME)
+        .await
+        .map_err(DaemonError::Api)?;
     let api_forward = tx.clone();
     tokio::spawn(async move {
         while let Some(req) = api_rx.recv().await {
@@ -142,7 +146,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.jobs.len(), "ptraind ready");
 
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
-    let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(std::time::Duration::from_secs(3600)));
+    let mut watchdog_tick =
+        tokio::time::interval(watchdog.unwrap_or(std::time::Duration::from_secs(3600)));
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -222,7 +227,9 @@ impl Daemon {
     }
 
     async fn reattach(&mut self, id: &JobId) {
-        let Some(record) = self.jobs.get(id) else { return };
+        let Some(record) = self.jobs.get(id) else {
+            return;
+        };
         let unit = record.unit.clone();
         let state = record.state;
         match self.systemd.ref_unit(&unit).await {
@@ -259,7 +266,9 @@ impl Daemon {
                     self.ingest(&name).await;
                 }
             }
-            Err(e) => error!(spool = %self.config.spool_dir.display(), error = %e, "cannot read the spool"),
+            Err(e) => {
+                error!(spool = %self.config.spool_dir.display(), error = %e, "cannot read the spool")
+            }
         }
     }
 
@@ -479,7 +488,9 @@ impl Daemon {
     /// Write-ahead: the record says "launching as unit U on these GPUs"
     /// durably before systemd is asked.
     async fn launch(&mut self, id: &JobId, gpus: &[u32], snapshot: &[GpuInfo]) {
-        let Some(record) = self.jobs.get_mut(id) else { return };
+        let Some(record) = self.jobs.get_mut(id) else {
+            return;
+        };
         let before = record.clone();
         record.gpus = gpus
             .iter()
@@ -527,8 +538,14 @@ impl Daemon {
             }
             Err(e) => {
                 error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot start unit");
-                self.finish(id, Outcome::LaunchFailed { reason: e.to_string() }, None)
-                    .await;
+                self.finish(
+                    id,
+                    Outcome::LaunchFailed {
+                        reason: e.to_string(),
+                    },
+                    None,
+                )
+                .await;
             }
         }
     }
@@ -541,7 +558,9 @@ impl Daemon {
 
     /// Looks at a unit and moves its job on: launching → running → ended.
     async fn check_unit(&mut self, unit: &str) {
-        let Some(id) = self.by_unit.get(unit).cloned() else { return };
+        let Some(id) = self.by_unit.get(unit).cloned() else {
+            return;
+        };
         let state = match self.systemd.unit_state(unit).await {
             Ok(state) => state,
             Err(SystemdError::NoSuchUnit(_)) => {
@@ -574,7 +593,9 @@ impl Daemon {
             let record = self.jobs.get_mut(&id).expect("tracked job exists");
             if record.state == JobState::Launching {
                 record.state = JobState::Running;
-                record.started_at = Some(state.exec_main_start).filter(|t| *t > 0).or(Some(now_micros()));
+                record.started_at = Some(state.exec_main_start)
+                    .filter(|t| *t > 0)
+                    .or(Some(now_micros()));
                 record.main_pid = Some(state.main_pid).filter(|p| *p > 0);
                 record.invocation_id = state.invocation_id.clone();
                 if let Err(e) = self.store.save(record) {
@@ -589,7 +610,9 @@ impl Daemon {
     /// Records a job's end durably, then frees its GPUs and lets systemd
     /// collect the unit.
     async fn finish(&mut self, id: &JobId, outcome: Outcome, state: Option<&UnitState>) {
-        let Some(record) = self.jobs.get_mut(id) else { return };
+        let Some(record) = self.jobs.get_mut(id) else {
+            return;
+        };
         if record.state == JobState::Queued {
             self.queue.retain(|q| q != id);
             if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
@@ -606,7 +629,9 @@ impl Daemon {
                 record.invocation_id = state.invocation_id.clone();
             }
             record.systemd_result = Some(state.result.clone());
-            let end = [state.exec_main_exit, state.inactive_enter].into_iter().find(|t| *t > 0);
+            let end = [state.exec_main_exit, state.inactive_enter]
+                .into_iter()
+                .find(|t| *t > 0);
             record.ended_at = Some(end.unwrap_or(now));
         } else {
             record.ended_at = Some(now);
@@ -668,7 +693,10 @@ impl Daemon {
                 let _ = reply.send(result);
             }
             ApiRequest::Gpus(reply) => {
-                let snapshot = self.inventory.snapshot().map_err(|e| ApiError::Failed(e.to_string()));
+                let snapshot = self
+                    .inventory
+                    .snapshot()
+                    .map_err(|e| ApiError::Failed(e.to_string()));
                 let view = snapshot.map(|gpus| GpusView {
                     backend: self.inventory.backend().to_string(),
                     gpus: gpus
@@ -706,9 +734,9 @@ impl Daemon {
             }
             JobState::Launching | JobState::Running => {
                 record.stop_requested_by = Some(caller_uid);
-                self.store
-                    .save(record)
-                    .map_err(|e| ApiError::Failed(format!("cannot record the stop request: {e}")))?;
+                self.store.save(record).map_err(|e| {
+                    ApiError::Failed(format!("cannot record the stop request: {e}"))
+                })?;
                 let unit = record.unit.clone();
                 info!(job = %id, PTRAIN_JOB = %id, unit, by_uid = caller_uid, "stopping job");
                 self.systemd
@@ -721,14 +749,22 @@ impl Daemon {
     }
 
     fn emit_changed(&self, id: &JobId) {
-        let Some(record) = self.jobs.get(id) else { return };
+        let Some(record) = self.jobs.get(id) else {
+            return;
+        };
         let conn = self.systemd.connection().clone();
         let id = id.to_string();
         let status = record.status().to_string();
         // Fire and forget: a slow listener must not hold up the state task.
         tokio::spawn(async move {
             let _ = conn
-                .emit_signal(None::<&str>, DBUS_PATH, DBUS_NAME, "JobChanged", &(id.as_str(), status.as_str()))
+                .emit_signal(
+                    None::<&str>,
+                    DBUS_PATH,
+                    DBUS_NAME,
+                    "JobChanged",
+                    &(id.as_str(), status.as_str()),
+                )
                 .await;
         });
     }

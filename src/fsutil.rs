@@ -68,7 +68,8 @@ trait NoFollow {
 impl NoFollow for std::fs::OpenOptions {
     fn custom_flags_nofollow(&mut self) -> &mut Self {
         use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).mode(0o600)
+        self.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .mode(0o600)
     }
 }
 
@@ -153,7 +154,14 @@ pub fn lstat_at(dir: &impl AsRawFd, name: &str) -> io::Result<FileIdentity> {
     let c = cstr(name)?;
     // SAFETY: as in fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0
+    if unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } != 0
     {
         return Err(io::Error::last_os_error());
     }
@@ -208,7 +216,10 @@ mod tests {
         write_atomic(dir.path(), "r.json", b"one").unwrap();
         write_atomic(dir.path(), "r.json", b"two").unwrap();
         assert_eq!(std::fs::read(dir.path().join("r.json")).unwrap(), b"two");
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1);
     }
 

@@ -116,7 +116,13 @@ mod tests {
         assert_eq!(p[1].gpus, vec![1]);
         let held: BTreeSet<u32> = [0].into();
         let p = plan(&queue[2..], &snap, &held, 512);
-        assert_eq!(p, vec![Placement { id: JobId::parse("c").unwrap(), gpus: vec![1] }]);
+        assert_eq!(
+            p,
+            vec![Placement {
+                id: JobId::parse("c").unwrap(),
+                gpus: vec![1]
+            }]
+        );
     }
 
     #[test]
@@ -124,17 +130,38 @@ mod tests {
         let snap = vec![gpu(0)];
         let held: BTreeSet<u32> = [0].into();
         let p = plan(&[waiting("g", 1), waiting("cpu", 0)], &snap, &held, 512);
-        assert_eq!(p, vec![Placement { id: JobId::parse("cpu").unwrap(), gpus: vec![] }]);
+        assert_eq!(
+            p,
+            vec![Placement {
+                id: JobId::parse("cpu").unwrap(),
+                gpus: vec![]
+            }]
+        );
     }
 
     #[test]
     fn outcomes() {
         assert_eq!(outcome_of_unit("success", 1, 0, None), Outcome::Succeeded);
-        assert_eq!(outcome_of_unit("exit-code", 1, 3, None), Outcome::Failed { exit_code: 3 });
-        assert_eq!(outcome_of_unit("signal", 2, 9, None), Outcome::Killed { signal: 9 });
-        assert_eq!(outcome_of_unit("core-dump", 3, 11, None), Outcome::Killed { signal: 11 });
+        assert_eq!(
+            outcome_of_unit("exit-code", 1, 3, None),
+            Outcome::Failed { exit_code: 3 }
+        );
+        assert_eq!(
+            outcome_of_unit("signal", 2, 9, None),
+            Outcome::Killed { signal: 9 }
+        );
+        assert_eq!(
+            outcome_of_unit("core-dump", 3, 11, None),
+            Outcome::Killed { signal: 11 }
+        );
         assert_eq!(outcome_of_unit("timeout", 2, 15, None), Outcome::Timeout);
-        assert_eq!(outcome_of_unit("success", 2, 15, Some(7)), Outcome::Stopped { by_uid: 7 });
-        assert!(matches!(outcome_of_unit("resources", 0, 0, None), Outcome::LaunchFailed { .. }));
+        assert_eq!(
+            outcome_of_unit("success", 2, 15, Some(7)),
+            Outcome::Stopped { by_uid: 7 }
+        );
+        assert!(matches!(
+            outcome_of_unit("resources", 0, 0, None),
+            Outcome::LaunchFailed { .. }
+        ));
     }
 }

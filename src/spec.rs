@@ -167,21 +167,27 @@ pub fn spool_file_stem(file_name: &str) -> Option<&str> {
     is_valid_id(stem).then_some(stem)
 }
 
-/// A validated job descriptor.
+/// A validated job descriptor. The serde form is for the daemon's own state
+/// store (user input goes through [`parse_spec`]); optional fields default so
+/// records written before a field existed still load.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct JobSpec {
     pub id: JobId,
     /// argv; non-empty, argv[0] non-empty, no NUL anywhere.
     pub command: Vec<String>,
     /// Absolute and normalised (no `.`/`..` components, no repeated `/`).
+    #[serde(default)]
     pub workdir: Option<PathBuf>,
+    #[serde(default)]
     pub env: BTreeMap<String, String>,
+    #[serde(default)]
     pub gpus: u32,
     /// Stored as a humantime string ("12h") so the state file stays readable;
     /// integer seconds are accepted on the way back in.
-    #[serde(with = "timeout_serde")]
+    #[serde(default, with = "timeout_serde")]
     pub timeout: Option<Duration>,
     /// If present the daemon checks it equals the file owner's name.
+    #[serde(default)]
     pub user: Option<String>,
 }
 
@@ -1642,6 +1648,10 @@ mod tests {
         assert_eq!(serde_json::from_str::<JobSpec>(&v).unwrap(), spec);
         let v = json.replace("\"rt\"", "\"../x\"");
         assert!(serde_json::from_str::<JobSpec>(&v).is_err());
+
+        // Optional fields may be missing from an older record.
+        let min: JobSpec = serde_json::from_str(r#"{"id":"m","command":["x"]}"#).unwrap();
+        assert_eq!((min.gpus, min.timeout, min.env.len()), (0, None, 0));
     }
 
     #[test]

@@ -89,7 +89,10 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
     if !identity.is_regular() {
         let is_dir = identity.mode & libc::S_IFMT == libc::S_IFDIR;
         return refused(
-            format!("it is a {}, not a regular file; drop a regular JSON file", identity.kind()),
+            format!(
+                "it is a {}, not a regular file; drop a regular JSON file",
+                identity.kind()
+            ),
             Some(identity),
             None,
             is_dir,
@@ -267,7 +270,9 @@ mod tests {
         let f = std::fs::File::create(p.join("sparse.json")).unwrap();
         f.set_len(2 << 30).unwrap();
         let fd = fsutil::open_dir(p).unwrap();
-        assert!(matches!(read_spool_file(&fd, "ok.json"), SpoolRead::File { stem, .. } if stem == "ok"));
+        assert!(
+            matches!(read_spool_file(&fd, "ok.json"), SpoolRead::File { stem, .. } if stem == "ok")
+        );
         for (name, needle) in [
             ("link.json", "symbolic link"),
             ("hard.json", "hard links"),
@@ -276,12 +281,20 @@ mod tests {
             ("sparse.json", "over the limit"),
         ] {
             match read_spool_file(&fd, name) {
-                SpoolRead::Refused { reason, .. } => assert!(reason.contains(needle), "{name}: {reason}"),
+                SpoolRead::Refused { reason, .. } => {
+                    assert!(reason.contains(needle), "{name}: {reason}")
+                }
                 other => panic!("{name}: {other:?}"),
             }
         }
-        assert!(matches!(read_spool_file(&fd, ".tmp.json"), SpoolRead::Ignored));
-        assert!(matches!(read_spool_file(&fd, "gone.json"), SpoolRead::Ignored));
+        assert!(matches!(
+            read_spool_file(&fd, ".tmp.json"),
+            SpoolRead::Ignored
+        ));
+        assert!(matches!(
+            read_spool_file(&fd, "gone.json"),
+            SpoolRead::Ignored
+        ));
     }
 
     #[test]

@@ -40,7 +40,10 @@ pub enum SystemdError {
     Connect(zbus::Error),
 }
 
-fn call_err<'a>(call: &'static str, unit: &'a str) -> impl FnOnce(zbus::Error) -> SystemdError + 'a {
+fn call_err<'a>(
+    call: &'static str,
+    unit: &'a str,
+) -> impl FnOnce(zbus::Error) -> SystemdError + 'a {
     move |source| {
         if let zbus::Error::MethodError(name, _, _) = &source {
             match name.as_str() {
@@ -146,7 +149,9 @@ impl Systemd {
     /// connection must stay up for the subscription to hold.
     pub async fn connect() -> Result<Systemd, SystemdError> {
         let conn = Connection::system().await.map_err(SystemdError::Connect)?;
-        let manager = ManagerProxy::new(&conn).await.map_err(SystemdError::Connect)?;
+        let manager = ManagerProxy::new(&conn)
+            .await
+            .map_err(SystemdError::Connect)?;
         manager
             .subscribe()
             .await
@@ -209,14 +214,18 @@ impl Systemd {
                 let Some(unit) = unit_name_from_path(path.as_str()) else {
                     continue;
                 };
-                let Ok((_, changed, _)) = msg
-                    .body()
-                    .deserialize::<(String, HashMap<String, OwnedVariant>, Vec<String>)>()
+                let Ok((_, changed, _)) =
+                    msg.body()
+                        .deserialize::<(String, HashMap<String, OwnedVariant>, Vec<String>)>()
                 else {
                     continue;
                 };
                 if let Some(state) = changed.get("ActiveState") {
-                    if let Ok(active_state) = String::try_from(state.try_clone().unwrap_or_else(|_| OwnedVariant::from(0u8))) {
+                    if let Ok(active_state) = String::try_from(
+                        state
+                            .try_clone()
+                            .unwrap_or_else(|_| OwnedVariant::from(0u8)),
+                    ) {
                         sink(UnitSignal::StateChanged { unit, active_state });
                     }
                 }

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
+use crate::gpu::NVIDIA_CONTROL_NODES;
 use crate::store::JobRecord;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -18,8 +19,8 @@ pub enum PropValue {
     Bool(bool),
     U64(u64),
     StrList(Vec<String>),
-    /// ExecStart: (path, argv, ignore failure).
-    Exec(Vec<(String, Vec<String>, bool)>),
+    /// ExecStartEx: (path, argv, flags).
+    Exec(Vec<(String, Vec<String>, Vec<String>)>),
     /// DeviceAllow: (node, "rw").
     DeviceAllow(Vec<(String, String)>),
 }
@@ -56,20 +57,20 @@ pub fn environment(record: &JobRecord) -> Vec<String> {
     env
 }
 
-/// Device nodes every GPU job needs besides its own /dev/nvidiaN.
-pub const NVIDIA_CONTROL_NODES: [&str; 4] = [
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-    "/dev/nvidia-modeset",
-];
-
-pub fn job_unit_properties(record: &JobRecord, config: &Config, home_exists: bool) -> UnitProperties {
+pub fn job_unit_properties(
+    record: &JobRecord,
+    config: &Config,
+    home_exists: bool,
+) -> UnitProperties {
     let workdir = workdir(record, home_exists);
     let argv = record.spec.command.clone();
     let mut devices: Vec<(String, String)> = Vec::new();
     if !record.gpus.is_empty() {
-        devices.extend(NVIDIA_CONTROL_NODES.iter().map(|n| (n.to_string(), "rw".into())));
+        devices.extend(
+            NVIDIA_CONTROL_NODES
+                .iter()
+                .map(|n| (n.to_string(), "rw".into())),
+        );
         devices.extend(
             record
                 .gpus
@@ -83,14 +84,24 @@ pub fn job_unit_properties(record: &JobRecord, config: &Config, home_exists: boo
     }
     // A configured data path that does not exist on this host must not
     // stop every job: "-" makes it optional for systemd.
-    read_write.extend(config.read_write_paths.iter().map(|p| format!("-{}", p.display())));
+    read_write.extend(
+        config
+            .read_write_paths
+            .iter()
+            .map(|p| format!("-{}", p.display())),
+    );
     let mut props: UnitProperties = vec![
         (
             "Description",
             PropValue::Str(format!("ptrain job {} of {}", record.id, record.owner.name)),
         ),
         ("Type", PropValue::Str("exec".into())),
-        ("ExecStart", PropValue::Exec(vec![(argv[0].clone(), argv, false)])),
+        // argv is passed as written: "no-env-expand" keeps systemd from
+        // expanding `$VAR` (and turning `$$` into `$`) in the user's command.
+        (
+            "ExecStartEx",
+            PropValue::Exec(vec![(argv[0].clone(), argv, vec!["no-env-expand".into()])]),
+        ),
         // Numeric ids: a user name systemd cannot parse would make it run
         // the job as root (CVE-2017-1000082).
         ("User", PropValue::Str(record.owner.uid.to_string())),
@@ -99,7 +110,10 @@ pub fn job_unit_properties(record: &JobRecord, config: &Config, home_exists: boo
             "SupplementaryGroups",
             PropValue::StrList(record.owner.groups.iter().map(u32::to_string).collect()),
         ),
-        ("WorkingDirectory", PropValue::Str(workdir.display().to_string())),
+        (
+            "WorkingDirectory",
+            PropValue::Str(workdir.display().to_string()),
+        ),
         ("Environment", PropValue::StrList(environment(record))),
         ("StandardOutput", PropValue::Str("journal".into())),
         ("StandardError", PropValue::Str("journal".into())),
@@ -170,13 +184,19 @@ mod tests {
     }
 
     fn get<'a>(props: &'a UnitProperties, key: &str) -> &'a PropValue {
-        &props.iter().find(|(k, _)| *k == key).unwrap_or_else(|| panic!("{key} missing")).1
+        &props
+            .iter()
+            .find(|(k, _)| *k == key)
+            .unwrap_or_else(|| panic!("{key} missing"))
+            .1
     }
 
     #[test]
     fn identity_is_numeric_and_baseline_present() {
         let config = Config::from_toml(Path::new("t"), "").unwrap();
-        let mut r = record(r#"{"version":1,"command":["python3","train.py"],"workdir":"/home/alice/p","timeout":"90m","env":{"A":"b"}}"#);
+        let mut r = record(
+            r#"{"version":1,"command":["python3","train.py"],"workdir":"/home/alice/p","timeout":"90m","env":{"A":"b"}}"#,
+        );
         r.gpus = vec![AssignedGpu {
             index: 1,
             uuid: "GPU-1".into(),
@@ -185,16 +205,34 @@ mod tests {
         let props = job_unit_properties(&r, &config, true);
         assert_eq!(get(&props, "User"), &PropValue::Str("1234".into()));
         assert_eq!(get(&props, "Group"), &PropValue::Str("4321".into()));
-        assert_eq!(get(&props, "WorkingDirectory"), &PropValue::Str("/home/alice/p".into()));
-        assert_eq!(get(&props, "RuntimeMaxUSec"), &PropValue::U64(90 * 60 * 1_000_000));
-        assert_eq!(get(&props, "DevicePolicy"), &PropValue::Str("closed".into()));
-        let PropValue::DeviceAllow(devs) = get(&props, "DeviceAllow") else { panic!() };
+        assert_eq!(
+            get(&props, "WorkingDirectory"),
+            &PropValue::Str("/home/alice/p".into())
+        );
+        assert_eq!(
+            get(&props, "RuntimeMaxUSec"),
+            &PropValue::U64(90 * 60 * 1_000_000)
+        );
+        assert_eq!(
+            get(&props, "DevicePolicy"),
+            &PropValue::Str("closed".into())
+        );
+        let PropValue::DeviceAllow(devs) = get(&props, "DeviceAllow") else {
+            panic!()
+        };
         assert!(devs.iter().any(|(d, _)| d == "/dev/nvidia1"));
         assert!(!devs.iter().any(|(d, _)| d == "/dev/nvidia0"));
-        for key in ["NoNewPrivileges", "PrivateTmp", "ProtectKernelTunables", "RestrictSUIDSGID"] {
+        for key in [
+            "NoNewPrivileges",
+            "PrivateTmp",
+            "ProtectKernelTunables",
+            "RestrictSUIDSGID",
+        ] {
             assert_eq!(get(&props, key), &PropValue::Bool(true), "{key}");
         }
-        let PropValue::StrList(env) = get(&props, "Environment") else { panic!() };
+        let PropValue::StrList(env) = get(&props, "Environment") else {
+            panic!()
+        };
         assert!(env.contains(&"CUDA_VISIBLE_DEVICES=GPU-1".to_string()));
         assert!(env.contains(&"PTRAIN_JOB_ID=job1".to_string()));
         assert_eq!(env.last().unwrap(), "PTRAIN_GPUS=1");

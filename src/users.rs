@@ -24,17 +24,35 @@ pub fn owner_of_uid(uid: u32) -> Option<Owner> {
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     let rc = unsafe {
-        libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut result)
+        libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
     };
     if rc != 0 || result.is_null() {
         return None;
     }
     // SAFETY: on success the strings point into buf, which is alive here.
-    let name = unsafe { CStr::from_ptr(pwd.pw_name) }.to_string_lossy().into_owned();
-    let home = PathBuf::from(unsafe { CStr::from_ptr(pwd.pw_dir) }.to_string_lossy().into_owned());
+    let name = unsafe { CStr::from_ptr(pwd.pw_name) }
+        .to_string_lossy()
+        .into_owned();
+    let home = PathBuf::from(
+        unsafe { CStr::from_ptr(pwd.pw_dir) }
+            .to_string_lossy()
+            .into_owned(),
+    );
     let gid = pwd.pw_gid;
     let groups = supplementary_groups(&name, gid);
-    Some(Owner { uid, gid, name, home, groups })
+    Some(Owner {
+        uid,
+        gid,
+        name,
+        home,
+        groups,
+    })
 }
 
 /// Looks up a user name, for the `user` field check and for tests.
@@ -45,7 +63,13 @@ pub fn uid_of_name(name: &str) -> Option<u32> {
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     let rc = unsafe {
-        libc::getpwnam_r(c.as_ptr(), &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut result)
+        libc::getpwnam_r(
+            c.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
     };
     (rc == 0 && !result.is_null()).then_some(pwd.pw_uid)
 }

@@ -106,31 +106,43 @@ fn from_bus(e: zbus::Error) -> Failure {
             if name.as_str() == "org.freedesktop.DBus.Error.ServiceUnknown"
                 || name.as_str() == "org.freedesktop.DBus.Error.NameHasNoOwner"
             {
-                fail(EXIT_NO_DAEMON, "ptraind is not running (systemctl start ptraind)")
+                fail(
+                    EXIT_NO_DAEMON,
+                    "ptraind is not running (systemctl start ptraind)",
+                )
             } else {
                 fail(EXIT_FAILURE, text)
             }
         }
         zbus::Error::FDO(fdo) => match fdo.as_ref() {
-            zbus::fdo::Error::ServiceUnknown(_) | zbus::fdo::Error::NameHasNoOwner(_) => {
-                fail(EXIT_NO_DAEMON, "ptraind is not running (systemctl start ptraind)")
-            }
+            zbus::fdo::Error::ServiceUnknown(_) | zbus::fdo::Error::NameHasNoOwner(_) => fail(
+                EXIT_NO_DAEMON,
+                "ptraind is not running (systemctl start ptraind)",
+            ),
             other => fail(EXIT_FAILURE, fdo_message(other)),
         },
-        _ => fail(EXIT_NO_DAEMON, format!("cannot reach ptraind on the system bus: {e}")),
+        _ => fail(
+            EXIT_NO_DAEMON,
+            format!("cannot reach ptraind on the system bus: {e}"),
+        ),
     }
 }
 
 fn fdo_message(e: &zbus::fdo::Error) -> String {
     let text = e.to_string();
     // "org.freedesktop.DBus.Error.X: message" → "message"
-    text.split_once(": ").map(|(_, m)| m.to_string()).unwrap_or(text)
+    text.split_once(": ")
+        .map(|(_, m)| m.to_string())
+        .unwrap_or(text)
 }
 
 async fn proxy() -> Result<Daemon1Proxy<'static>, Failure> {
-    let conn = zbus::Connection::system()
-        .await
-        .map_err(|e| fail(EXIT_NO_DAEMON, format!("cannot connect to the system bus: {e}")))?;
+    let conn = zbus::Connection::system().await.map_err(|e| {
+        fail(
+            EXIT_NO_DAEMON,
+            format!("cannot connect to the system bus: {e}"),
+        )
+    })?;
     Daemon1Proxy::new(&conn).await.map_err(from_bus)
 }
 
@@ -151,7 +163,11 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
-        Command::Submit { file, id, no_confirm } => submit(&cli.config, &file, id, no_confirm).await,
+        Command::Submit {
+            file,
+            id,
+            no_confirm,
+        } => submit(&cli.config, &file, id, no_confirm).await,
         Command::List { json } => {
             let jobs: Vec<JobView> = parse(&proxy().await?.list().await.map_err(from_bus)?)?;
             if json {
@@ -176,7 +192,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Logs { id, follow, lines } => logs(&id, follow, lines).await,
         Command::Rejected { json } => {
-            let list: Vec<RejectRecord> = parse(&proxy().await?.rejected().await.map_err(from_bus)?)?;
+            let list: Vec<RejectRecord> =
+                parse(&proxy().await?.rejected().await.map_err(from_bus)?)?;
             if json {
                 print_json(&list);
             } else if list.is_empty() {
@@ -200,14 +217,20 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 print_json(&view);
             } else {
                 println!("backend: {}", view.backend);
-                println!("{:<5} {:<24} {:>10} {:>10} {:<16} UUID", "INDEX", "NAME", "MEM MiB", "USED MiB", "JOB");
+                println!(
+                    "{:<5} {:<24} {:>10} {:>10} {:<16} UUID",
+                    "INDEX", "NAME", "MEM MiB", "USED MiB", "JOB"
+                );
                 for g in &view.gpus {
                     println!(
                         "{:<5} {:<24} {:>10} {:>10} {:<16} {}",
                         g.gpu.index,
                         truncate(&g.gpu.name, 24),
                         g.gpu.memory_total_mib,
-                        g.gpu.memory_used_mib.map(|m| m.to_string()).unwrap_or("-".into()),
+                        g.gpu
+                            .memory_used_mib
+                            .map(|m| m.to_string())
+                            .unwrap_or("-".into()),
                         g.held_by.as_deref().unwrap_or("-"),
                         g.gpu.uuid
                     );
@@ -219,11 +242,15 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Failure> {
-    serde_json::from_str(json).map_err(|e| fail(EXIT_FAILURE, format!("unexpected reply from ptraind: {e}")))
+    serde_json::from_str(json)
+        .map_err(|e| fail(EXIT_FAILURE, format!("unexpected reply from ptraind: {e}")))
 }
 
 fn print_json<T: serde::Serialize>(value: &T) {
-    println!("{}", serde_json::to_string_pretty(value).expect("serialisable"));
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("serialisable")
+    );
 }
 
 fn truncate(s: &str, width: usize) -> String {
@@ -253,12 +280,19 @@ fn duration_of(job: &JobView) -> Option<u64> {
 
 fn print_table(jobs: &[JobView]) {
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    println!("{:<24} {:<13} {:<12} {:<6} {:<20} {:<10} DETAIL", "ID", "STATUS", "OWNER", "GPUS", "SUBMITTED", "RAN");
+    println!(
+        "{:<24} {:<13} {:<12} {:<6} {:<20} {:<10} DETAIL",
+        "ID", "STATUS", "OWNER", "GPUS", "SUBMITTED", "RAN"
+    );
     for j in jobs {
         let gpus = if j.gpus.is_empty() {
             "-".to_string()
         } else {
-            j.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            j.gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
         };
         let status = format!("{:<13}", j.status);
         let status = if color {
@@ -279,7 +313,9 @@ fn print_table(jobs: &[JobView]) {
             truncate(&j.owner, 12),
             gpus,
             format_time(j.submitted_at),
-            duration_of(j).map(format_duration).unwrap_or_else(|| "-".into()),
+            duration_of(j)
+                .map(format_duration)
+                .unwrap_or_else(|| "-".into()),
             j.detail
         );
     }
@@ -295,7 +331,10 @@ fn print_status(j: &JobView) {
         println!("workdir:   {w}");
     }
     if let Some(t) = j.timeout_secs {
-        println!("timeout:   {}", humantime::format_duration(Duration::from_secs(t)));
+        println!(
+            "timeout:   {}",
+            humantime::format_duration(Duration::from_secs(t))
+        );
     }
     let gpus = if j.gpus.is_empty() {
         "none".to_string()
@@ -337,17 +376,28 @@ fn spool_dir(config: &Path) -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from("/var/spool/ptrain"))
 }
 
-async fn submit(config: &Path, file: &Path, id: Option<String>, no_confirm: bool) -> Result<u8, Failure> {
+async fn submit(
+    config: &Path,
+    file: &Path,
+    id: Option<String>,
+    no_confirm: bool,
+) -> Result<u8, Failure> {
     let (bytes, default_id) = if file == Path::new("-") {
         let mut buf = Vec::new();
         std::io::stdin()
             .take(MAX_SPEC_BYTES as u64 + 1)
             .read_to_end(&mut buf)
             .map_err(|e| fail(EXIT_FAILURE, format!("cannot read stdin: {e}")))?;
-        let id = id.ok_or_else(|| fail(EXIT_USAGE, "reading a job from stdin needs --id ID (or an \"id\" field)"))?;
+        let id = id.ok_or_else(|| {
+            fail(
+                EXIT_USAGE,
+                "reading a job from stdin needs --id ID (or an \"id\" field)",
+            )
+        })?;
         (buf, id)
     } else {
-        let bytes = std::fs::read(file).map_err(|e| fail(EXIT_USAGE, format!("cannot read {}: {e}", file.display())))?;
+        let bytes = std::fs::read(file)
+            .map_err(|e| fail(EXIT_USAGE, format!("cannot read {}: {e}", file.display())))?;
         let stem = file
             .file_stem()
             .and_then(|s| s.to_str())
@@ -384,7 +434,10 @@ async fn submit(config: &Path, file: &Path, id: Option<String>, no_confirm: bool
     };
     match tokio::time::timeout(Duration::from_secs(10), wait).await {
         Ok(Some(status)) => {
-            println!("ptraind accepted job {} ({status}); `ptrain status {}` shows it", spec.id, spec.id);
+            println!(
+                "ptraind accepted job {} ({status}); `ptrain status {}` shows it",
+                spec.id, spec.id
+            );
             Ok(0)
         }
         _ => {
@@ -395,9 +448,15 @@ async fn submit(config: &Path, file: &Path, id: Option<String>, no_confirm: bool
                 .and_then(|j| serde_json::from_str(&j).ok())
                 .unwrap_or_default();
             if let Some(r) = rejected.iter().rev().find(|r| r.file == name) {
-                return Err(fail(EXIT_FAILURE, format!("ptraind rejected {name}: {}", r.reason)));
+                return Err(fail(
+                    EXIT_FAILURE,
+                    format!("ptraind rejected {name}: {}", r.reason),
+                ));
             }
-            println!("ptraind has not picked it up yet; check with `ptrain status {}`", spec.id);
+            println!(
+                "ptraind has not picked it up yet; check with `ptrain status {}`",
+                spec.id
+            );
             Ok(0)
         }
     }
@@ -409,7 +468,12 @@ async fn submit(config: &Path, file: &Path, id: Option<String>, no_confirm: bool
 fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<(), Failure> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = spool.join(format!(".{name}.{}.tmp", std::process::id()));
-    let io = |what: &str, e: std::io::Error| fail(EXIT_FAILURE, format!("cannot {what} in {}: {e}", spool.display()));
+    let io = |what: &str, e: std::io::Error| {
+        fail(
+            EXIT_FAILURE,
+            format!("cannot {what} in {}: {e}", spool.display()),
+        )
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -424,16 +488,26 @@ fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<(), Failure
     }
     drop(f);
     let from = std::ffi::CString::new(tmp.as_os_str().as_encoded_bytes()).expect("no NUL");
-    let to = std::ffi::CString::new(spool.join(name).as_os_str().as_encoded_bytes()).expect("no NUL");
+    let to =
+        std::ffi::CString::new(spool.join(name).as_os_str().as_encoded_bytes()).expect("no NUL");
     // SAFETY: renameat2 with NUL-terminated absolute or cwd-relative paths.
     let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
     };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         let _ = std::fs::remove_file(&tmp);
         if e.raw_os_error() == Some(libc::EEXIST) {
-            return Err(fail(EXIT_FAILURE, format!("{name} is already waiting in the spool; give the job another id")));
+            return Err(fail(
+                EXIT_FAILURE,
+                format!("{name} is already waiting in the spool; give the job another id"),
+            ));
         }
         return Err(io("publish the job file", e));
     }
@@ -452,23 +526,36 @@ async fn logs(id: &str, follow: bool, lines: Option<u32>) -> Result<u8, Failure>
             job = parse(&proxy.status(id).await.map_err(from_bus)?)?;
         }
     }
+    // SAFETY: geteuid has no preconditions.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    if !follow && !is_root {
+        // ptraind reads the journal for the job's owner, who often may not.
+        print!(
+            "{}",
+            proxy.logs(id, lines.unwrap_or(0)).await.map_err(from_bus)?
+        );
+        return Ok(0);
+    }
     let mut cmd = std::process::Command::new("journalctl");
-    cmd.args(["--no-pager", "-o", "cat"]);
-    match &job.invocation_id {
-        Some(inv) => cmd.arg(format!("_SYSTEMD_INVOCATION_ID={inv}")),
-        None => cmd.arg(format!("_SYSTEMD_UNIT={}", job.unit)),
-    };
+    cmd.args(["--no-pager", "-q", "-o", "cat"])
+        .arg(ptrain::api::journal_match(&job));
     if let Some(n) = lines {
         cmd.arg(format!("--lines={n}"));
     }
     if !follow || ended(&job) {
-        let status = cmd.status().map_err(|e| fail(EXIT_FAILURE, format!("cannot run journalctl: {e}")))?;
+        let status = cmd
+            .status()
+            .map_err(|e| fail(EXIT_FAILURE, format!("cannot run journalctl: {e}")))?;
         return Ok(if status.success() { 0 } else { EXIT_FAILURE });
     }
     cmd.arg("--follow");
-    let mut child = cmd.spawn().map_err(|e| fail(EXIT_FAILURE, format!("cannot run journalctl: {e}")))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| fail(EXIT_FAILURE, format!("cannot run journalctl: {e}")))?;
     while let Some(signal) = changes.next().await {
-        if signal.args().is_ok_and(|a| a.id == id && !matches!(a.status.as_str(), "queued" | "launching" | "running")) {
+        if signal.args().is_ok_and(|a| {
+            a.id == id && !matches!(a.status.as_str(), "queued" | "launching" | "running")
+        }) {
             break;
         }
     }

@@ -11,7 +11,11 @@ use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
 
 /// Runs GPU training jobs dropped into the spool as supervised systemd units.
 #[derive(Parser)]
-#[command(version, about, after_help = "Examples:\n  ptraind --check-config\n  ptraind --config /etc/ptrain/ptrain.toml")]
+#[command(
+    version,
+    about,
+    after_help = "Examples:\n  ptraind --check-config\n  ptraind --config /etc/ptrain/ptrain.toml"
+)]
 struct Args {
     /// Configuration file.
     #[arg(long, default_value = DEFAULT_CONFIG_PATH, env = "PTRAIN_CONFIG")]
@@ -28,10 +32,18 @@ fn init_logging() {
     // entries to journald, so `journalctl PTRAIN_JOB=ID` works; elsewhere
     // to stderr.
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
-    let journald = under_journal.then(|| tracing_journald::layer().ok()).flatten();
-    let stderr = journald
-        .is_none()
-        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false));
+    let journald = under_journal
+        .then(|| tracing_journald::layer().ok())
+        .flatten();
+    let stderr = journald.is_none().then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none(),
+            )
+    });
     tracing_subscriber::registry()
         .with(filter)
         .with(journald)
@@ -70,7 +82,10 @@ fn main() -> ExitCode {
         let on_signal = cancel.clone();
         tokio::spawn(async move {
             use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
                 return;
             };
             tokio::select! {

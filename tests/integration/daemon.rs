@@ -1,0 +1,253 @@
+//! A real ptraind, run as a Type=notify service inside a real systemd
+//! harness, with its own spool, state and declared GPUs.
+#![allow(dead_code)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::{ensure_user, wait_for, Harness};
+
+pub const PTRAIND: &str = env!("CARGO_BIN_EXE_ptraind");
+pub const PTRAIN: &str = env!("CARGO_BIN_EXE_ptrain");
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Local users the tests drop files as.
+pub const ALICE: &str = "ptrain-alice";
+pub const BOB: &str = "ptrain-bob";
+
+pub struct TestDaemon {
+    pub harness: Harness,
+    pub root: PathBuf,
+    pub config: PathBuf,
+    pub spool: PathBuf,
+    pub state: PathBuf,
+}
+
+pub struct Opts {
+    pub gpus: u32,
+    pub extra_config: String,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            gpus: 2,
+            extra_config: String::new(),
+        }
+    }
+}
+
+impl TestDaemon {
+    pub fn start(test: &str) -> TestDaemon {
+        TestDaemon::start_with(test, Opts::default())
+    }
+
+    pub fn start_with(test: &str, opts: Opts) -> TestDaemon {
+        ensure_user(ALICE);
+        ensure_user(BOB);
+        // Outside /tmp: job units get PrivateTmp, so a workdir under /tmp
+        // would be hidden from the job.
+        let root = PathBuf::from(format!("/srv/ptrain-tests/{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::set_permissions("/srv/ptrain-tests", std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let spool = root.join("spool");
+        let state = root.join("state");
+        for user in [ALICE, BOB] {
+            let home = root.join("work").join(user);
+            std::fs::create_dir_all(&home).unwrap();
+            chown(&home, user);
+        }
+        let mut gpus = String::new();
+        for i in 0..opts.gpus {
+            gpus.push_str(&format!(
+                "[[gpus.declared]]\nindex = {i}\nuuid = \"GPU-{i:08x}-0000-4000-8000-000000000000\"\nname = \"Test GPU\"\nmemory_mib = 16384\ndevice = \"/dev/nvidia{i}\"\n"
+            ));
+        }
+        let config = root.join("ptrain.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "spool_dir = {spool:?}\nstate_dir = {state:?}\nlog_dir = {log:?}\n{extra}\n[gpus]\nbackend = \"declared\"\n{gpus}",
+                log = root.join("log"),
+                extra = opts.extra_config,
+            ),
+        )
+        .unwrap();
+        let units = root.join("units");
+        std::fs::create_dir_all(&units).unwrap();
+        let unit =
+            std::fs::read_to_string(crate::harness::repo_root().join("units/ptraind.service"))
+                .expect("units/ptraind.service");
+        // The shipped unit, pointed at this test's binary, config and dirs.
+        let unit = unit
+            .replace(
+                "ExecStart=/usr/sbin/ptraind",
+                &format!("ExecStart={PTRAIND} --config {}", config.display()),
+            )
+            .replace(
+                "ReadWritePaths=/var/spool/ptrain",
+                &format!("ReadWritePaths={}", root.display()),
+            );
+        assert!(unit.contains(&format!("ReadWritePaths={}", root.display())));
+        std::fs::write(units.join("ptraind.service"), unit).unwrap();
+        let harness = Harness::boot(test, opts.gpus, Some(&units));
+        let daemon = TestDaemon {
+            harness,
+            root,
+            config,
+            spool,
+            state,
+        };
+        daemon.start_service();
+        daemon
+    }
+
+    /// `systemctl start ptraind`: returns once ptraind said READY=1.
+    pub fn start_service(&self) {
+        let (ok, out) = self.harness.systemctl(&["start", "ptraind.service"]);
+        assert!(ok, "ptraind failed to start: {out}\n{}", self.daemon_log());
+    }
+
+    pub fn daemon_log(&self) -> String {
+        self.harness.journal(&["-u", "ptraind.service"])
+    }
+
+    pub fn workdir(&self, user: &str) -> PathBuf {
+        self.root.join("work").join(user)
+    }
+
+    /// Writes a job file in the user's workdir and publishes it into the
+    /// spool the way a user would: `cp` as that user.
+    pub fn drop_job(&self, user: &str, name: &str, json: &str) {
+        let src = self.workdir(user).join(format!(".src-{name}"));
+        std::fs::write(&src, json).unwrap();
+        chown(&src, user);
+        let out = self.as_user(
+            user,
+            "cp",
+            &[
+                src.to_str().unwrap(),
+                self.spool.join(name).to_str().unwrap(),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "cp into spool failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Runs a program inside the harness as `user`.
+    pub fn as_user(&self, user: &str, program: &str, args: &[&str]) -> Output {
+        let mut cmd = self.harness.command("runuser");
+        cmd.args(["-u", user, "--", program]).args(args);
+        cmd.output().unwrap()
+    }
+
+    /// Runs the ptrain CLI inside the harness as `user`.
+    pub fn ptrain(&self, user: &str, args: &[&str]) -> Output {
+        let mut full = vec!["--config", self.config.to_str().unwrap()];
+        full.extend_from_slice(args);
+        if user == "root" {
+            let mut cmd = self.harness.command(PTRAIN);
+            cmd.args(&full);
+            return cmd.output().unwrap();
+        }
+        self.as_user(user, PTRAIN, &full)
+    }
+
+    /// `ptrain status ID --json`, or None if ptraind does not know the job.
+    pub fn status(&self, id: &str) -> Option<Value> {
+        let out = self.ptrain("root", &["status", id, "--json"]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).expect("status --json is JSON"))
+    }
+
+    pub fn wait_status(&self, id: &str, pred: impl Fn(&str) -> bool) -> Value {
+        wait_for(
+            &format!("job {id} to reach the expected status"),
+            WAIT,
+            || {
+                self.status(id)
+                    .filter(|s| pred(s["status"].as_str().unwrap_or("")))
+            },
+        )
+    }
+
+    pub fn wait_ended(&self, id: &str) -> Value {
+        self.wait_status(id, |s| !matches!(s, "queued" | "launching" | "running"))
+    }
+
+    pub fn wait_running(&self, id: &str) -> Value {
+        self.wait_status(id, |s| s == "running")
+    }
+
+    /// A property of a unit, from `systemctl show`.
+    pub fn unit_property(&self, unit: &str, prop: &str) -> String {
+        let (_, out) = self
+            .harness
+            .systemctl(&["show", unit, "-p", prop, "--value"]);
+        out.trim().to_string()
+    }
+
+    pub fn rejected(&self, user: &str) -> Vec<Value> {
+        let out = self.ptrain(user, &["rejected", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap()
+    }
+
+    pub fn wait_rejected(&self, user: &str, file: &str) -> Value {
+        wait_for(&format!("{file} to be rejected"), WAIT, || {
+            self.rejected(user).into_iter().find(|r| r["file"] == file)
+        })
+    }
+
+    /// The daemon is up and answering.
+    pub fn assert_alive(&self) {
+        let out = self.ptrain("root", &["list", "--json"]);
+        assert!(
+            out.status.success(),
+            "ptraind is not answering: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.daemon_log()
+        );
+        assert_eq!(
+            self.unit_property("ptraind.service", "ActiveState"),
+            "active"
+        );
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- ptraind journal ---\n{}", self.daemon_log());
+        }
+        // Harness drops after this and tears systemd down with every unit.
+    }
+}
+
+pub fn chown(path: &Path, user: &str) {
+    let (uid, gid) = ensure_user(user);
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+}
+
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
