@@ -54,8 +54,8 @@ impl JobView {
                 }
                 s
             }
-            (None, "queued") if record.spec.gpus > 0 => {
-                format!("waiting for {} free GPU(s)", record.spec.gpus)
+            (None, "queued") if record.spec.gpus.count() > 0 => {
+                format!("waiting for {}", record.spec.gpus.describe())
             }
             (None, status) => status.to_string(),
         };

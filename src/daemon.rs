@@ -23,6 +23,28 @@ use crate::{now_micros, unit, users, DBUS_NAME, DBUS_PATH};
 /// Prefix of every job unit's name.
 pub const JOB_UNIT_PREFIX: &str = "ptrain-job@";
 
+/// Fault injection for the crash tests: with `PTRAIN_CRASH_AT=POINT` (or
+/// `POINT:N`, the Nth time) ptraind kills itself with SIGKILL when it
+/// reaches that named point, exactly as the OOM killer would.
+fn crash_point(point: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let target = TARGET.get_or_init(|| {
+        let spec = std::env::var("PTRAIN_CRASH_AT").ok()?;
+        let (name, nth) = spec.split_once(':').unwrap_or((&spec, "1"));
+        Some((name.to_owned(), nth.parse().unwrap_or(1)))
+    });
+    if let Some((name, nth)) = target {
+        if name == point && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *nth {
+            error!(point, "PTRAIN_CRASH_AT: killing ptraind");
+            // SAFETY: kill(2) on our own pid.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error("{0}")]
@@ -71,6 +93,35 @@ pub struct Daemon {
     /// Spool entries we could neither claim nor remove (a user's non-empty
     /// directory): refused once, then left alone.
     stuck_entries: HashSet<(u64, u64)>,
+    /// The ptraind binary, run by each unit as its exit recorder.
+    recorder: std::path::PathBuf,
+    /// When a state write last failed; cleared by a retry that succeeds.
+    store_failed_at: Option<tokio::time::Instant>,
+}
+
+/// How long to wait before retrying after a failed state write.
+const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Real, effective, saved and filesystem uids of a process, from
+/// /proc/PID/status.
+fn process_uids(pid: u32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line["Uid:".len()..]
+        .split_whitespace()
+        .map(|u| u.parse().ok())
+        .collect()
+}
+
+/// This binary's path, for the units' ExecStopPost recorder.
+fn recorder_path() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|_| "/usr/sbin/ptraind".into());
+    // After a package upgrade replaced the binary, name the new one.
+    let text = exe.display().to_string();
+    match text.strip_suffix(" (deleted)") {
+        Some(path) => path.into(),
+        None => exe,
+    }
 }
 
 /// Runs ptraind until `cancel` fires. Returns after state is consistent on
@@ -110,6 +161,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         by_unit: HashMap::new(),
         queued_per_user: HashMap::new(),
         stuck_entries: HashSet::new(),
+        recorder: recorder_path(),
+        store_failed_at: None,
     };
     daemon.restore().await?;
 
@@ -149,10 +202,18 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     let mut watchdog_tick =
         tokio::time::interval(watchdog.unwrap_or(std::time::Duration::from_secs(3600)));
     loop {
+        // Armed only after a state write failed (disk full, I/O error):
+        // nothing signals that space came back, so look again in a while.
+        let retry_at = daemon.store_failed_at.map(|t| t + STORE_RETRY_INTERVAL);
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = watchdog_tick.tick(), if watchdog.is_some() => {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+            _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if retry_at.is_some() => {
+                daemon.retry_after_store_failure().await;
+                daemon.schedule().await;
+                daemon.notify_status();
             }
             event = rx.recv() => {
                 let Some(event) = event else { break };
@@ -188,12 +249,15 @@ impl Daemon {
             .values()
             .filter(|r| matches!(r.state, JobState::Running | JobState::Launching))
             .count();
-        let status = format!(
+        let mut status = format!(
             "{} queued, {} running, {} GPUs busy",
             self.queue.len(),
             running,
             self.held.len()
         );
+        if self.store_failed_at.is_some() {
+            status.push_str("; state directory not writable (disk full?), new files wait in the spool");
+        }
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);
     }
 
@@ -234,28 +298,52 @@ impl Daemon {
         let state = record.state;
         match self.systemd.ref_unit(&unit).await {
             Ok(()) => {
-                info!(job = %id, unit, "re-attached to running unit");
+                info!(job = %id, unit, "re-attached to its unit");
                 self.check_unit(&unit).await;
+                return;
             }
-            Err(SystemdError::NoSuchUnit(_)) if state == JobState::Launching => {
-                // Recorded as launching, but systemd never got (or kept)
-                // the unit: start it now, once.
-                warn!(job = %id, unit, "launch was interrupted; launching again");
-                self.by_unit.remove(&unit);
-                let gpus: Vec<u32> = self.jobs[id].gpus.iter().map(|g| g.index).collect();
-                self.start_unit(id, gpus).await;
-            }
+            Err(SystemdError::NoSuchUnit(_)) => {}
             Err(e) => {
-                warn!(job = %id, unit, error = %e, "unit is gone; its result is unknown");
-                self.finish(
-                    id,
-                    Outcome::LaunchFailed {
-                        reason: "the unit ended while ptraind was down and systemd no longer has its result".into(),
-                    },
-                    None,
-                )
-                .await;
+                // The bus is not answering for this unit: keep tracking
+                // it, its next signal will tell.
+                warn!(job = %id, unit, error = %e, "cannot re-attach to unit yet");
+                return;
             }
+        }
+        if let Some(exit) = self.store.exit_record(id) {
+            // It ended while ptraind was down and systemd collected it:
+            // the unit's recorder kept the true result.
+            info!(job = %id, unit, "job ended while ptraind was down; using its recorded exit");
+            let (result, code, status) = exit.as_unit_result();
+            let unit_state = UnitState {
+                active_state: "inactive".into(),
+                invocation_id: exit.invocation_id.clone(),
+                result: result.clone(),
+                exec_main_code: code,
+                exec_main_status: status,
+                exec_main_exit: exit.recorded_at,
+                ..UnitState::default()
+            };
+            let stop_requested_by = self.jobs[id].stop_requested_by;
+            let outcome = scheduler::outcome_of_unit(&result, code, status, stop_requested_by);
+            self.finish(id, outcome, Some(&unit_state)).await;
+        } else if state == JobState::Launching {
+            // Recorded as launching, but systemd never got the unit and
+            // it left no exit: it never ran. Start it now, once.
+            warn!(job = %id, unit, "launch was interrupted; launching now");
+            self.by_unit.remove(&unit);
+            let gpus: Vec<u32> = self.jobs[id].gpus.iter().map(|g| g.index).collect();
+            self.start_unit(id, gpus).await;
+        } else {
+            warn!(job = %id, unit, "unit is gone without a recorded exit; its result is unknown");
+            self.finish(
+                id,
+                Outcome::LaunchFailed {
+                    reason: "the unit vanished while ptraind was down and left no exit record".into(),
+                },
+                None,
+            )
+            .await;
         }
     }
 
@@ -368,9 +456,15 @@ impl Daemon {
         if let Err(e) = self.store.claim(&record, &bytes) {
             // Not claimed: the file stays in the spool and is tried again
             // at the next event or rescan. Nothing is lost.
-            error!(file = name, error = %e, "cannot claim job file; leaving it in the spool");
+            error!(
+                file = name,
+                error = %e,
+                "cannot claim job file {name:?}: {e}; it stays in the spool and is claimed once the state directory accepts writes"
+            );
+            self.store_failed();
             return;
         }
+        crash_point("after-claim");
         self.remove_spool_entry(name, &identity, false);
         info!(
             job = %record.id,
@@ -421,6 +515,7 @@ impl Daemon {
         if let Err(e) = self.store.reject(record, bytes) {
             // Keep the file where its owner can still see it.
             error!(file = name, error = %e, "cannot quarantine a rejected file; leaving it in the spool");
+            self.store_failed();
             return;
         }
         match identity {
@@ -455,7 +550,7 @@ impl Daemon {
             .iter()
             .map(|id| Waiting {
                 id: id.clone(),
-                gpus: self.jobs[id].spec.gpus,
+                gpus: self.jobs[id].spec.gpus.count(),
             })
             .collect();
         let snapshot = if waiting.iter().any(|w| w.gpus > 0) {
@@ -505,6 +600,7 @@ impl Daemon {
         if let Err(e) = self.store.save(record) {
             error!(job = %id, error = %e, "cannot record the launch; the job stays queued");
             *record = before;
+            self.store_failed();
             return;
         }
         self.queue.retain(|q| q != id);
@@ -522,10 +618,12 @@ impl Daemon {
         let record = &self.jobs[id];
         let unit = record.unit.clone();
         let home_exists = record.owner.home.is_dir();
-        let props = unit::job_unit_properties(record, &self.config, home_exists);
+        let props = unit::job_unit_properties(record, &self.config, home_exists, &self.recorder);
+        crash_point("before-start-unit");
         self.by_unit.insert(unit.clone(), id.clone());
         match self.systemd.start_unit(&unit, &props).await {
             Ok(_) => {
+                crash_point("after-start-unit");
                 info!(job = %id, PTRAIN_JOB = %id, unit, gpus = ?gpus, "unit started");
             }
             Err(SystemdError::UnitExists(_)) => {
@@ -547,6 +645,22 @@ impl Daemon {
                 )
                 .await;
             }
+        }
+    }
+
+    fn store_failed(&mut self) {
+        self.store_failed_at = Some(tokio::time::Instant::now());
+    }
+
+    /// Redoes what a failed state write left undone: claims files still in
+    /// the spool and records ends of units still held.
+    async fn retry_after_store_failure(&mut self) {
+        self.store_failed_at = None;
+        info!("retrying after a failed state write");
+        self.rescan().await;
+        let units: Vec<String> = self.by_unit.keys().cloned().collect();
+        for unit in units {
+            self.check_unit(&unit).await;
         }
     }
 
@@ -602,23 +716,51 @@ impl Daemon {
                     error!(job = %id, error = %e, "cannot record that the job runs");
                 }
                 info!(job = %id, PTRAIN_JOB = %id, unit, pid = state.main_pid, "job running");
+                let owner_uid = record.owner.uid;
                 self.emit_changed(&id);
+                self.verify_identity(&id, unit, state.main_pid, owner_uid).await;
             }
+        }
+    }
+
+    /// Checks that the job's main process really runs as its owner: the
+    /// last line of defence against a unit that systemd started as someone
+    /// else (CVE-2017-1000082 style). A mismatch stops the job at once.
+    async fn verify_identity(&mut self, id: &JobId, unit: &str, pid: u32, owner_uid: u32) {
+        if pid == 0 {
+            return;
+        }
+        // The process may already have exited; only a uid we read counts.
+        let Some(uids) = process_uids(pid) else { return };
+        if uids.iter().all(|u| *u == owner_uid) {
+            return;
+        }
+        error!(
+            job = %id,
+            PTRAIN_JOB = %id,
+            unit,
+            pid,
+            expected = owner_uid,
+            found = ?uids,
+            "job process runs with the wrong uid; stopping it"
+        );
+        if let Some(record) = self.jobs.get_mut(id) {
+            record.stop_requested_by = Some(0);
+        }
+        if let Err(e) = self.systemd.stop_unit(unit).await {
+            error!(job = %id, unit, error = %e, "cannot stop a job running with the wrong uid");
         }
     }
 
     /// Records a job's end durably, then frees its GPUs and lets systemd
     /// collect the unit.
     async fn finish(&mut self, id: &JobId, outcome: Outcome, state: Option<&UnitState>) {
-        let Some(record) = self.jobs.get_mut(id) else {
+        let Some(current) = self.jobs.get(id) else {
             return;
         };
-        if record.state == JobState::Queued {
-            self.queue.retain(|q| q != id);
-            if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
-                *n = n.saturating_sub(1);
-            }
-        }
+        // Changed on a copy: memory says "ended" only once the disk does.
+        let mut record = current.clone();
+        let was_queued = record.state == JobState::Queued;
         record.state = JobState::Ended;
         let now = now_micros();
         if let Some(state) = state {
@@ -637,12 +779,21 @@ impl Daemon {
             record.ended_at = Some(now);
         }
         record.outcome = Some(outcome.clone());
-        if let Err(e) = self.store.save(record) {
+        crash_point("before-record-exit");
+        if let Err(e) = self.store.save(&record) {
             // Keep our reference on the unit so the result can still be
             // read once the disk accepts writes again.
-            error!(job = %id, error = %e, "cannot record the job's end; will retry at the unit's next signal");
+            error!(job = %id, error = %e, "cannot record the job's end; keeping the unit until it can be recorded");
+            self.store_failed();
             return;
         }
+        if was_queued {
+            self.queue.retain(|q| q != id);
+            if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        let record = self.jobs.entry(id.clone()).insert_entry(record).into_mut();
         info!(
             job = %id,
             PTRAIN_JOB = %id,
@@ -651,6 +802,8 @@ impl Daemon {
             "job ended: {}",
             outcome.describe()
         );
+        crash_point("after-record-exit");
+        self.store.remove_exit_record(id);
         let unit = record.unit.clone();
         self.held.retain(|_, holder| holder != id);
         if self.by_unit.remove(&unit).is_some() && state.is_some() {

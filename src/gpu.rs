@@ -3,13 +3,15 @@
 //!
 //! Two backends: NVML, loaded at runtime with dlopen so the daemon starts (and
 //! its tests run) on machines without the NVIDIA driver, and a list declared
-//! in the config for machines where NVML is unavailable or unwanted.
+//! in the config for machines where NVML is unavailable or unwanted. Either
+//! is wrapped in a [`PoolMonitor`], which keeps GPUs that vanish or turn
+//! unhealthy in the snapshot, marked unhealthy, and logs each change once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor, TopologyLevel};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
@@ -17,6 +19,8 @@ use nvml_wrapper::{Device, Nvml};
 use serde::{Deserialize, Serialize};
 
 const MIB: u64 = 1024 * 1024;
+/// Largest NUMA node number accepted in the config (Linux's MAX_NUMNODES).
+const MAX_NUMA_NODE: u32 = 1023;
 
 /// Device nodes every CUDA process needs besides its GPUs' own nodes.
 pub const NVIDIA_CONTROL_NODES: &[&str] = &[
@@ -47,6 +51,19 @@ pub struct GpuInfo {
     pub device: PathBuf,
     /// Compute processes on the GPU; empty when none or when unknown.
     pub processes: Vec<GpuProcess>,
+    /// NUMA node the GPU hangs off, when known.
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    /// GPUs with the same value reach each other through PCIe switches
+    /// without crossing a host bridge (NVML topology level SINGLE or
+    /// MULTIPLE, or one board); the value is the group's lowest index.
+    /// `None` when unknown.
+    #[serde(default)]
+    pub topology_group: Option<u32>,
+    /// Why the GPU must not be given to jobs now (uncorrected ECC errors,
+    /// lost from the bus...); `None` when healthy.
+    #[serde(default)]
+    pub unhealthy: Option<String>,
 }
 
 pub trait GpuInventory: Send + Sync {
@@ -109,6 +126,10 @@ pub struct DeclaredGpu {
     pub name: String,
     pub memory_mib: u64,
     pub device: PathBuf,
+    /// NUMA node, so multi-GPU jobs are kept on one node when they can
+    /// (`cat /sys/bus/pci/devices/<bus id>/numa_node`).
+    #[serde(default)]
+    pub numa_node: Option<u32>,
 }
 
 impl GpuConfig {
@@ -169,6 +190,14 @@ impl GpuConfig {
                     g.index
                 )
             })?;
+            if g.numa_node.is_some_and(|n| n > MAX_NUMA_NODE) {
+                return Err(format!(
+                    "{} = {} is not a NUMA node number; write the value of \
+                     /sys/bus/pci/devices/<bus id>/numa_node, or leave it out",
+                    key("numa_node"),
+                    g.numa_node.unwrap_or_default()
+                ));
+            }
             if !devices.insert(g.device.as_path()) {
                 return Err(format!(
                     "{} = {:?} is used by an earlier entry; each GPU has its own /dev/nvidiaN node",
@@ -240,6 +269,9 @@ impl GpuInventory for DeclaredInventory {
                 temperature_c: None,
                 device: g.device.clone(),
                 processes: Vec::new(),
+                numa_node: g.numa_node,
+                topology_group: None,
+                unhealthy: None,
             })
             .collect())
     }

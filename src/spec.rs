@@ -17,6 +17,9 @@ use std::time::Duration;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+mod gpu_request;
+pub use gpu_request::{GpuRequest, GpuSelector, GPUS_FIELDS, MAX_GPU_INDEX};
+
 /// The descriptor format version this daemon understands.
 pub const SPEC_VERSION: u64 = 1;
 /// Largest accepted descriptor; readers read at most this + 1 bytes so that an
@@ -31,6 +34,8 @@ pub const MAX_ARGV: usize = 4096;
 pub const MAX_ENV: usize = 1024;
 /// Most GPUs one job may request.
 pub const MAX_GPUS: u32 = 64;
+/// Range of `priority`: higher runs first, 0 when absent.
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i64> = -100..=100;
 /// Longest accepted `timeout`.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// Longest accepted job id (and spool file stem).
@@ -41,7 +46,7 @@ pub const MAX_USER_LEN: usize = 255;
 /// Every top-level field version 1 accepts, in documentation order. This list is
 /// the single source of truth for unknown-field detection and its message.
 pub const SPEC_FIELDS: &[&str] = &[
-    "version", "id", "command", "workdir", "env", "gpus", "timeout", "user",
+    "version", "id", "command", "workdir", "env", "gpus", "timeout", "user", "priority",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -180,8 +185,10 @@ pub struct JobSpec {
     pub workdir: Option<PathBuf>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// A bare count in records written before the object form existed;
+    /// both forms load.
     #[serde(default)]
-    pub gpus: u32,
+    pub gpus: GpuRequest,
     /// Stored as a humantime string ("12h") so the state file stays readable;
     /// integer seconds are accepted on the way back in.
     #[serde(default, with = "timeout_serde")]
@@ -189,6 +196,9 @@ pub struct JobSpec {
     /// If present the daemon checks it equals the file owner's name.
     #[serde(default)]
     pub user: Option<String>,
+    /// Queue order: higher first, then arrival. Within [`PRIORITY_RANGE`].
+    #[serde(default)]
+    pub priority: i32,
 }
 
 mod timeout_serde {
@@ -318,8 +328,15 @@ pub enum SpecError {
     #[error("field `env` must not set `{key}`: {why}; remove it")]
     EnvReserved { key: String, why: &'static str },
 
-    #[error("field `gpus` must be a whole number from 0 to {MAX_GPUS}, not {found}; write e.g. \"gpus\": 1")]
+    #[error("field `gpus` must be a whole number from 0 to {MAX_GPUS} or an object such as {{\"count\": 2, \"model\": \"A100\"}}, not {found}; write e.g. \"gpus\": 1")]
     GpusInvalid { found: String },
+
+    /// The object form of `gpus`; `message` says what is wrong and the fix.
+    #[error("field `{field}` {message}")]
+    GpusRequest { field: String, message: String },
+
+    #[error("field `priority` must be a whole number from -100 to 100, not {found}; write e.g. \"priority\": 10 (higher runs first, default 0)")]
+    PriorityInvalid { found: String },
 
     #[error("field `timeout` {value} is not a duration ({reason}); write e.g. \"90m\", \"12h\", \"1h30m\" or a whole number of seconds")]
     TimeoutInvalid { value: String, reason: String },
@@ -683,6 +700,7 @@ struct RawSpec {
     gpus: Option<Value>,
     timeout: Option<Value>,
     user: Option<Value>,
+    priority: Option<Value>,
 }
 
 impl RawSpec {
@@ -699,6 +717,7 @@ impl RawSpec {
                 "gpus" => &mut raw.gpus,
                 "timeout" => &mut raw.timeout,
                 "user" => &mut raw.user,
+                "priority" => &mut raw.priority,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -731,11 +750,16 @@ impl RawSpec {
         let env = self.env.map(validate_env).transpose()?.unwrap_or_default();
         let gpus = self
             .gpus
-            .map(|v| validate_gpus(&v))
+            .map(|v| gpu_request::validate_gpus(&v))
             .transpose()?
-            .unwrap_or(0);
+            .unwrap_or_default();
         let timeout = self.timeout.map(|v| validate_timeout(&v)).transpose()?;
         let user = self.user.map(validate_user).transpose()?;
+        let priority = self
+            .priority
+            .map(|v| validate_priority(&v))
+            .transpose()?
+            .unwrap_or(0);
         Ok(JobSpec {
             id,
             command,
@@ -744,6 +768,7 @@ impl RawSpec {
             gpus,
             timeout,
             user,
+            priority,
         })
     }
 }
@@ -910,19 +935,15 @@ pub fn reserved_env(key: &str) -> Option<&'static str> {
         .map(|(_, why)| *why)
 }
 
-/// Kept as a match on the raw value so a later version can add an object form
-/// (e.g. {"count": 2, "min_memory_mib": ...}) as one more arm.
-fn validate_gpus(v: &Value) -> Result<u32, SpecError> {
-    match v {
-        Value::Number(n) => match n.as_u64() {
-            Some(k) if k <= u64::from(MAX_GPUS) => Ok(k as u32),
-            _ => Err(SpecError::GpusInvalid {
-                found: n.to_string(),
-            }),
-        },
-        Value::String(s) => Err(SpecError::GpusInvalid { found: quote(s) }),
-        other => Err(SpecError::GpusInvalid {
-            found: kind(other).to_owned(),
+fn validate_priority(v: &Value) -> Result<i32, SpecError> {
+    match v.as_i64() {
+        Some(p) if PRIORITY_RANGE.contains(&p) => Ok(p as i32),
+        _ => Err(SpecError::PriorityInvalid {
+            found: match v {
+                Value::String(s) => quote(s),
+                Value::Number(n) => n.to_string(),
+                other => kind(other).to_owned(),
+            },
         }),
     }
 }
@@ -1023,7 +1044,7 @@ mod tests {
         assert_eq!(spec.id.as_str(), "job1");
         assert_eq!(spec.command, ["python3", "train.py", "--lr", "0.1"]);
         assert_eq!(spec.workdir, Some(PathBuf::from("/home/alice/proj")));
-        assert_eq!(spec.gpus, 1);
+        assert_eq!(spec.gpus.count(), 1);
         assert_eq!(spec.timeout, Some(Duration::from_secs(12 * 3600)));
         assert!(spec.env.is_empty());
         assert_eq!(spec.user, None);
@@ -1032,7 +1053,7 @@ mod tests {
     #[test]
     fn minimal_spec_defaults() {
         let spec = parse(r#"{"version":1,"command":["true"]}"#).unwrap();
-        assert_eq!(spec.gpus, 0);
+        assert_eq!(spec.gpus, GpuRequest::any(0));
         assert_eq!(spec.workdir, None);
         assert_eq!(spec.timeout, None);
         assert!(spec.env.is_empty());
@@ -1050,7 +1071,7 @@ mod tests {
         assert_eq!(spec.workdir, Some(PathBuf::from("/srv/data/x")));
         assert_eq!(spec.env.len(), 3);
         assert_eq!(spec.env["HOME"], "/tmp");
-        assert_eq!(spec.gpus, 64);
+        assert_eq!(spec.gpus.count(), 64);
         assert_eq!(spec.timeout, Some(Duration::from_secs(3600)));
         assert_eq!(spec.user.as_deref(), Some("alice"));
     }
@@ -1062,7 +1083,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec.id.as_str(), "job1");
-        assert_eq!(spec.gpus, 0);
+        assert_eq!(spec.gpus, GpuRequest::any(0));
         assert_eq!(spec.workdir, None);
     }
 
@@ -1527,8 +1548,8 @@ mod tests {
     #[test]
     fn gpus_rules() {
         let gpus = |g: &str| parse(&format!(r#"{{"version":1,"command":["a"],"gpus":{g}}}"#));
-        assert_eq!(gpus("0").unwrap().gpus, 0);
-        assert_eq!(gpus("64").unwrap().gpus, 64);
+        assert_eq!(gpus("0").unwrap().gpus.count(), 0);
+        assert_eq!(gpus("64").unwrap().gpus.count(), 64);
         for bad in [
             "65",
             "-1",
@@ -1542,6 +1563,39 @@ mod tests {
             let msg = gpus(bad).unwrap_err().to_string();
             assert!(msg.contains("field `gpus`"), "{bad}: {msg}");
         }
+        // The object form, through the whole parser (nesting, strictness).
+        let r = gpus(r#"{"count": 2, "model": "A100", "min_memory": "40GiB", "indices": [0, 1, 2]}"#)
+            .unwrap()
+            .gpus;
+        assert_eq!(r.count(), 2);
+        assert_eq!(r.model.as_deref(), Some("A100"));
+        let msg = gpus(r#"{"count": 1, "count": 2}"#).unwrap_err().to_string();
+        assert!(msg.contains("duplicate key"), "{msg}");
+        let msg = gpus(r#"{"count": 1, "vram": 2}"#).unwrap_err().to_string();
+        assert!(msg.contains("field `gpus`") && msg.contains("\"vram\""), "{msg}");
+    }
+
+    #[test]
+    fn priority_rules() {
+        let p = |v: &str| {
+            parse(&format!(r#"{{"version":1,"command":["a"],"priority":{v}}}"#))
+                .map(|s| s.priority)
+        };
+        assert_eq!(p("0").unwrap(), 0);
+        assert_eq!(p("100").unwrap(), 100);
+        assert_eq!(p("-100").unwrap(), -100);
+        assert_eq!(p("null").unwrap(), 0);
+        assert_eq!(parse(r#"{"version":1,"command":["a"]}"#).unwrap().priority, 0);
+        for bad in ["101", "-101", "1.5", "\"high\"", "true", "[1]", "99999999999999999999"] {
+            let msg = p(bad).unwrap_err().to_string();
+            assert!(
+                msg.contains("field `priority`") && msg.contains("-100 to 100"),
+                "{bad}: {msg}"
+            );
+        }
+        // Records written before the field existed load with priority 0.
+        let old = r#"{"id":"a","command":["x"]}"#;
+        assert_eq!(serde_json::from_str::<JobSpec>(old).unwrap().priority, 0);
     }
 
     #[test]
@@ -1651,7 +1705,10 @@ mod tests {
 
         // Optional fields may be missing from an older record.
         let min: JobSpec = serde_json::from_str(r#"{"id":"m","command":["x"]}"#).unwrap();
-        assert_eq!((min.gpus, min.timeout, min.env.len()), (0, None, 0));
+        assert_eq!(
+            (min.gpus.count(), min.timeout, min.env.len(), min.priority),
+            (0, None, 0, 0)
+        );
     }
 
     #[test]

@@ -213,9 +213,20 @@ pub enum SpoolEvent {
     Rescan,
 }
 
+/// Is an entry whose creation was just reported already complete? A new
+/// regular file with one link is not: its writer has yet to write and close
+/// it (close-write follows). Anything else is whole from the moment it
+/// exists and gets no later event: a symlink, a FIFO, a device node, a
+/// socket, a directory, or a hard link to an existing file.
+pub fn created_entry_is_complete(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    !(meta.file_type().is_file() && meta.nlink() == 1)
+}
+
 /// Watches the spool with inotify and sends names of completed files.
-/// Acts only on close-write and moved-to, never on create: a file being
-/// written is not a job yet.
+/// Acts on close-write and moved-to; on create only for entries that cannot
+/// be written to completion later ([`created_entry_is_complete`]): a
+/// regular file being written is not a job yet.
 pub fn watch(
     spool_dir: &Path,
     on_event: impl Fn(SpoolEvent) + Send + 'static,
@@ -233,20 +244,33 @@ pub fn watch(
             on_event(SpoolEvent::Rescan);
             return;
         }
+        let created = matches!(event.kind, EventKind::Create(_));
         let complete = matches!(
             event.kind,
             EventKind::Access(AccessKind::Close(AccessMode::Write))
                 | EventKind::Modify(ModifyKind::Name(RenameMode::To))
         );
-        if !complete {
+        if !complete && !created {
             return;
         }
         for path in event.paths {
-            if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-                if is_candidate_name(name) {
-                    on_event(SpoolEvent::File(name.to_owned()));
-                }
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if !is_candidate_name(name) {
+                continue;
             }
+            // A symlink, hard link, FIFO, device, socket or directory is
+            // made whole by one call and never sends close-write: without
+            // this it would sit in the spool unseen until the next rescan.
+            // The lstat only decides whether to look; what to do with the
+            // entry is decided from fstat of the opened fd, as always.
+            if created
+                && !std::fs::symlink_metadata(&path).is_ok_and(|m| created_entry_is_complete(&m))
+            {
+                continue;
+            }
+            on_event(SpoolEvent::File(name.to_owned()));
         }
     })?;
     watcher.watch(spool_dir, RecursiveMode::NonRecursive)?;
@@ -295,6 +319,63 @@ mod tests {
             read_spool_file(&fd, "gone.json"),
             SpoolRead::Ignored
         ));
+    }
+
+    #[test]
+    fn created_entries_that_are_already_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("new"), b"").unwrap();
+        std::fs::write(p.join("orig"), b"").unwrap();
+        std::fs::hard_link(p.join("orig"), p.join("linked")).unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", p.join("sym")).unwrap();
+        std::fs::create_dir(p.join("dir")).unwrap();
+        let meta = |n: &str| std::fs::symlink_metadata(p.join(n)).unwrap();
+        assert!(!created_entry_is_complete(&meta("new")));
+        for whole in ["linked", "sym", "dir"] {
+            assert!(created_entry_is_complete(&meta(whole)), "{whole}");
+        }
+    }
+
+    /// The watcher reports an entry made whole by one call (symlink, FIFO,
+    /// directory, hard link) at once, and a regular file only when its
+    /// writer closes it.
+    #[test]
+    fn watcher_reports_links_and_fifos_at_once_and_files_when_closed() {
+        use std::io::Write;
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().to_owned();
+        let (tx, rx) = mpsc::channel();
+        let _watcher = watch(&p, move |e| {
+            if let SpoolEvent::File(name) = e {
+                let _ = tx.send(name);
+            }
+        })
+        .unwrap();
+        let next = || rx.recv_timeout(Duration::from_secs(5)).expect("an event");
+        std::os::unix::fs::symlink("/etc/shadow", p.join("sym.json")).unwrap();
+        assert_eq!(next(), "sym.json");
+        let c = std::ffi::CString::new(p.join("fifo.json").to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(next(), "fifo.json");
+        std::fs::create_dir(p.join("dir.json")).unwrap();
+        assert_eq!(next(), "dir.json");
+        std::fs::write(p.join("orig"), b"{}").unwrap();
+        std::fs::hard_link(p.join("orig"), p.join("hard.json")).unwrap();
+        assert_eq!(next(), "hard.json");
+        // Ignored: not a job name.
+        std::os::unix::fs::symlink("/", p.join(".hidden.json")).unwrap();
+        let mut writing = std::fs::File::create(p.join("slow.json")).unwrap();
+        writing.write_all(b"{").unwrap();
+        // The marker proves the writer's create and write were seen and
+        // passed over: events arrive in order.
+        std::os::unix::fs::symlink("/", p.join("marker.json")).unwrap();
+        assert_eq!(next(), "marker.json");
+        writing.write_all(b"}").unwrap();
+        drop(writing);
+        assert_eq!(next(), "slow.json");
     }
 
     #[test]

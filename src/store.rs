@@ -208,22 +208,77 @@ pub struct RejectRecord {
     pub saved_as: Option<String>,
 }
 
+/// What the unit's own ExecStopPost recorder (`ptraind record-exit`)
+/// wrote when the job ended: the true result even when ptraind was down
+/// and systemd has already collected the unit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    pub invocation_id: Option<String>,
+    /// $SERVICE_RESULT: success, exit-code, signal, core-dump, timeout, ...
+    pub service_result: String,
+    /// $EXIT_CODE: exited, killed, dumped (empty if the process never ran).
+    pub exit_code: String,
+    /// $EXIT_STATUS: a number, or a signal name without "SIG".
+    pub exit_status: String,
+    pub recorded_at: u64,
+}
+
+impl ExitRecord {
+    /// The same triple systemd reports over D-Bus: (Result, ExecMainCode,
+    /// ExecMainStatus).
+    pub fn as_unit_result(&self) -> (String, i32, i32) {
+        let code = match self.exit_code.as_str() {
+            "exited" => 1,
+            "killed" => 2,
+            "dumped" => 3,
+            _ => 0,
+        };
+        let status = self
+            .exit_status
+            .parse::<i32>()
+            .ok()
+            .or_else(|| signal_number(&self.exit_status))
+            .unwrap_or(0);
+        (self.service_result.clone(), code, status)
+    }
+}
+
+/// A signal's number from its name, with or without "SIG".
+pub fn signal_number(name: &str) -> Option<i32> {
+    let name = name.strip_prefix("SIG").unwrap_or(name);
+    (1..=31).find(|n| signal_name(*n).strip_prefix("SIG") == Some(name))
+}
+
 pub struct Store {
     jobs_dir: PathBuf,
     rejected_dir: PathBuf,
+    exits_dir: PathBuf,
 }
 
 impl Store {
     pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
         let jobs_dir = state_dir.join("jobs");
         let rejected_dir = state_dir.join("rejected");
-        for dir in [state_dir, &jobs_dir, &rejected_dir] {
+        let exits_dir = exits_dir(state_dir);
+        for dir in [state_dir, &jobs_dir, &rejected_dir, &exits_dir] {
             ensure_dir(dir, 0o700).map_err(io_err("create directory", dir))?;
         }
         Ok(Store {
             jobs_dir,
             rejected_dir,
+            exits_dir,
         })
+    }
+
+    /// The exit a unit's recorder wrote for this job, if any.
+    pub fn exit_record(&self, id: &JobId) -> Option<ExitRecord> {
+        let bytes = std::fs::read(self.exits_dir.join(format!("{id}.json"))).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Forgets a recorder's file once its result is in the job's record.
+    pub fn remove_exit_record(&self, id: &JobId) {
+        let _ = std::fs::remove_file(self.exits_dir.join(format!("{id}.json")));
     }
 
     fn job_dir(&self, id: &JobId) -> PathBuf {
@@ -341,6 +396,18 @@ impl Store {
     }
 }
 
+pub fn exits_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("exits")
+}
+
+/// Called by `ptraind record-exit` from the unit's ExecStopPost (as root,
+/// inside the job's unit): records the exit from systemd's environment.
+pub fn record_exit(state_dir: &Path, id: &JobId, record: &ExitRecord) -> Result<(), StoreError> {
+    let dir = exits_dir(state_dir);
+    let bytes = serde_json::to_vec(record).expect("records always serialise");
+    write_atomic(&dir, &format!("{id}.json"), &bytes).map_err(io_err("write", &dir))
+}
+
 /// A file name as one safe, printable path component for the quarantine.
 fn sanitize(name: &str) -> String {
     let mut s: String = name
@@ -392,6 +459,28 @@ mod tests {
         assert_eq!(all, vec![r.clone()]);
         assert_eq!(all[0].status(), "killed");
         assert_eq!(store.descriptor(&r.id).unwrap(), b"{}");
+    }
+
+    #[test]
+    fn exit_records_round_trip_and_map_to_unit_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let id = JobId::parse("j").unwrap();
+        assert!(store.exit_record(&id).is_none());
+        let rec = ExitRecord {
+            invocation_id: Some("abc".into()),
+            service_result: "signal".into(),
+            exit_code: "killed".into(),
+            exit_status: "KILL".into(),
+            recorded_at: 1,
+        };
+        record_exit(dir.path(), &id, &rec).unwrap();
+        let back = store.exit_record(&id).unwrap();
+        assert_eq!(back.as_unit_result(), ("signal".into(), 2, 9));
+        store.remove_exit_record(&id);
+        assert!(store.exit_record(&id).is_none());
+        assert_eq!(signal_number("SIGSEGV"), Some(11));
+        assert_eq!(signal_number("TERM"), Some(15));
     }
 
     #[test]

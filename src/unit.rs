@@ -57,10 +57,14 @@ pub fn environment(record: &JobRecord) -> Vec<String> {
     env
 }
 
+/// `recorder` is the ptraind binary: the unit runs `ptraind record-exit`
+/// as its ExecStopPost, so the true exit survives a daemon that is down
+/// when the job ends (systemd may collect the unit before ptraind is back).
 pub fn job_unit_properties(
     record: &JobRecord,
     config: &Config,
     home_exists: bool,
+    recorder: &Path,
 ) -> UnitProperties {
     let workdir = workdir(record, home_exists);
     let argv = record.spec.command.clone();
@@ -104,6 +108,23 @@ pub fn job_unit_properties(
         ),
         // Numeric ids: a user name systemd cannot parse would make it run
         // the job as root (CVE-2017-1000082).
+        (
+            "ExecStopPostEx",
+            PropValue::Exec(vec![(
+                recorder.display().to_string(),
+                vec![
+                    recorder.display().to_string(),
+                    "record-exit".into(),
+                    "--state-dir".into(),
+                    config.state_dir.display().to_string(),
+                    "--job".into(),
+                    record.id.to_string(),
+                ],
+                // Root, outside the job's sandbox (it writes the root-only
+                // state dir); a failure must not change the job's result.
+                vec!["privileged".into(), "ignore-failure".into(), "no-env-expand".into()],
+            )]),
+        ),
         ("User", PropValue::Str(record.owner.uid.to_string())),
         ("Group", PropValue::Str(record.owner.gid.to_string())),
         (
@@ -202,7 +223,7 @@ mod tests {
             uuid: "GPU-1".into(),
             device: "/dev/nvidia1".into(),
         }];
-        let props = job_unit_properties(&r, &config, true);
+        let props = job_unit_properties(&r, &config, true, Path::new("/usr/sbin/ptraind"));
         assert_eq!(get(&props, "User"), &PropValue::Str("1234".into()));
         assert_eq!(get(&props, "Group"), &PropValue::Str("4321".into()));
         assert_eq!(
@@ -242,7 +263,7 @@ mod tests {
     fn no_gpus_means_no_nvidia_nodes_and_empty_cuda_list() {
         let config = Config::from_toml(Path::new("t"), "").unwrap();
         let r = record(r#"{"version":1,"command":["true"]}"#);
-        let props = job_unit_properties(&r, &config, false);
+        let props = job_unit_properties(&r, &config, false, Path::new("/usr/sbin/ptraind"));
         assert_eq!(get(&props, "DeviceAllow"), &PropValue::DeviceAllow(vec![]));
         assert_eq!(get(&props, "WorkingDirectory"), &PropValue::Str("/".into()));
         assert!(!props.iter().any(|(k, _)| *k == "RuntimeMaxUSec"));

@@ -23,6 +23,43 @@ struct Args {
     /// Validate the configuration, print the result and exit.
     #[arg(long)]
     check_config: bool,
+    #[command(subcommand)]
+    command: Option<Sub>,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Record a job unit's exit (run by systemd as the unit's ExecStopPost;
+    /// reads SERVICE_RESULT, EXIT_CODE, EXIT_STATUS, INVOCATION_ID).
+    #[command(hide = true)]
+    RecordExit {
+        #[arg(long)]
+        state_dir: PathBuf,
+        #[arg(long)]
+        job: String,
+    },
+}
+
+fn record_exit(state_dir: &std::path::Path, job: &str) -> ExitCode {
+    let Ok(id) = ptrain::spec::JobId::parse(job) else {
+        eprintln!("ptraind record-exit: invalid job id {job:?}");
+        return ExitCode::from(2);
+    };
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let record = ptrain::store::ExitRecord {
+        invocation_id: std::env::var("INVOCATION_ID").ok(),
+        service_result: var("SERVICE_RESULT"),
+        exit_code: var("EXIT_CODE"),
+        exit_status: var("EXIT_STATUS"),
+        recorded_at: ptrain::now_micros(),
+    };
+    match ptrain::store::record_exit(state_dir, &id, &record) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ptraind record-exit: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn init_logging() {
@@ -53,6 +90,9 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Sub::RecordExit { state_dir, job }) = &args.command {
+        return record_exit(state_dir, job);
+    }
     let config = match Config::load(&args.config) {
         Ok(config) => config,
         Err(e) => {

@@ -334,6 +334,18 @@ case "$state" in
     *) fail "not ready after ${BOOT_TIMEOUT}s (system state='$state')";;
 esac
 T1=$(date +%s.%N)
+# dbus-daemon skips a policy file it cannot parse and starts anyway: say so
+# here rather than let a test fail later on AccessDenied.
+if [ -n "$POLICY_DIR" ]; then
+    dbus_log=$(journalctl --no-pager -D "$STATE/run/log/journal" -o cat _SYSTEMD_UNIT=dbus.service 2>/dev/null || true)
+    for f in "$POLICY_DIR"/*.conf; do
+        [ -e "$f" ] || continue
+        if grep -qF "$HARNESS_DBUS_TARGET/${f##*/}" <<<"$dbus_log"; then
+            fail "dbus-daemon rejected the policy file $f:
+$(grep -F -B1 -A1 "$HARNESS_DBUS_TARGET/${f##*/}" <<<"$dbus_log")"
+        fi
+    done
+fi
 trap - ERR
 
 cat > "$STATE/env" <<EOF

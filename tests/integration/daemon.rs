@@ -30,6 +30,8 @@ pub struct TestDaemon {
 pub struct Opts {
     pub gpus: u32,
     pub extra_config: String,
+    /// Put the state directory on a tmpfs of this many KiB (disk-full tests).
+    pub state_tmpfs_kib: Option<u64>,
 }
 
 impl Default for Opts {
@@ -37,6 +39,7 @@ impl Default for Opts {
         Opts {
             gpus: 2,
             extra_config: String::new(),
+            state_tmpfs_kib: None,
         }
     }
 }
@@ -59,6 +62,17 @@ impl TestDaemon {
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
         let spool = root.join("spool");
         let state = root.join("state");
+        if let Some(kib) = opts.state_tmpfs_kib {
+            // Mounted before the harness boots, so its mount namespace (a
+            // private copy) shares this very file system.
+            std::fs::create_dir_all(&state).unwrap();
+            let out = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={kib}k,mode=0700"), "ptrain-test-state"])
+                .arg(&state)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "mount tmpfs: {}", String::from_utf8_lossy(&out.stderr));
+        }
         for user in [ALICE, BOB] {
             let home = root.join("work").join(user);
             std::fs::create_dir_all(&home).unwrap();
@@ -235,7 +249,9 @@ impl Drop for TestDaemon {
         if std::thread::panicking() {
             eprintln!("--- ptraind journal ---\n{}", self.daemon_log());
         }
-        // Harness drops after this and tears systemd down with every unit.
+        // Harness drops after this and tears systemd down with every unit;
+        // a tmpfs state dir is unmounted lazily from the host.
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.state).output();
     }
 }
 

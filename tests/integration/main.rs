@@ -4,4 +4,6 @@
 mod daemon;
 mod harness;
 
+mod durability;
 mod foundation;
+mod hostile;

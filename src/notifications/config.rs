@@ -1,0 +1,681 @@
+//! The `[notify]` and `[channels.NAME]` sections of ptrain.toml: a raw serde
+//! layer (unknown keys are errors) and the validated [`NotificationsConfig`].
+//!
+//! Parsing reads no file: the `ptrain` CLI loads the same config as an
+//! ordinary user. Secret files (`key_file`, `secret_file`, `token_file`,
+//! `password_file`) are read by ptraind when the notifier starts
+//! ([`super::transport`]), and must be root-only. Debug output of every
+//! type here shows URLs without their query or credentials.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::retry::RetryPolicy;
+use super::{is_valid_channel_name, MAX_CHANNEL_NAME};
+
+/// `[notify]`: retry timing, default channels, the owner address map.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNotify {
+    initial_backoff: Option<String>,
+    max_backoff: Option<String>,
+    lifetime: Option<String>,
+    attempt_timeout: Option<String>,
+    default_channels: Option<Vec<String>>,
+    host: Option<String>,
+    owner_email: Option<BTreeMap<String, String>>,
+}
+
+/// `[channels.NAME]`, every key of every kind; which apply is checked per kind.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawChannel {
+    kind: Option<String>,
+    url: Option<String>,
+    key_file: Option<PathBuf>,
+    secret_file: Option<PathBuf>,
+    token_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+    format: Option<String>,
+    per_minute: Option<u32>,
+    smtp_host: Option<String>,
+    smtp_port: Option<u16>,
+    tls: Option<String>,
+    username: Option<String>,
+    password_file: Option<PathBuf>,
+    from: Option<String>,
+    to: Option<Vec<String>>,
+    to_owner: Option<bool>,
+}
+
+impl std::fmt::Debug for RawChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The url may hold a WeCom key: never print it.
+        f.debug_struct("RawChannel")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(10 * 60);
+pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest accepted attempt timeout: an attempt holds its channel's slot.
+pub const MAX_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// A WeCom group robot takes 20 messages a minute.
+pub const WECOM_PER_MINUTE: u32 = 20;
+
+/// The validated notification settings.
+#[derive(Clone, Debug)]
+pub struct NotificationsConfig {
+    pub retry: RetryPolicy,
+    pub attempt_timeout: Duration,
+    /// Channels for jobs that name none.
+    pub default_channels: Vec<String>,
+    /// Host name shown in messages; the system's when unset.
+    pub host: Option<String>,
+    /// User name → the address their jobs' mail goes to.
+    pub owner_email: BTreeMap<String, String>,
+    pub channels: BTreeMap<String, ChannelConfig>,
+    /// The config file: a secret may sit in it only if it is root-only.
+    pub config_path: PathBuf,
+}
+
+impl Default for NotificationsConfig {
+    fn default() -> Self {
+        NotificationsConfig::from_raw(Path::new(""), None, None)
+            .expect("the defaults are valid")
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ChannelConfig {
+    pub name: String,
+    pub kind: ChannelKind,
+}
+
+#[derive(Clone, Debug)]
+pub enum ChannelKind {
+    Email(EmailConfig),
+    WeCom(WeComConfig),
+    Webhook(WebhookConfig),
+}
+
+#[derive(Clone)]
+pub struct WebhookConfig {
+    pub url: reqwest::Url,
+    pub secret_file: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeComFormat {
+    Text,
+    Markdown,
+}
+
+#[derive(Clone)]
+pub struct WeComConfig {
+    /// The robot's URL; holds `key=` unless `key_file` is set.
+    pub url: reqwest::Url,
+    pub key_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub format: WeComFormat,
+    pub per_minute: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmtpTls {
+    None,
+    StartTls,
+    Tls,
+}
+
+#[derive(Clone, Debug)]
+pub struct EmailConfig {
+    pub smtp_host: String,
+    pub smtp_port: u16,
+    pub tls: SmtpTls,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub from: String,
+    pub to: Vec<String>,
+    /// Also mail the job's owner at their `[notify.owner_email]` address.
+    pub to_owner: bool,
+}
+
+/// `scheme://host:port/path`, without credentials or query.
+pub fn redacted_url(url: &reqwest::Url) -> String {
+    let mut s = format!("{}://{}", url.scheme(), url.host_str().unwrap_or(""));
+    if let Some(port) = url.port() {
+        s.push_str(&format!(":{port}"));
+    }
+    s.push_str(url.path());
+    if url.query().is_some() {
+        s.push_str("?…");
+    }
+    s
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("url", &redacted_url(&self.url))
+            .field("secret_file", &self.secret_file)
+            .field("token_file", &self.token_file)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for WeComConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeComConfig")
+            .field("url", &redacted_url(&self.url))
+            .field("key_file", &self.key_file)
+            .field("format", &self.format)
+            .field("per_minute", &self.per_minute)
+            .finish()
+    }
+}
+
+impl ChannelConfig {
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            ChannelKind::Email(_) => "email",
+            ChannelKind::WeCom(_) => "wecom",
+            ChannelKind::Webhook(_) => "webhook",
+        }
+    }
+
+    /// The addresses a job of `owner` is mailed at (empty for other kinds).
+    pub fn email_recipients(
+        &self,
+        owner_email: &BTreeMap<String, String>,
+        owner: &str,
+    ) -> Vec<String> {
+        let ChannelKind::Email(email) = &self.kind else {
+            return Vec::new();
+        };
+        let mut to = email.to.clone();
+        if email.to_owner {
+            if let Some(addr) = owner_email.get(owner) {
+                if !to.contains(addr) {
+                    to.push(addr.clone());
+                }
+            }
+        }
+        to
+    }
+
+    /// Whether a notification for a job of `owner` has anyone to go to.
+    pub fn reaches(&self, owner_email: &BTreeMap<String, String>, owner: &str) -> bool {
+        match self.kind {
+            ChannelKind::Email(_) => !self.email_recipients(owner_email, owner).is_empty(),
+            _ => true,
+        }
+    }
+}
+
+impl NotificationsConfig {
+    /// The host name messages name.
+    pub fn host(&self) -> String {
+        self.host.clone().unwrap_or_else(system_host_name)
+    }
+
+    /// Validates the raw sections. Errors are (key, message).
+    pub fn from_raw(
+        config_path: &Path,
+        notify: Option<RawNotify>,
+        channels: Option<BTreeMap<String, RawChannel>>,
+    ) -> Result<NotificationsConfig, (String, String)> {
+        let notify = notify.unwrap_or_default();
+        let duration = |key: &str, value: &Option<String>, default: Duration| match value {
+            None => Ok(default),
+            Some(text) => match humantime::parse_duration(text) {
+                Ok(d) if !d.is_zero() => Ok(d),
+                Ok(_) => Err((
+                    format!("notify.{key}"),
+                    "must be more than zero; write e.g. \"5s\"".to_owned(),
+                )),
+                Err(e) => Err((
+                    format!("notify.{key}"),
+                    format!("{text:?} is not a duration ({e}); write e.g. \"5s\", \"10m\" or \"24h\""),
+                )),
+            },
+        };
+        let initial_backoff = duration(
+            "initial_backoff",
+            &notify.initial_backoff,
+            DEFAULT_INITIAL_BACKOFF,
+        )?;
+        let max_backoff = duration(
+            "max_backoff",
+            &notify.max_backoff,
+            DEFAULT_MAX_BACKOFF.max(initial_backoff),
+        )?;
+        let lifetime = duration("lifetime", &notify.lifetime, DEFAULT_LIFETIME)?;
+        let attempt_timeout = duration(
+            "attempt_timeout",
+            &notify.attempt_timeout,
+            DEFAULT_ATTEMPT_TIMEOUT,
+        )?;
+        if max_backoff < initial_backoff {
+            return Err((
+                "notify.max_backoff".into(),
+                "is shorter than notify.initial_backoff; raise it or lower initial_backoff".into(),
+            ));
+        }
+        if attempt_timeout > MAX_ATTEMPT_TIMEOUT {
+            return Err((
+                "notify.attempt_timeout".into(),
+                "is longer than 5m; an endpoint that slow should fail and be retried, lower it"
+                    .into(),
+            ));
+        }
+        let mut owner_email = BTreeMap::new();
+        for (user, addr) in notify.owner_email.unwrap_or_default() {
+            let key = format!("notify.owner_email.{user}");
+            check_address(&key, &addr)?;
+            owner_email.insert(user, addr);
+        }
+        if let Some(host) = &notify.host {
+            if host.is_empty() || host.len() > 253 || !host.bytes().all(is_host_byte) {
+                return Err((
+                    "notify.host".into(),
+                    format!("{host:?} is not a host name; use letters, digits, '-' and '.'"),
+                ));
+            }
+        }
+
+        let mut parsed = BTreeMap::new();
+        for (name, raw) in channels.unwrap_or_default() {
+            if !is_valid_channel_name(&name) {
+                return Err((
+                    format!("channels.{name}"),
+                    format!("channel names are 1 to {MAX_CHANNEL_NAME} characters of A-Z a-z 0-9 _ - starting with a letter or digit; rename it"),
+                ));
+            }
+            let channel = parse_channel(&name, raw)?;
+            parsed.insert(name, channel);
+        }
+        let default_channels = notify.default_channels.unwrap_or_default();
+        for (i, name) in default_channels.iter().enumerate() {
+            let Some(channel) = parsed.get(name) else {
+                return Err((
+                    format!("notify.default_channels[{i}]"),
+                    format!("{name:?} is not a configured channel; add a [channels.{name}] table or remove it"),
+                ));
+            };
+            let _ = channel;
+        }
+        Ok(NotificationsConfig {
+            retry: RetryPolicy {
+                initial_backoff,
+                max_backoff,
+                lifetime,
+            },
+            attempt_timeout,
+            default_channels,
+            host: notify.host,
+            owner_email,
+            channels: parsed,
+            config_path: config_path.to_owned(),
+        })
+    }
+}
+
+fn is_host_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-' || b == b'.'
+}
+
+fn check_address(key: &str, addr: &str) -> Result<(), (String, String)> {
+    lettre::Address::from_str(addr).map(|_| ()).map_err(|e| {
+        (
+            key.to_owned(),
+            format!("{addr:?} is not an email address ({e}); write e.g. \"alice@example.com\""),
+        )
+    })
+}
+
+fn absolute(key: &str, path: Option<PathBuf>) -> Result<Option<PathBuf>, (String, String)> {
+    match path {
+        Some(p) if !p.is_absolute() => Err((
+            key.to_owned(),
+            format!(
+                "{} is relative; give an absolute path to a root-only file",
+                p.display()
+            ),
+        )),
+        other => Ok(other),
+    }
+}
+
+fn parse_url(key: &str, text: Option<String>, example: &str) -> Result<reqwest::Url, (String, String)> {
+    let Some(text) = text else {
+        return Err((key.to_owned(), format!("is missing; add e.g. url = {example:?}")));
+    };
+    let url = reqwest::Url::parse(&text).map_err(|e| {
+        (
+            key.to_owned(),
+            // The text may hold a key: name the problem, not the value.
+            format!("is not a URL ({e}); write e.g. {example:?}"),
+        )
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err((
+            key.to_owned(),
+            format!("must be an http:// or https:// URL with a host; write e.g. {example:?}"),
+        ));
+    }
+    Ok(url)
+}
+
+fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, String)> {
+    let key = |k: &str| format!("channels.{name}.{k}");
+    let kind = raw.kind.as_deref().ok_or_else(|| {
+        (
+            key("kind"),
+            "is missing; add kind = \"email\", \"wecom\" or \"webhook\"".to_owned(),
+        )
+    })?;
+    // Keys that belong to another kind are mistakes, not silently ignored.
+    let present: Vec<(&str, bool)> = vec![
+        ("url", raw.url.is_some()),
+        ("key_file", raw.key_file.is_some()),
+        ("secret_file", raw.secret_file.is_some()),
+        ("token_file", raw.token_file.is_some()),
+        ("format", raw.format.is_some()),
+        ("per_minute", raw.per_minute.is_some()),
+        ("smtp_host", raw.smtp_host.is_some()),
+        ("smtp_port", raw.smtp_port.is_some()),
+        ("tls", raw.tls.is_some()),
+        ("username", raw.username.is_some()),
+        ("password_file", raw.password_file.is_some()),
+        ("from", raw.from.is_some()),
+        ("to", raw.to.is_some()),
+        ("to_owner", raw.to_owner.is_some()),
+    ];
+    let allowed: &[&str] = match kind {
+        "webhook" => &["url", "secret_file", "token_file"],
+        "wecom" => &["url", "key_file", "format", "per_minute"],
+        "email" => &[
+            "smtp_host",
+            "smtp_port",
+            "tls",
+            "username",
+            "password_file",
+            "from",
+            "to",
+            "to_owner",
+        ],
+        other => {
+            return Err((
+                key("kind"),
+                format!("{other:?} is not a channel kind; use \"email\", \"wecom\" or \"webhook\""),
+            ))
+        }
+    };
+    if let Some((k, _)) = present.iter().find(|(k, set)| *set && !allowed.contains(k)) {
+        return Err((
+            key(k),
+            format!(
+                "does not apply to a {kind} channel (it takes {}, ca_file); remove it",
+                allowed.join(", ")
+            ),
+        ));
+    }
+    let ca_file = absolute(&key("ca_file"), raw.ca_file)?;
+    let kind = match kind {
+        "webhook" => ChannelKind::Webhook(WebhookConfig {
+            url: parse_url(&key("url"), raw.url, "https://hooks.example.com/ptrain")?,
+            secret_file: absolute(&key("secret_file"), raw.secret_file)?,
+            token_file: absolute(&key("token_file"), raw.token_file)?,
+            ca_file,
+        }),
+        "wecom" => {
+            let url = parse_url(
+                &key("url"),
+                raw.url,
+                "https://qyapi.weixin.qq.com/cgi-bin/webhook/send",
+            )?;
+            let key_in_url = url.query_pairs().any(|(k, _)| k == "key");
+            let key_file = absolute(&key("key_file"), raw.key_file)?;
+            match (key_in_url, key_file.is_some()) {
+                (true, true) => {
+                    return Err((
+                        key("key_file"),
+                        "is set but the url already has key=...; keep the key in one place (key_file is safer)".into(),
+                    ))
+                }
+                (false, false) => {
+                    return Err((
+                        key("key_file"),
+                        "is missing and the url has no key=...; put the robot's key in a root-only file and name it here".into(),
+                    ))
+                }
+                _ => {}
+            }
+            let format = match raw.format.as_deref() {
+                None | Some("markdown") => WeComFormat::Markdown,
+                Some("text") => WeComFormat::Text,
+                Some(other) => {
+                    return Err((
+                        key("format"),
+                        format!("{other:?} is not a WeCom message type; use \"markdown\" or \"text\""),
+                    ))
+                }
+            };
+            let per_minute = raw.per_minute.unwrap_or(WECOM_PER_MINUTE);
+            if per_minute == 0 || per_minute > WECOM_PER_MINUTE {
+                return Err((
+                    key("per_minute"),
+                    format!("must be 1 to {WECOM_PER_MINUTE}; a robot blocks senders above 20 a minute"),
+                ));
+            }
+            ChannelKind::WeCom(WeComConfig {
+                url,
+                key_file,
+                ca_file,
+                format,
+                per_minute,
+            })
+        }
+        _ => {
+            let smtp_host = raw.smtp_host.filter(|h| !h.is_empty()).ok_or_else(|| {
+                (
+                    key("smtp_host"),
+                    "is missing; add e.g. smtp_host = \"smtp.example.com\"".to_owned(),
+                )
+            })?;
+            let tls = match raw.tls.as_deref() {
+                None | Some("starttls") => SmtpTls::StartTls,
+                Some("tls") => SmtpTls::Tls,
+                Some("none") => SmtpTls::None,
+                Some(other) => {
+                    return Err((
+                        key("tls"),
+                        format!("{other:?} is not a TLS mode; use \"starttls\", \"tls\" or \"none\""),
+                    ))
+                }
+            };
+            let smtp_port = raw.smtp_port.unwrap_or(match tls {
+                SmtpTls::StartTls => 587,
+                SmtpTls::Tls => 465,
+                SmtpTls::None => 25,
+            });
+            if raw.password_file.is_some() && raw.username.is_none() {
+                return Err((
+                    key("username"),
+                    "is missing while password_file is set; add the SMTP user name".into(),
+                ));
+            }
+            if tls == SmtpTls::None && raw.username.is_some() {
+                return Err((
+                    key("tls"),
+                    "is \"none\" but credentials are set; they would cross the network in clear, use \"starttls\" or \"tls\"".into(),
+                ));
+            }
+            let from = raw.from.ok_or_else(|| {
+                (
+                    key("from"),
+                    "is missing; add e.g. from = \"ptrain <ptrain@example.com>\"".to_owned(),
+                )
+            })?;
+            lettre::message::Mailbox::from_str(&from).map_err(|e| {
+                (
+                    key("from"),
+                    format!("{from:?} is not a mailbox ({e}); write e.g. \"ptrain <ptrain@example.com>\""),
+                )
+            })?;
+            let to = raw.to.unwrap_or_default();
+            for (i, addr) in to.iter().enumerate() {
+                check_address(&format!("{}[{i}]", key("to")), addr)?;
+            }
+            let to_owner = raw.to_owner.unwrap_or(false);
+            if to.is_empty() && !to_owner {
+                return Err((
+                    key("to"),
+                    "is empty and to_owner is false, so nobody would get mail; list addresses or set to_owner = true".into(),
+                ));
+            }
+            ChannelKind::Email(EmailConfig {
+                smtp_host,
+                smtp_port,
+                tls,
+                username: raw.username,
+                password_file: absolute(&key("password_file"), raw.password_file)?,
+                ca_file,
+                from,
+                to,
+                to_owner,
+            })
+        }
+    };
+    Ok(ChannelConfig {
+        name: name.to_owned(),
+        kind,
+    })
+}
+
+/// The kernel's host name (the UTS name), or "localhost".
+pub fn system_host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Doc {
+        notify: Option<RawNotify>,
+        channels: Option<BTreeMap<String, RawChannel>>,
+    }
+
+    fn load(text: &str) -> Result<NotificationsConfig, (String, String)> {
+        let doc: Doc = toml::from_str(text).map_err(|e| ("toml".to_owned(), e.to_string()))?;
+        NotificationsConfig::from_raw(Path::new("/etc/ptrain/ptrain.toml"), doc.notify, doc.channels)
+    }
+
+    #[test]
+    fn defaults_without_sections() {
+        let c = load("").unwrap();
+        assert_eq!(c.retry.initial_backoff, DEFAULT_INITIAL_BACKOFF);
+        assert_eq!(c.retry.lifetime, DEFAULT_LIFETIME);
+        assert!(c.attempt_timeout <= Duration::from_secs(10));
+        assert!(c.channels.is_empty() && c.default_channels.is_empty());
+    }
+
+    #[test]
+    fn all_three_kinds_parse() {
+        let c = load(
+            r#"
+            [notify]
+            initial_backoff = "1s"
+            max_backoff = "1m"
+            lifetime = "2h"
+            default_channels = ["ops"]
+            owner_email = { alice = "alice@example.com" }
+            [channels.ops]
+            kind = "wecom"
+            url = "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=SECRETKEY"
+            format = "text"
+            [channels.hook]
+            kind = "webhook"
+            url = "https://hooks.example.com/x"
+            secret_file = "/etc/ptrain/hook.secret"
+            ca_file = "/etc/ptrain/ca.pem"
+            [channels.mail]
+            kind = "email"
+            smtp_host = "smtp.example.com"
+            username = "ptrain"
+            password_file = "/etc/ptrain/smtp.pass"
+            from = "ptrain <ptrain@example.com>"
+            to_owner = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.retry.initial_backoff, Duration::from_secs(1));
+        assert_eq!(c.default_channels, ["ops"]);
+        let ChannelKind::Email(mail) = &c.channels["mail"].kind else {
+            panic!()
+        };
+        assert_eq!((mail.smtp_port, mail.tls), (587, SmtpTls::StartTls));
+        assert_eq!(
+            c.channels["mail"].email_recipients(&c.owner_email, "alice"),
+            ["alice@example.com"]
+        );
+        assert!(!c.channels["mail"].reaches(&c.owner_email, "bob"));
+        assert!(c.channels["hook"].reaches(&c.owner_email, "bob"));
+        // The key in the url never shows in Debug output.
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("SECRETKEY"), "{debug}");
+        assert!(debug.contains("qyapi.weixin.qq.com"), "{debug}");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_fix() {
+        let cases = [
+            ("[notify]\ninitial_backoff = \"soon\"", "notify.initial_backoff", "duration"),
+            ("[notify]\ninitial_backoff = \"1m\"\nmax_backoff = \"1s\"", "notify.max_backoff", "raise"),
+            ("[notify]\nattempt_timeout = \"1h\"", "notify.attempt_timeout", "lower"),
+            ("[notify]\ndefault_channels = [\"nope\"]", "notify.default_channels[0]", "[channels.nope]"),
+            ("[notify]\nowner_email = { alice = \"not-an-address\" }", "notify.owner_email.alice", "email address"),
+            ("[channels.\"a.b\"]\nkind = \"webhook\"", "channels.a.b", "rename"),
+            ("[channels.x]\nurl = \"https://h/\"", "channels.x.kind", "kind ="),
+            ("[channels.x]\nkind = \"sms\"", "channels.x.kind", "\"webhook\""),
+            ("[channels.x]\nkind = \"webhook\"", "channels.x.url", "url ="),
+            ("[channels.x]\nkind = \"webhook\"\nurl = \"ftp://h/\"", "channels.x.url", "http"),
+            ("[channels.x]\nkind = \"webhook\"\nurl = \"https://h/\"\nsmtp_host = \"h\"", "channels.x.smtp_host", "remove it"),
+            ("[channels.x]\nkind = \"webhook\"\nurl = \"https://h/\"\nsecret_file = \"s\"", "channels.x.secret_file", "absolute"),
+            ("[channels.x]\nkind = \"wecom\"\nurl = \"https://h/send\"", "channels.x.key_file", "root-only file"),
+            ("[channels.x]\nkind = \"wecom\"\nurl = \"https://h/send?key=k\"\nkey_file = \"/k\"", "channels.x.key_file", "one place"),
+            ("[channels.x]\nkind = \"wecom\"\nurl = \"https://h/send?key=k\"\nper_minute = 30", "channels.x.per_minute", "1 to 20"),
+            ("[channels.x]\nkind = \"email\"\nfrom = \"a@b.c\"\nto = [\"a@b.c\"]", "channels.x.smtp_host", "smtp_host ="),
+            ("[channels.x]\nkind = \"email\"\nsmtp_host = \"h\"\nto = [\"a@b.c\"]", "channels.x.from", "from ="),
+            ("[channels.x]\nkind = \"email\"\nsmtp_host = \"h\"\nfrom = \"a@b.c\"", "channels.x.to", "to_owner"),
+            ("[channels.x]\nkind = \"email\"\nsmtp_host = \"h\"\nfrom = \"a@b.c\"\nto = [\"x\"]", "channels.x.to[0]", "email address"),
+            ("[channels.x]\nkind = \"email\"\nsmtp_host = \"h\"\nfrom = \"a@b.c\"\nto = [\"a@b.c\"]\ntls = \"none\"\nusername = \"u\"", "channels.x.tls", "starttls"),
+        ];
+        for (text, key, fix) in cases {
+            let (k, message) = load(text).unwrap_err();
+            assert_eq!(k, key, "{text}: {message}");
+            assert!(message.contains(fix), "{text}: {message}");
+        }
+        // A bad URL's message never repeats the value, which may be a key.
+        let (_, message) = load("[channels.x]\nkind = \"wecom\"\nurl = \"SECRET not a url\"").unwrap_err();
+        assert!(!message.contains("SECRET"), "{message}");
+    }
+}

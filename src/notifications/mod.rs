@@ -1,0 +1,361 @@
+//! Notifications: when a job starts or ends, the admin-configured channels
+//! (email, WeCom group robot, generic webhook) hear about it at least once
+//! and, as far as the receiver can tell, exactly once.
+//!
+//! # Path of a notification
+//!
+//! 1. The state task decides a job started or ended and calls
+//!    [`intents_for`]: one [`Intent`] per channel the job asked for (or the
+//!    admin's defaults), keyed `JOB.EVENT.CHANNEL`. The intents go into the
+//!    job's record in the same durable write as the new state, so a crash
+//!    can never record an end without its notifications (the outbox).
+//! 2. The intents are handed to the [`Notifier`], whose sender task
+//!    ([`sender`]) owns delivery. The state task never waits on the network.
+//! 3. The sender keeps one small status file per key in the root-only
+//!    `STATE/outbox/` ([`outbox`]): pending, retrying, delivered or dead,
+//!    with the attempts and the last error. Per-job cost does not grow with
+//!    history, and after a restart every intent whose file does not say
+//!    delivered or dead is sent again with the same key.
+//! 4. Each attempt goes through a [`transport::Transport`] with a timeout;
+//!    its answer is classified ([`retry`]): delivered, retry later
+//!    (exponential backoff with jitter, a cap and a lifetime) or dead at
+//!    once (a definite rejection). WeCom robots are paced to their 20
+//!    messages a minute, piled-up events merged into digests ([`pacing`]).
+//!
+//! The key travels as the webhook's `Idempotency-Key` header and as the
+//! email's deterministic `Message-ID`, so a message re-sent after a crash
+//! between the receiver's answer and our record of it can be recognised.
+//!
+//! Message rendering ([`render`]), retry timing, response classification
+//! and pacing are pure and unit-tested without I/O.
+
+pub mod config;
+pub mod outbox;
+pub mod pacing;
+pub mod render;
+pub mod retry;
+pub mod sender;
+pub mod transport;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{JobRecord, Outcome};
+
+pub use config::{ChannelKind, NotificationsConfig};
+pub use outbox::{Delivery, DeliveryState, DeliveryView};
+pub use sender::{Notifier, NotifyError, RetryTarget};
+
+/// Most channels one job may name in `notify`.
+pub const MAX_JOB_CHANNELS: usize = 16;
+/// Longest channel name.
+pub const MAX_CHANNEL_NAME: usize = 64;
+
+/// What happened to a job that a channel can be told about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NotifyEvent {
+    Started,
+    Succeeded,
+    Failed,
+    Timeout,
+    IdleTimeout,
+    DependencyFailed,
+    Stopped,
+}
+
+impl NotifyEvent {
+    pub const ALL: [NotifyEvent; 7] = [
+        NotifyEvent::Started,
+        NotifyEvent::Succeeded,
+        NotifyEvent::Failed,
+        NotifyEvent::Timeout,
+        NotifyEvent::IdleTimeout,
+        NotifyEvent::DependencyFailed,
+        NotifyEvent::Stopped,
+    ];
+
+    /// Every end: what a job hears about when it names no `notify_on`.
+    pub const ENDS: [NotifyEvent; 6] = [
+        NotifyEvent::Succeeded,
+        NotifyEvent::Failed,
+        NotifyEvent::Timeout,
+        NotifyEvent::IdleTimeout,
+        NotifyEvent::DependencyFailed,
+        NotifyEvent::Stopped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotifyEvent::Started => "started",
+            NotifyEvent::Succeeded => "succeeded",
+            NotifyEvent::Failed => "failed",
+            NotifyEvent::Timeout => "timeout",
+            NotifyEvent::IdleTimeout => "idle-timeout",
+            NotifyEvent::DependencyFailed => "dependency-failed",
+            NotifyEvent::Stopped => "stopped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<NotifyEvent> {
+        NotifyEvent::ALL.into_iter().find(|e| e.as_str() == s)
+    }
+
+    /// The event a job's end is announced as. Goes through the outcome's
+    /// status word, so an outcome added later (idle timeout, a failed
+    /// dependency) maps by its name and anything unknown counts as a failure.
+    pub fn of_outcome(outcome: &Outcome) -> NotifyEvent {
+        match outcome.status() {
+            "succeeded" => NotifyEvent::Succeeded,
+            "timeout" => NotifyEvent::Timeout,
+            "idle-timeout" => NotifyEvent::IdleTimeout,
+            "dependency-failed" => NotifyEvent::DependencyFailed,
+            "stopped" => NotifyEvent::Stopped,
+            _ => NotifyEvent::Failed,
+        }
+    }
+}
+
+impl std::fmt::Display for NotifyEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`: safe in a file name and in a key,
+/// and without dots, so the key `JOB.EVENT.CHANNEL` splits one way only.
+pub fn is_valid_channel_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_CHANNEL_NAME
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+}
+
+/// The idempotency key of one notification.
+pub fn key_of(job_id: &str, event: NotifyEvent, channel: &str) -> String {
+    format!("{job_id}.{}.{channel}", event.as_str())
+}
+
+/// A GPU as notifications show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticeGpu {
+    pub index: u32,
+    pub uuid: String,
+}
+
+/// The facts of one event, frozen when the intent is recorded, so a
+/// message re-sent after a restart is byte-for-byte the same one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    pub job_id: String,
+    pub owner: String,
+    pub uid: u32,
+    pub event: NotifyEvent,
+    /// The job's status word (`succeeded`, `failed`, `running`...).
+    pub status: String,
+    /// A sentence: what happened and, on failure, why.
+    pub detail: String,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub signal: Option<i32>,
+    pub submitted_at: u64,
+    #[serde(default)]
+    pub started_at: Option<u64>,
+    #[serde(default)]
+    pub ended_at: Option<u64>,
+    #[serde(default)]
+    pub gpus: Vec<NoticeGpu>,
+    pub host: String,
+    pub unit: String,
+}
+
+impl Notice {
+    pub fn of(record: &JobRecord, event: NotifyEvent, host: &str) -> Notice {
+        let view = crate::api::JobView::of(record);
+        Notice {
+            job_id: view.id,
+            owner: view.owner,
+            uid: view.uid,
+            event,
+            status: view.status,
+            detail: view.detail,
+            exit_code: view.exit_code,
+            signal: view.signal,
+            submitted_at: view.submitted_at,
+            started_at: view.started_at,
+            ended_at: view.ended_at,
+            gpus: record
+                .gpus
+                .iter()
+                .map(|g| NoticeGpu {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                })
+                .collect(),
+            host: host.to_owned(),
+            unit: view.unit,
+        }
+    }
+
+    /// How long the job ran, when it has both ends.
+    pub fn duration_micros(&self) -> Option<u64> {
+        Some(self.ended_at?.saturating_sub(self.started_at?))
+    }
+}
+
+/// One notification to deliver: part of the job's durable record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    /// `JOB.EVENT.CHANNEL`, see [`key_of`].
+    pub key: String,
+    pub channel: String,
+    /// Microseconds since the epoch; the retry lifetime counts from here.
+    pub created_at: u64,
+    pub notice: Notice,
+}
+
+/// The channels a job's notifications go to: its own `notify`, or the
+/// admin's defaults when it names none.
+fn channels_of<'a>(config: &'a NotificationsConfig, record: &'a JobRecord) -> &'a [String] {
+    match &record.spec.notify {
+        Some(list) => list,
+        None => &config.default_channels,
+    }
+}
+
+fn wants(record: &JobRecord, event: NotifyEvent) -> bool {
+    match &record.spec.notify_on {
+        Some(events) => events.contains(&event),
+        None => NotifyEvent::ENDS.contains(&event),
+    }
+}
+
+/// The intents to record with a job's transition to `event`, skipping keys
+/// the record already holds (a save that failed and is tried again must
+/// not add them twice). Pure.
+pub fn intents_for(
+    config: &NotificationsConfig,
+    record: &JobRecord,
+    event: NotifyEvent,
+    now: u64,
+) -> Vec<Intent> {
+    if !wants(record, event) {
+        return Vec::new();
+    }
+    let host = config.host();
+    let mut out = Vec::new();
+    for channel in channels_of(config, record) {
+        let Some(cfg) = config.channels.get(channel) else {
+            // Checked at ingestion; the admin removed it since.
+            tracing::warn!(job = %record.id, channel, "job names a channel that is no longer configured; not notifying it");
+            continue;
+        };
+        if !cfg.reaches(&config.owner_email, &record.owner.name) {
+            tracing::warn!(job = %record.id, channel, owner = %record.owner.name, "no email address for the job's owner; not notifying this channel");
+            continue;
+        }
+        let key = key_of(record.id.as_str(), event, channel);
+        if record.notifications.iter().any(|i| i.key == key) {
+            continue;
+        }
+        out.push(Intent {
+            key,
+            channel: channel.clone(),
+            created_at: now,
+            notice: Notice::of(record, event, &host),
+        });
+    }
+    out
+}
+
+/// The ingestion check: every channel a job names must be configured and
+/// able to reach it. Returns the reason shown to the job's owner.
+pub fn check_job(
+    config: &NotificationsConfig,
+    notify: Option<&[String]>,
+    owner: &str,
+) -> Result<(), String> {
+    let Some(names) = notify else {
+        return Ok(());
+    };
+    for name in names {
+        let Some(channel) = config.channels.get(name) else {
+            let known = if config.channels.is_empty() {
+                "none are configured".to_owned()
+            } else {
+                format!(
+                    "the configured ones are {}",
+                    config
+                        .channels
+                        .keys()
+                        .map(|k| format!("{k:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            return Err(format!(
+                "field `notify` names channel {name:?}, which the admin has not configured ({known}); \
+                 use a configured channel name or drop it"
+            ));
+        };
+        if !channel.reaches(&config.owner_email, owner) {
+            return Err(format!(
+                "field `notify` names email channel {name:?}, which mails a job's owner, but no address \
+                 is configured for user {owner:?}; ask the admin to add it under [notify.owner_email] or drop the channel"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_round_trip_and_map_outcomes() {
+        for e in NotifyEvent::ALL {
+            assert_eq!(NotifyEvent::parse(e.as_str()), Some(e));
+            let json = serde_json::to_string(&e).unwrap();
+            assert_eq!(json, format!("\"{}\"", e.as_str()));
+        }
+        assert_eq!(NotifyEvent::parse("ended"), None);
+        assert_eq!(
+            NotifyEvent::of_outcome(&Outcome::Succeeded),
+            NotifyEvent::Succeeded
+        );
+        assert_eq!(
+            NotifyEvent::of_outcome(&Outcome::Killed { signal: 9 }),
+            NotifyEvent::Failed
+        );
+        assert_eq!(
+            NotifyEvent::of_outcome(&Outcome::LaunchFailed { reason: "x".into() }),
+            NotifyEvent::Failed
+        );
+        assert_eq!(
+            NotifyEvent::of_outcome(&Outcome::Timeout),
+            NotifyEvent::Timeout
+        );
+        assert_eq!(
+            NotifyEvent::of_outcome(&Outcome::Stopped { by_uid: 0 }),
+            NotifyEvent::Stopped
+        );
+        assert!(!NotifyEvent::ENDS.contains(&NotifyEvent::Started));
+    }
+
+    #[test]
+    fn channel_names_are_one_dotless_component() {
+        for ok in ["hook", "ops-wecom", "alice_mail", "A1"] {
+            assert!(is_valid_channel_name(ok), "{ok}");
+        }
+        for bad in ["", "-x", "a.b", "a/b", "..", "ä", &"x".repeat(65)] {
+            assert!(!is_valid_channel_name(bad), "{bad}");
+        }
+        assert_eq!(
+            key_of("run.1", NotifyEvent::IdleTimeout, "hook"),
+            "run.1.idle-timeout.hook"
+        );
+    }
+}

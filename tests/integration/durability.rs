@@ -1,0 +1,181 @@
+//! Issue 7 (first part): nothing lost, nothing run twice across daemon
+//! stops, kill -9 at named points, and a full state disk.
+
+use std::collections::BTreeMap;
+
+use crate::daemon::{text, Opts, TestDaemon, ALICE, WAIT};
+use crate::harness::wait_for;
+
+/// A job that appends its id to `runs.log` in its workdir, so a test can
+/// count how often each job really ran.
+fn counted_job(d: &TestDaemon, extra: &str) -> String {
+    let work = d.workdir(ALICE);
+    serde_json::json!({
+        "version": 1,
+        "command": ["/bin/sh", "-c", format!("echo $PTRAIN_JOB_ID >> runs.log{extra}")],
+        "workdir": work,
+    })
+    .to_string()
+}
+
+fn run_counts(d: &TestDaemon) -> BTreeMap<String, usize> {
+    let log = std::fs::read_to_string(d.workdir(ALICE).join("runs.log")).unwrap_or_default();
+    let mut counts = BTreeMap::new();
+    for line in log.lines() {
+        *counts.entry(line.to_string()).or_default() += 1;
+    }
+    counts
+}
+
+fn main_pid(d: &TestDaemon) -> String {
+    d.unit_property("ptraind.service", "MainPID")
+}
+
+#[test]
+fn jobs_that_end_while_ptraind_is_down_get_their_true_result() {
+    let d = TestDaemon::start("down");
+    let work = d.workdir(ALICE);
+    // Each job waits for a "go" file, so all of them end while ptraind is
+    // stopped, whatever the machine's speed.
+    let wait_go = "while [ ! -e go ]; do sleep 0.05; done";
+    let jobs = [
+        ("ok", format!("{wait_go}; exit 0"), None),
+        ("one", format!("{wait_go}; exit 1"), None),
+        ("killed", format!("{wait_go}; kill -KILL $$"), None),
+        ("late", "sleep 60".to_string(), Some("2s")),
+    ];
+    for (id, script, timeout) in &jobs {
+        let mut job = serde_json::json!({"version": 1, "command": ["/bin/sh", "-c", script], "workdir": work});
+        if let Some(t) = timeout {
+            job["timeout"] = (*t).into();
+        }
+        d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+    }
+    for (id, _, _) in &jobs {
+        d.wait_running(id);
+    }
+    let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+    assert!(ok, "{out}");
+    std::fs::write(work.join("go"), "").unwrap();
+    // All units end and systemd collects them (ptraind holds no reference).
+    for (id, _, _) in &jobs {
+        let unit = format!("ptrain-job@{id}.service");
+        wait_for(&format!("{unit} to end and be collected"), WAIT, || {
+            (d.unit_property(&unit, "LoadState") == "not-found").then_some(())
+        });
+    }
+    d.start_service();
+    let ok = d.wait_ended("ok");
+    assert_eq!(ok["status"], "succeeded", "{ok}");
+    let one = d.wait_ended("one");
+    assert_eq!((one["status"].as_str(), one["exit_code"].as_i64()), (Some("failed"), Some(1)), "{one}");
+    let killed = d.wait_ended("killed");
+    assert_eq!((killed["status"].as_str(), killed["signal"].as_i64()), (Some("killed"), Some(9)), "{killed}");
+    let late = d.wait_ended("late");
+    assert_eq!(late["status"], "timeout", "{late}");
+    // The recorder's files are consumed once their results are recorded.
+    let exits: Vec<_> = std::fs::read_dir(d.state.join("exits")).unwrap().collect();
+    assert!(exits.is_empty(), "{exits:?}");
+}
+
+#[test]
+fn kill_9_at_each_named_point_runs_every_job_exactly_once() {
+    let d = TestDaemon::start("crash");
+    let points = [
+        "after-claim",
+        "before-start-unit",
+        "after-start-unit",
+        "before-record-exit",
+        "after-record-exit",
+    ];
+    let mut all_ids = Vec::new();
+    for (round, point) in points.iter().enumerate() {
+        let before = main_pid(&d);
+        // systemd passes its manager environment to the services it starts.
+        let (ok, out) = d.harness.systemctl(&["set-environment", &format!("PTRAIN_CRASH_AT={point}:3")]);
+        assert!(ok, "{out}");
+        let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+        assert!(ok, "{out}");
+        let crashed_pid = main_pid(&d);
+        assert_ne!(before, crashed_pid);
+        let ids: Vec<String> = (0..8).map(|i| format!("r{round}-{i}")).collect();
+        for id in &ids {
+            d.drop_job(ALICE, &format!("{id}.json"), &counted_job(&d, ""));
+        }
+        wait_for(&format!("ptraind to crash at {point}"), WAIT, || {
+            (main_pid(&d) != crashed_pid).then_some(())
+        });
+        let (ok, out) = d.harness.systemctl(&["unset-environment", "PTRAIN_CRASH_AT"]);
+        assert!(ok, "{out}");
+        // Restart=on-failure brings it back; start now rather than wait,
+        // past systemd's start rate limit that the crash rounds add up to.
+        d.harness.systemctl(&["reset-failed", "ptraind.service"]);
+        let (ok, out) = d.harness.systemctl(&["start", "ptraind.service"]);
+        assert!(ok, "{out}\n{}", d.daemon_log());
+        for id in &ids {
+            let s = d.wait_ended(id);
+            assert_eq!(s["status"], "succeeded", "after crash at {point}: {s}");
+        }
+        all_ids.extend(ids);
+        let journal = d.daemon_log();
+        assert!(journal.contains(&format!("PTRAIN_CRASH_AT")), "the crash point {point} was never reached");
+    }
+    let counts = run_counts(&d);
+    for id in &all_ids {
+        assert_eq!(counts.get(id), Some(&1), "job {id} ran {:?} times", counts.get(id));
+    }
+    assert_eq!(counts.len(), all_ids.len());
+    assert!(std::fs::read_dir(&d.spool).unwrap().next().is_none(), "files left in the spool");
+}
+
+#[test]
+fn a_full_state_disk_keeps_files_in_the_spool_and_recovers_by_itself() {
+    let d = TestDaemon::start_with(
+        "enospc",
+        Opts {
+            state_tmpfs_kib: Some(1024),
+            ..Opts::default()
+        },
+    );
+    let work = d.workdir(ALICE);
+    let wait_go = "while [ ! -e go ]; do sleep 0.05; done";
+    let running = serde_json::json!({"version": 1, "command": ["/bin/sh", "-c", wait_go], "workdir": work});
+    d.drop_job(ALICE, "before.json", &running.to_string());
+    d.wait_running("before");
+    // Fill the state file system.
+    let filler = d.state.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    // Big chunks, then single pages, until not even a page is left.
+    for size in [64 * 1024, 4096, 512] {
+        let chunk = vec![0u8; size];
+        loop {
+            use std::io::Write;
+            if f.write_all(&chunk).and_then(|()| f.sync_all()).is_err() {
+                break;
+            }
+        }
+    }
+    drop(f);
+    d.drop_job(ALICE, "during.json", &counted_job(&d, ""));
+    // The running job ends while nothing can be written.
+    std::fs::write(work.join("go"), "").unwrap();
+    wait_for("ptraind to report the full disk", WAIT, || {
+        d.daemon_log().contains("stays in the spool").then_some(())
+    });
+    d.assert_alive();
+    assert!(d.spool.join("during.json").exists(), "the file must wait in the spool");
+    assert!(d.status("during").is_none());
+    assert_eq!(d.status("before").unwrap()["status"], "running");
+    let status_line = d.unit_property("ptraind.service", "StatusText");
+    assert!(status_line.contains("not writable"), "{status_line}");
+    // Space comes back: everything proceeds without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    let during = d.wait_ended("during");
+    assert_eq!(during["status"], "succeeded", "{during}");
+    let before = d.wait_ended("before");
+    assert_eq!(before["status"], "succeeded", "{before}");
+    assert_eq!(run_counts(&d).get("during"), Some(&1));
+    assert!(!d.spool.join("during.json").exists());
+    let log = text(&d.ptrain("root", &["list"]));
+    assert!(log.contains("during"), "{log}");
+}
