@@ -38,6 +38,7 @@ struct RawConfig {
     max_queued_per_user: Option<usize>,
     gpus: Option<GpuConfig>,
     jobs: Option<RawJobs>,
+    limits: Option<crate::resources::LimitsConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -58,6 +59,8 @@ pub struct Config {
     pub gpus: GpuConfig,
     /// Paths every job may write besides its workdir (datasets, caches).
     pub read_write_paths: Vec<PathBuf>,
+    /// Memory/CPU/task caps per job, per user (`[limits]`).
+    pub limits: crate::resources::LimitsConfig,
 }
 
 impl Config {
@@ -126,6 +129,10 @@ impl Config {
         };
         gpus.validate()
             .map_err(|message| invalid("gpus", message))?;
+        let limits = raw.limits.unwrap_or_default();
+        limits
+            .validate()
+            .map_err(|(key, message)| invalid(&key, message))?;
         let read_write_paths = raw
             .jobs
             .and_then(|j| j.read_write_paths)
@@ -147,6 +154,7 @@ impl Config {
             max_queued_per_user,
             gpus,
             read_write_paths,
+            limits,
         })
     }
 }

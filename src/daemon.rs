@@ -452,7 +452,13 @@ impl Daemon {
                 ),
             );
         }
-        let record = JobRecord::new(spec, owner, source, now_micros());
+        let caps = self.config.limits.caps_for(&owner.name);
+        let limits = match crate::resources::effective_limits(&spec.resources, &caps, &owner.name) {
+            Ok(limits) => limits,
+            Err(reason) => return reject(self, reason),
+        };
+        let mut record = JobRecord::new(spec, owner, source, now_micros());
+        record.limits = limits;
         if let Err(e) = self.store.claim(&record, &bytes) {
             // Not claimed: the file stays in the spool and is tried again
             // at the next event or rescan. Nothing is lost.

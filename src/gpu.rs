@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor, TopologyLevel};
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, TemperatureSensor, TopologyLevel,
+};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
@@ -280,15 +282,28 @@ impl GpuInventory for DeclaredInventory {
 /// Live inventory through NVML.
 pub struct NvmlInventory {
     nvml: Nvml,
-    /// GPUs currently left out of snapshots, so each problem is logged once
-    /// rather than on every poll.
+    /// GPUs never read successfully and left out of snapshots, so each
+    /// problem is logged once rather than on every look.
     skipped: Mutex<BTreeSet<u32>>,
+    /// The last good reading of each index: a GPU that becomes unreadable
+    /// (fallen off the bus, Xid 79) is reported under its known identity,
+    /// marked unhealthy, rather than silently dropped.
+    last_seen: Mutex<BTreeMap<u32, GpuInfo>>,
+    /// Topology groups for the set of (index, UUID) they were computed for;
+    /// the PCIe tree does not change while the driver is loaded.
+    topology: Mutex<Option<TopologyCache>>,
 }
+
+type TopologyCache = (Vec<(u32, String)>, BTreeMap<u32, u32>);
 
 impl std::fmt::Debug for NvmlInventory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmlInventory").finish_non_exhaustive()
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl NvmlInventory {
@@ -299,61 +314,70 @@ impl NvmlInventory {
         Ok(NvmlInventory {
             nvml,
             skipped: Mutex::new(BTreeSet::new()),
+            last_seen: Mutex::new(BTreeMap::new()),
+            topology: Mutex::new(None),
         })
     }
 
-    fn note_skipped(&self, index: u32, what: &str, e: &NvmlError) {
-        let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
-        if skipped.insert(index) {
+    /// The driver version, for reports such as `make gpu-check`.
+    pub fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
+    }
+
+    /// A GPU that cannot be read now: its last good reading marked
+    /// unhealthy, or (never read) left out with one warning.
+    fn unreadable(&self, index: u32, what: &str, e: &NvmlError) -> Option<GpuInfo> {
+        if let Some(last) = lock(&self.last_seen).get(&index) {
+            return Some(GpuInfo {
+                memory_used_mib: None,
+                utilization_pct: None,
+                temperature_c: None,
+                processes: Vec::new(),
+                unhealthy: Some(format!(
+                    "NVML cannot read its {what}: {e}; check `nvidia-smi` and the kernel log (Xid); \
+                     a GPU that fell off the bus needs a reset or a reboot"
+                )),
+                ..last.clone()
+            });
+        }
+        if lock(&self.skipped).insert(index) {
             tracing::warn!(
                 gpu = index,
                 "leaving GPU {index} out of the inventory: cannot read its {what} through NVML: {e}; \
                  no job will be given it until this clears (check `nvidia-smi`)"
             );
         }
+        None
     }
 
-    fn note_ok(&self, index: u32) {
-        let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
-        if skipped.remove(&index) {
-            tracing::info!(gpu = index, "GPU {index} is readable through NVML again");
-        }
-    }
-
-    /// One GPU, or `None` when it cannot be identified or isolated. The UUID
-    /// identifies it in job records and the minor number gives the device
-    /// node a job is allowed to open; guessing either could hand a job
-    /// someone else's GPU, so without them the GPU is left out. Every other
-    /// field is best effort.
+    /// One GPU, or `None` when it was never identified. The UUID identifies
+    /// it in job records and the minor number gives the device node a job
+    /// is allowed to open; guessing either could hand a job someone else's
+    /// GPU, so without them the GPU is not offered. Every other field is
+    /// best effort.
     fn read_device(&self, index: u32) -> Option<GpuInfo> {
         let device = match self.nvml.device_by_index(index) {
             Ok(d) => d,
-            Err(e) => {
-                self.note_skipped(index, "handle", &e);
-                return None;
-            }
+            Err(e) => return self.unreadable(index, "handle", &e),
         };
         let uuid = match device.uuid() {
             Ok(u) => u,
-            Err(e) => {
-                self.note_skipped(index, "UUID", &e);
-                return None;
-            }
+            Err(e) => return self.unreadable(index, "UUID", &e),
         };
         let minor = match device.minor_number() {
             Ok(m) => m,
-            Err(e) => {
-                self.note_skipped(index, "minor number", &e);
-                return None;
-            }
+            Err(e) => return self.unreadable(index, "minor number", &e),
         };
-        self.note_ok(index);
+        if lock(&self.skipped).remove(&index) {
+            tracing::info!(gpu = index, "GPU {index} is readable through NVML again");
+        }
         let memory = device.memory_info().ok();
-        Some(GpuInfo {
+        let pci = device.pci_info().ok();
+        let info = GpuInfo {
             index,
             uuid,
             name: device.name().unwrap_or_else(|_| "unknown".to_owned()),
-            pci_bus_id: device.pci_info().ok().map(|p| p.bus_id),
+            pci_bus_id: pci.as_ref().map(|p| p.bus_id.clone()),
             memory_total_mib: memory.as_ref().map_or(0, |m| m.total / MIB),
             memory_used_mib: memory.map(|m| m.used / MIB),
             utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
@@ -362,8 +386,148 @@ impl NvmlInventory {
             processes: compute_processes(&device)
                 .map(|ps| ps.into_iter().map(to_gpu_process).collect())
                 .unwrap_or_default(),
-        })
+            numa_node: device.numa_node_id().ok().or_else(|| {
+                pci.as_ref()
+                    .and_then(|p| sysfs_numa_node(p.domain, p.bus, p.device))
+            }),
+            topology_group: None,
+            unhealthy: self.health(&device, index),
+        };
+        lock(&self.last_seen).insert(index, info.clone());
+        Some(info)
     }
+
+    /// Why the GPU should not take new work, from the counters NVML keeps.
+    /// Each reading is optional: consumer GPUs and ECC-off boards answer
+    /// NotSupported, which says nothing about health.
+    fn health(&self, device: &Device<'_>, index: u32) -> Option<String> {
+        let reset = format!(
+            "drain it and reset it (`nvidia-smi -r -i {index}`) or reboot; it rejoins the pool once healthy"
+        );
+        if let Ok(n) = device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
+            if n > 0 {
+                return Some(format!(
+                    "{n} uncorrected ECC error(s) since the driver loaded (Xid 48/63/94 class); {reset}"
+                ));
+            }
+        }
+        if let Some((pending, failed)) = self.remapped_rows(device) {
+            if failed {
+                return Some(format!(
+                    "a memory row remapping failed, the GPU needs service (RMA); {reset}"
+                ));
+            }
+            if pending {
+                return Some(format!(
+                    "a memory row remapping is pending after an uncorrectable error; {reset}"
+                ));
+            }
+        }
+        if matches!(device.are_pages_pending_retired(), Ok(true)) {
+            return Some(format!(
+                "memory pages are pending retirement after ECC errors; {reset}"
+            ));
+        }
+        None
+    }
+
+    /// `nvmlDeviceGetRemappedRows` (Ampere and later, where page retirement
+    /// gave way to row remapping): (remapping pending, remapping failed).
+    /// nvml-wrapper 0.13 loads the symbol but has no safe wrapper for it.
+    fn remapped_rows(&self, device: &Device<'_>) -> Option<(bool, bool)> {
+        let sym = self.nvml.lib().nvmlDeviceGetRemappedRows.as_ref().ok()?;
+        let (mut corr, mut unc, mut pending, mut failure) = (0u32, 0u32, 0u32, 0u32);
+        // SAFETY: the signature is nvml-wrapper-sys's binding of
+        // nvmlDeviceGetRemappedRows(device, uint*, uint*, uint*, uint*); the
+        // handle belongs to this live Nvml and each pointer is to a local.
+        let rc = unsafe {
+            (*sym)(
+                device.handle(),
+                &mut corr,
+                &mut unc,
+                &mut pending,
+                &mut failure,
+            )
+        };
+        // NVML_SUCCESS; anything else (NotSupported on older GPUs) says nothing.
+        (rc == 0).then_some((pending != 0, failure != 0))
+    }
+
+    /// Fills `topology_group` from NVML's common-ancestor levels, computed
+    /// once per set of GPUs.
+    fn fill_topology(&self, gpus: &mut [GpuInfo]) {
+        let key: Vec<(u32, String)> = gpus.iter().map(|g| (g.index, g.uuid.clone())).collect();
+        let mut cache = lock(&self.topology);
+        let groups = match &*cache {
+            Some((k, groups)) if *k == key => groups.clone(),
+            _ => {
+                let groups = self.topology_groups(&key);
+                *cache = Some((key, groups.clone()));
+                groups
+            }
+        };
+        for g in gpus {
+            g.topology_group = groups.get(&g.index).copied();
+        }
+    }
+
+    fn topology_groups(&self, gpus: &[(u32, String)]) -> BTreeMap<u32, u32> {
+        let mut pairs = Vec::new();
+        let mut known = false;
+        for (i, (a, _)) in gpus.iter().enumerate() {
+            for (b, _) in &gpus[i + 1..] {
+                let level = self.nvml.device_by_index(*a).and_then(|da| {
+                    let db = self.nvml.device_by_index(*b)?;
+                    da.topology_common_ancestor(db)
+                });
+                if let Ok(level) = level {
+                    known = true;
+                    if matches!(
+                        level,
+                        TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple
+                    ) {
+                        pairs.push((*a, *b));
+                    }
+                }
+            }
+        }
+        if !known {
+            return BTreeMap::new();
+        }
+        group_pairs(gpus.iter().map(|(i, _)| *i), &pairs)
+    }
+}
+
+/// Connected components of `pairs` over `indices`, each named by its lowest
+/// index.
+fn group_pairs(indices: impl Iterator<Item = u32>, pairs: &[(u32, u32)]) -> BTreeMap<u32, u32> {
+    let mut group: BTreeMap<u32, u32> = indices.map(|i| (i, i)).collect();
+    // Few GPUs: relabel until stable rather than keep a union-find.
+    loop {
+        let mut changed = false;
+        for (a, b) in pairs {
+            let (Some(&ga), Some(&gb)) = (group.get(a), group.get(b)) else {
+                continue;
+            };
+            let low = ga.min(gb);
+            for g in group.values_mut() {
+                if (*g == ga || *g == gb) && *g != low {
+                    *g = low;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return group;
+        }
+    }
+}
+
+/// The kernel's view, for drivers whose NVML lacks nvmlDeviceGetNumaNodeId.
+fn sysfs_numa_node(domain: u32, bus: u32, device: u32) -> Option<u32> {
+    let path = format!("/sys/bus/pci/devices/{domain:04x}:{bus:02x}:{device:02x}.0/numa_node");
+    // "-1" (no NUMA) fails the parse, which is what it means.
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// Uses the v3 call (drivers from R510 on). Older drivers lack its symbol and
@@ -390,7 +554,134 @@ impl GpuInventory for NvmlInventory {
 
     fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
         let count = self.nvml.device_count().map_err(GpuError::Enumerate)?;
-        Ok((0..count).filter_map(|i| self.read_device(i)).collect())
+        let mut gpus: Vec<GpuInfo> = (0..count).filter_map(|i| self.read_device(i)).collect();
+        self.fill_topology(&mut gpus);
+        Ok(gpus)
+    }
+}
+
+/// A change in which GPUs may be given to jobs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolChange {
+    /// Taken out of the pool: unhealthy, or no longer in the inventory.
+    Out {
+        index: u32,
+        uuid: String,
+        reason: String,
+    },
+    /// Healthy and present again.
+    Back { index: u32, uuid: String },
+}
+
+/// What a GPU that left the inventory is marked with.
+pub const VANISHED: &str =
+    "no longer in the inventory (it fell off the bus, or the driver lost it); \
+     check `nvidia-smi` and the kernel log, a reset or reboot brings it back";
+
+/// Remembers every GPU seen (by UUID) so that one which vanishes or turns
+/// unhealthy is noticed once and stays visible, marked unhealthy. Pure: the
+/// caller logs the changes.
+#[derive(Debug, Default)]
+pub struct PoolTracker {
+    known: BTreeMap<String, (GpuInfo, bool)>,
+}
+
+impl PoolTracker {
+    /// Updates what is known from `snapshot` and adds to it, marked
+    /// unhealthy, each GPU seen before but missing now (unless its index
+    /// is taken by another GPU). Returns the changes since the last call;
+    /// at the first call only unhealthy GPUs count as changes.
+    pub fn observe(&mut self, snapshot: &mut Vec<GpuInfo>) -> Vec<PoolChange> {
+        let mut changes = Vec::new();
+        let present: BTreeSet<String> = snapshot.iter().map(|g| g.uuid.clone()).collect();
+        for g in snapshot.iter() {
+            let out = g.unhealthy.is_some();
+            let was_out = self.known.get(&g.uuid).map(|(_, o)| *o);
+            match (was_out, out) {
+                (None | Some(false), true) => changes.push(PoolChange::Out {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    reason: g.unhealthy.clone().unwrap_or_default(),
+                }),
+                (Some(true), false) => changes.push(PoolChange::Back {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                }),
+                _ => {}
+            }
+            self.known.insert(g.uuid.clone(), (g.clone(), out));
+        }
+        let indices: BTreeSet<u32> = snapshot.iter().map(|g| g.index).collect();
+        for (uuid, (last, out)) in self.known.iter_mut() {
+            if present.contains(uuid) {
+                continue;
+            }
+            if !*out {
+                *out = true;
+                changes.push(PoolChange::Out {
+                    index: last.index,
+                    uuid: uuid.clone(),
+                    reason: VANISHED.to_owned(),
+                });
+            }
+            if !indices.contains(&last.index) {
+                snapshot.push(GpuInfo {
+                    memory_used_mib: None,
+                    utilization_pct: None,
+                    temperature_c: None,
+                    processes: Vec::new(),
+                    unhealthy: Some(VANISHED.to_owned()),
+                    ..last.clone()
+                });
+            }
+        }
+        snapshot.sort_by_key(|g| g.index);
+        changes
+    }
+}
+
+/// An inventory whose snapshots go through a [`PoolTracker`]; each change
+/// is logged once, whoever asked for the snapshot.
+pub struct PoolMonitor {
+    inner: Box<dyn GpuInventory>,
+    tracker: Mutex<PoolTracker>,
+}
+
+impl PoolMonitor {
+    pub fn new(inner: Box<dyn GpuInventory>) -> PoolMonitor {
+        PoolMonitor {
+            inner,
+            tracker: Mutex::new(PoolTracker::default()),
+        }
+    }
+}
+
+impl GpuInventory for PoolMonitor {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        let mut snapshot = self.inner.snapshot()?;
+        for change in lock(&self.tracker).observe(&mut snapshot) {
+            match change {
+                PoolChange::Out {
+                    index,
+                    uuid,
+                    reason,
+                } => tracing::warn!(
+                    gpu = index,
+                    uuid,
+                    "GPU {index} ({uuid}) taken out of the pool, no job will be placed on it: {reason}"
+                ),
+                PoolChange::Back { index, uuid } => tracing::info!(
+                    gpu = index,
+                    uuid,
+                    "GPU {index} ({uuid}) is healthy again and back in the pool"
+                ),
+            }
+        }
+        Ok(snapshot)
     }
 }
 
@@ -398,22 +689,24 @@ impl GpuInventory for NvmlInventory {
 /// the declared list (possibly empty: a CPU-only machine) with one warning.
 pub fn open_inventory(cfg: &GpuConfig) -> Result<Box<dyn GpuInventory>, GpuError> {
     cfg.validate().map_err(GpuError::Config)?;
-    let declared = || Box::new(DeclaredInventory::new(cfg.declared.clone()));
-    match cfg.backend {
-        GpuBackend::Declared => Ok(declared()),
-        GpuBackend::Nvml => Ok(Box::new(NvmlInventory::init()?)),
+    let declared =
+        || -> Box<dyn GpuInventory> { Box::new(DeclaredInventory::new(cfg.declared.clone())) };
+    let inner: Box<dyn GpuInventory> = match cfg.backend {
+        GpuBackend::Declared => declared(),
+        GpuBackend::Nvml => Box::new(NvmlInventory::init()?),
         GpuBackend::Auto => match NvmlInventory::init() {
-            Ok(inv) => Ok(Box::new(inv)),
+            Ok(inv) => Box::new(inv),
             Err(e) => {
                 tracing::warn!(
                     "GPU inventory: NVML is not available ({e}); using the {} GPU(s) declared in [gpus], \
                      whose use by other programs cannot be seen",
                     cfg.declared.len()
                 );
-                Ok(declared())
+                declared()
             }
         },
-    }
+    };
+    Ok(Box::new(PoolMonitor::new(inner)))
 }
 
 /// Memory (MiB) that programs other than ptrain jobs use on a GPU no ptrain
@@ -422,7 +715,7 @@ pub fn open_inventory(cfg: &GpuConfig) -> Result<Box<dyn GpuInventory>, GpuError
 /// the device's used memory stands in. When nothing at all is known (declared
 /// GPUs) the GPU counts as free, and when processes are present but
 /// unmeasurable it counts as busy.
-fn foreign_usage_mib(gpu: &GpuInfo) -> u64 {
+pub fn foreign_usage_mib(gpu: &GpuInfo) -> u64 {
     let measured: Option<u64> = gpu
         .processes
         .iter()
@@ -435,25 +728,171 @@ fn foreign_usage_mib(gpu: &GpuInfo) -> u64 {
     }
 }
 
-/// Pure allocation: picks `count` GPUs (by index) from `snapshot` that no
-/// ptrain job holds (`held`) and whose foreign memory use is below
-/// `foreign_memory_threshold_mib`. Deterministic: lowest indices first. `None`
-/// if there are not enough; `count == 0` gives `Some(vec![])`.
+/// Memory a job given this (unheld) GPU now would find free.
+pub fn free_memory_mib(gpu: &GpuInfo) -> u64 {
+    gpu.memory_total_mib
+        .saturating_sub(gpu.memory_used_mib.unwrap_or(0))
+}
+
+/// Whether a GPU no ptrain job holds can be given to a job now: healthy
+/// and not used by other programs beyond the threshold.
+pub fn is_usable(gpu: &GpuInfo, foreign_memory_threshold_mib: u64) -> bool {
+    gpu.unhealthy.is_none() && foreign_usage_mib(gpu) < foreign_memory_threshold_mib
+}
+
+/// Picks `n` of `candidates` (all acceptable), preferring GPUs close to
+/// each other: first one PCIe switch group, else one NUMA node, else as few
+/// nodes and groups as possible. Among groups that fit, the smallest is
+/// used (best fit), which keeps larger groups whole for larger jobs. Ties
+/// go to the lowest index; without topology information this is simply the
+/// `n` lowest indices. `None` if there are fewer than `n`.
+pub fn pick_near(candidates: &[&GpuInfo], n: usize) -> Option<Vec<u32>> {
+    let mut cands: Vec<&GpuInfo> = candidates.to_vec();
+    cands.sort_by_key(|g| g.index);
+    cands.dedup_by_key(|g| g.index);
+    if cands.len() < n {
+        return None;
+    }
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    // NUMA node → switch group → indices, all in index order.
+    let mut nodes: BTreeMap<Option<u32>, BTreeMap<Option<u32>, Vec<u32>>> = BTreeMap::new();
+    for g in &cands {
+        nodes
+            .entry(g.numa_node)
+            .or_default()
+            .entry(g.topology_group)
+            .or_default()
+            .push(g.index);
+    }
+    let fit = |len: usize, first: u32| (len, first);
+    // One switch group.
+    let best_group = nodes
+        .values()
+        .flat_map(|groups| groups.values())
+        .filter(|v| v.len() >= n)
+        .min_by_key(|v| fit(v.len(), v[0]));
+    if let Some(v) = best_group {
+        return Some(v[..n].to_vec());
+    }
+    // Whole groups, largest first, so the job spans as few as possible.
+    let take = |groups: Vec<&Vec<u32>>| {
+        let mut groups = groups;
+        groups.sort_by_key(|v| (std::cmp::Reverse(v.len()), v[0]));
+        let mut out: Vec<u32> = groups.into_iter().flatten().copied().take(n).collect();
+        out.sort_unstable();
+        out
+    };
+    let size =
+        |groups: &BTreeMap<Option<u32>, Vec<u32>>| groups.values().map(Vec::len).sum::<usize>();
+    let first = |groups: &BTreeMap<Option<u32>, Vec<u32>>| {
+        groups.values().map(|v| v[0]).min().unwrap_or(u32::MAX)
+    };
+    // One NUMA node.
+    let best_node = nodes
+        .values()
+        .filter(|groups| size(groups) >= n)
+        .min_by_key(|groups| fit(size(groups), first(groups)));
+    if let Some(groups) = best_node {
+        return Some(take(groups.values().collect()));
+    }
+    // Across nodes: the fullest nodes first, each contributing its groups.
+    let mut ordered: Vec<&BTreeMap<Option<u32>, Vec<u32>>> = nodes.values().collect();
+    ordered.sort_by_key(|groups| (std::cmp::Reverse(size(groups)), first(groups)));
+    let mut out = Vec::with_capacity(n);
+    for groups in ordered {
+        let want = n - out.len();
+        let mut part = take(groups.values().collect());
+        part.truncate(want);
+        out.extend(part);
+        if out.len() == n {
+            break;
+        }
+    }
+    out.sort_unstable();
+    Some(out)
+}
+
+/// Picks `count` GPUs from `snapshot` that no ptrain job holds (`held`),
+/// that are healthy and whose foreign memory use is below
+/// `foreign_memory_threshold_mib`, close together (see [`pick_near`]).
+/// `None` if there are not enough; `count == 0` gives `Some(vec![])`. The
+/// scheduler adds requests, priorities, reservations and policy on top.
 pub fn choose_gpus(
     snapshot: &[GpuInfo],
     held: &BTreeSet<u32>,
     count: u32,
     foreign_memory_threshold_mib: u64,
 ) -> Option<Vec<u32>> {
-    // A BTreeSet sorts and also drops a (malformed) repeated index.
-    let free: BTreeSet<u32> = snapshot
+    let free: Vec<&GpuInfo> = snapshot
         .iter()
         .filter(|g| !held.contains(&g.index))
-        .filter(|g| foreign_usage_mib(g) < foreign_memory_threshold_mib)
-        .map(|g| g.index)
+        .filter(|g| is_usable(g, foreign_memory_threshold_mib))
         .collect();
-    let want = usize::try_from(count).ok()?;
-    (free.len() >= want).then(|| free.into_iter().take(want).collect())
+    pick_near(&free, usize::try_from(count).ok()?)
+}
+
+/// What `ptrain gpus` says about a GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuState {
+    Free,
+    /// A ptrain job holds it.
+    Held(String),
+    /// Free, but kept for a waiting job that needs more GPUs than are free.
+    Reserved(String),
+    /// Other programs use this much of its memory (MiB), at or above the
+    /// threshold.
+    BusyForeign(u64),
+    Unhealthy(String),
+}
+
+impl GpuState {
+    /// Unhealthy first (it needs an admin), then held, busy, reserved.
+    pub fn of(
+        gpu: &GpuInfo,
+        held_by: Option<&str>,
+        reserved_for: Option<&str>,
+        foreign_memory_threshold_mib: u64,
+    ) -> GpuState {
+        if let Some(why) = &gpu.unhealthy {
+            return GpuState::Unhealthy(why.clone());
+        }
+        if let Some(job) = held_by {
+            return GpuState::Held(job.to_owned());
+        }
+        let foreign = foreign_usage_mib(gpu);
+        if foreign >= foreign_memory_threshold_mib {
+            return GpuState::BusyForeign(foreign);
+        }
+        match reserved_for {
+            Some(job) => GpuState::Reserved(job.to_owned()),
+            None => GpuState::Free,
+        }
+    }
+
+    /// One word: `free`, `held`, `reserved`, `busy-foreign`, `unhealthy`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            GpuState::Free => "free",
+            GpuState::Held(_) => "held",
+            GpuState::Reserved(_) => "reserved",
+            GpuState::BusyForeign(_) => "busy-foreign",
+            GpuState::Unhealthy(_) => "unhealthy",
+        }
+    }
+
+    /// For people: "held by job X", "used by other programs (2048 MiB)"...
+    pub fn describe(&self) -> String {
+        match self {
+            GpuState::Free => "free".to_owned(),
+            GpuState::Held(job) => format!("held by job {job}"),
+            GpuState::Reserved(job) => format!("reserved for job {job}"),
+            GpuState::BusyForeign(u64::MAX) => "used by other programs (amount unknown)".to_owned(),
+            GpuState::BusyForeign(mib) => format!("used by other programs ({mib} MiB)"),
+            GpuState::Unhealthy(why) => format!("unhealthy: {why}"),
+        }
+    }
 }
 
 /// The device nodes a job holding `gpus` may open: the shared NVIDIA control
@@ -487,6 +926,18 @@ mod tests {
             temperature_c: Some(30),
             device: PathBuf::from(format!("/dev/nvidia{index}")),
             processes: vec![],
+            numa_node: None,
+            topology_group: None,
+            unhealthy: None,
+        }
+    }
+
+    /// A GPU on NUMA node `numa` behind PCIe switch group `group`.
+    fn at(index: u32, numa: u32, group: u32) -> GpuInfo {
+        GpuInfo {
+            numa_node: Some(numa),
+            topology_group: Some(group),
+            ..gpu(index)
         }
     }
 
@@ -509,6 +960,7 @@ mod tests {
             name: "NVIDIA H100".into(),
             memory_mib: 81_559,
             device: PathBuf::from(format!("/dev/nvidia{index}")),
+            numa_node: None,
         }
     }
 
@@ -873,5 +1325,249 @@ mod tests {
         assert_send_sync::<NvmlInventory>();
         assert_send_sync::<DeclaredInventory>();
         assert_send_sync::<Box<dyn GpuInventory>>();
+        assert_send_sync::<PoolMonitor>();
+    }
+
+    #[test]
+    fn declared_numa_node() {
+        let cfg: GpuConfig = toml::from_str(
+            "[[declared]]\nindex = 0\nuuid = \"a\"\nname = \"x\"\nmemory_mib = 1\ndevice = \"/dev/nvidia0\"\nnuma_node = 1\n",
+        )
+        .unwrap();
+        cfg.validate().unwrap();
+        let snap = DeclaredInventory::new(cfg.declared).snapshot().unwrap();
+        assert_eq!(snap[0].numa_node, Some(1));
+        let mut g = declared(0);
+        g.numa_node = Some(5000);
+        let msg = GpuConfig {
+            declared: vec![g],
+            ..GpuConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(msg.contains("`gpus.declared[0].numa_node`"), "{msg}");
+    }
+
+    #[test]
+    fn unhealthy_gpus_are_not_chosen() {
+        let mut sick = gpu(0);
+        sick.unhealthy = Some("2 uncorrected ECC errors".into());
+        let snap = vec![sick, gpu(1)];
+        assert_eq!(choose_gpus(&snap, &held(&[]), 1, 512), Some(vec![1]));
+        assert_eq!(choose_gpus(&snap, &held(&[]), 2, 512), None);
+        assert!(!is_usable(&snap[0], 512) && is_usable(&snap[1], 512));
+    }
+
+    #[test]
+    fn pick_near_prefers_one_switch_then_one_node() {
+        // Node 0: switch 0 = {0,1}, switch 2 = {2,3}; node 1: switch 4 = {4,5,6,7}.
+        let all: Vec<GpuInfo> = (0..8)
+            .map(|i| {
+                at(
+                    i,
+                    u32::from(i >= 4),
+                    if i < 2 {
+                        0
+                    } else if i < 4 {
+                        2
+                    } else {
+                        4
+                    },
+                )
+            })
+            .collect();
+        let refs = |idx: &[u32]| -> Vec<&GpuInfo> {
+            all.iter().filter(|g| idx.contains(&g.index)).collect()
+        };
+        // Two GPUs: a pair on one switch, not 0 and 2 (lowest indices).
+        assert_eq!(pick_near(&refs(&[0, 2, 3, 5]), 2), Some(vec![2, 3]));
+        // Best fit: the 2-GPU switch rather than breaking up the 4-GPU one.
+        assert_eq!(pick_near(&refs(&[2, 3, 4, 5, 6, 7]), 2), Some(vec![2, 3]));
+        assert_eq!(pick_near(&refs(&[1, 4, 5, 6, 7]), 1), Some(vec![1]));
+        // Four: the whole switch group on node 1.
+        assert_eq!(
+            pick_near(&refs(&[0, 1, 2, 4, 5, 6, 7]), 4),
+            Some(vec![4, 5, 6, 7])
+        );
+        // Three with no switch holding three: stay on one NUMA node.
+        assert_eq!(pick_near(&refs(&[0, 1, 2, 4, 5]), 3), Some(vec![0, 1, 2]));
+        // Five: must cross nodes; the fuller node first, whole.
+        assert_eq!(
+            pick_near(&refs(&[0, 2, 4, 5, 6, 7]), 5),
+            Some(vec![0, 4, 5, 6, 7])
+        );
+        assert_eq!(pick_near(&refs(&[0, 1]), 3), None);
+        assert_eq!(pick_near(&refs(&[0, 1]), 0), Some(vec![]));
+    }
+
+    #[test]
+    fn pick_near_without_topology_is_lowest_first() {
+        let snap = vec![gpu(3), gpu(1), gpu(2), gpu(0)];
+        let refs: Vec<&GpuInfo> = snap.iter().collect();
+        assert_eq!(pick_near(&refs, 2), Some(vec![0, 1]));
+        // Declared NUMA nodes alone also keep jobs together.
+        let numa: Vec<GpuInfo> = (0..4)
+            .map(|i| GpuInfo {
+                numa_node: Some(i % 2),
+                ..gpu(i)
+            })
+            .collect();
+        let refs: Vec<&GpuInfo> = numa.iter().collect();
+        assert_eq!(pick_near(&refs, 2), Some(vec![0, 2]));
+    }
+
+    #[test]
+    fn topology_groups_from_pairs() {
+        let g = group_pairs([0, 1, 2, 3, 4].into_iter(), &[(3, 4), (1, 2), (2, 3)]);
+        assert_eq!(
+            g.into_iter().collect::<Vec<_>>(),
+            [(0, 0), (1, 1), (2, 1), (3, 1), (4, 1)]
+        );
+        let g = group_pairs([0, 1].into_iter(), &[]);
+        assert_eq!(g.into_iter().collect::<Vec<_>>(), [(0, 0), (1, 1)]);
+    }
+
+    #[test]
+    fn tracker_takes_unhealthy_and_vanished_gpus_out_once() {
+        let mut t = PoolTracker::default();
+        let mut snap = vec![gpu(0), gpu(1), gpu(2)];
+        assert!(t.observe(&mut snap).is_empty(), "healthy GPUs are no news");
+        assert_eq!(snap.len(), 3);
+
+        // GPU 1 reports ECC errors: out, once.
+        let mut sick = gpu(1);
+        sick.unhealthy = Some("3 uncorrected ECC error(s)".into());
+        for round in 0..2 {
+            let mut snap = vec![gpu(0), sick.clone(), gpu(2)];
+            let changes = t.observe(&mut snap);
+            if round == 0 {
+                assert_eq!(
+                    changes,
+                    [PoolChange::Out {
+                        index: 1,
+                        uuid: "GPU-0001".into(),
+                        reason: "3 uncorrected ECC error(s)".into()
+                    }]
+                );
+            } else {
+                assert!(changes.is_empty(), "{changes:?}");
+            }
+        }
+
+        // GPU 2 vanishes: out once, and still listed, marked unhealthy.
+        for round in 0..2 {
+            let mut snap = vec![gpu(0), sick.clone()];
+            let changes = t.observe(&mut snap);
+            assert_eq!(changes.len(), usize::from(round == 0), "{changes:?}");
+            assert_eq!(snap.iter().map(|g| g.index).collect::<Vec<_>>(), [0, 1, 2]);
+            assert_eq!(snap[2].uuid, "GPU-0002");
+            assert_eq!(snap[2].unhealthy.as_deref(), Some(VANISHED));
+            assert_eq!(choose_gpus(&snap, &held(&[]), 1, 512), Some(vec![0]));
+            assert_eq!(choose_gpus(&snap, &held(&[]), 2, 512), None);
+        }
+
+        // Both come back.
+        let mut snap = vec![gpu(0), gpu(1), gpu(2)];
+        let changes = t.observe(&mut snap);
+        assert_eq!(
+            changes,
+            [
+                PoolChange::Back {
+                    index: 1,
+                    uuid: "GPU-0001".into()
+                },
+                PoolChange::Back {
+                    index: 2,
+                    uuid: "GPU-0002".into()
+                }
+            ]
+        );
+        assert_eq!(choose_gpus(&snap, &held(&[]), 3, 512), Some(vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn tracker_first_look_and_index_reuse() {
+        let mut t = PoolTracker::default();
+        let mut sick = gpu(0);
+        sick.unhealthy = Some("lost".into());
+        let mut snap = vec![sick, gpu(1)];
+        let changes = t.observe(&mut snap);
+        assert!(matches!(&changes[..], [PoolChange::Out { index: 0, .. }]));
+        // A different GPU now answers at index 1 (the old one is gone): the
+        // old one is reported once but not listed over the new one.
+        let mut other = gpu(1);
+        other.uuid = "GPU-new".into();
+        let mut snap = vec![gpu(0), other];
+        let changes = t.observe(&mut snap);
+        assert!(changes.contains(&PoolChange::Back {
+            index: 0,
+            uuid: "GPU-0000".into()
+        }));
+        assert!(changes
+            .iter()
+            .any(|c| matches!(c, PoolChange::Out { uuid, .. } if uuid == "GPU-0001")));
+        assert_eq!(snap.len(), 2);
+        assert_eq!(snap[1].uuid, "GPU-new");
+    }
+
+    #[test]
+    fn monitor_wraps_any_backend() {
+        let inv = PoolMonitor::new(Box::new(DeclaredInventory::new(vec![declared(0)])));
+        assert_eq!(inv.backend(), "declared");
+        assert_eq!(inv.snapshot().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn gpu_states() {
+        let t = 512;
+        assert_eq!(GpuState::of(&gpu(0), None, None, t), GpuState::Free);
+        assert_eq!(
+            GpuState::of(&gpu(0), Some("a"), Some("b"), t),
+            GpuState::Held("a".into())
+        );
+        assert_eq!(
+            GpuState::of(&gpu(0), None, Some("b"), t),
+            GpuState::Reserved("b".into())
+        );
+        let busy = procs(gpu(0), &[Some(4096)]);
+        assert_eq!(
+            GpuState::of(&busy, None, None, t),
+            GpuState::BusyForeign(4096)
+        );
+        assert_eq!(GpuState::of(&busy, Some("a"), None, t).name(), "held");
+        let mut sick = gpu(0);
+        sick.unhealthy = Some("ECC".into());
+        let s = GpuState::of(&sick, Some("a"), None, t);
+        assert_eq!(s.name(), "unhealthy");
+        assert_eq!(s.describe(), "unhealthy: ECC");
+        assert_eq!(
+            GpuState::BusyForeign(7).describe(),
+            "used by other programs (7 MiB)"
+        );
+        assert_eq!(
+            GpuState::Reserved("x".into()).describe(),
+            "reserved for job x"
+        );
+    }
+
+    #[test]
+    fn gpu_info_reads_records_without_new_fields() {
+        let old = r#"{"index":0,"uuid":"GPU-a","name":"x","pci_bus_id":null,"memory_total_mib":1,
+            "memory_used_mib":null,"utilization_pct":null,"temperature_c":null,
+            "device":"/dev/nvidia0","processes":[]}"#;
+        let g: GpuInfo = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (g.numa_node, g.topology_group, g.unhealthy),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn free_memory() {
+        let mut g = gpu(0);
+        g.memory_used_mib = Some(1_920);
+        assert_eq!(free_memory_mib(&g), 80_000);
+        g.memory_used_mib = None;
+        assert_eq!(free_memory_mib(&g), 81_920);
     }
 }

@@ -35,6 +35,7 @@ pub mod config;
 pub mod daemon;
 pub mod fsutil;
 pub mod gpu;
+pub mod resources;
 pub mod scheduler;
 pub mod spec;
 pub mod spool;

@@ -383,7 +383,11 @@ mod tests {
         assert_eq!(keys, ["policy.default", "policy.groups.lab"]);
 
         let carol = owner("carol", 7, &[8]);
-        let keys: Vec<String> = policy.rules_for(&carol).into_iter().map(|r| r.key).collect();
+        let keys: Vec<String> = policy
+            .rules_for(&carol)
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
         assert_eq!(keys, ["policy.default"]);
 
         assert!(Policy::none().rules_for(&carol).is_empty());

@@ -47,6 +47,7 @@ pub const MAX_USER_LEN: usize = 255;
 /// the single source of truth for unknown-field detection and its message.
 pub const SPEC_FIELDS: &[&str] = &[
     "version", "id", "command", "workdir", "env", "gpus", "timeout", "user", "priority",
+    "resources",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -199,6 +200,9 @@ pub struct JobSpec {
     /// Queue order: higher first, then arrival. Within [`PRIORITY_RANGE`].
     #[serde(default)]
     pub priority: i32,
+    /// Memory, CPU and task limits the job asks for (within its owner's caps).
+    #[serde(default)]
+    pub resources: crate::resources::ResourceRequest,
 }
 
 mod timeout_serde {
@@ -346,6 +350,9 @@ pub enum SpecError {
 
     #[error("field `user` {user} is not a valid user name; write your login name (as `id -un` prints it) or omit the field")]
     InvalidUser { user: String },
+
+    #[error("field `resources`: {0}")]
+    Resources(String),
 }
 
 /// Debug-quotes untrusted text (escaping control characters such as `\n`) and
@@ -701,6 +708,7 @@ struct RawSpec {
     timeout: Option<Value>,
     user: Option<Value>,
     priority: Option<Value>,
+    resources: Option<Value>,
 }
 
 impl RawSpec {
@@ -718,6 +726,7 @@ impl RawSpec {
                 "timeout" => &mut raw.timeout,
                 "user" => &mut raw.user,
                 "priority" => &mut raw.priority,
+                "resources" => &mut raw.resources,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -760,6 +769,11 @@ impl RawSpec {
             .map(|v| validate_priority(&v))
             .transpose()?
             .unwrap_or(0);
+        let resources = self
+            .resources
+            .map(|v| crate::resources::validate_request(&v).map_err(SpecError::Resources))
+            .transpose()?
+            .unwrap_or_default();
         Ok(JobSpec {
             id,
             command,
@@ -769,6 +783,7 @@ impl RawSpec {
             timeout,
             user,
             priority,
+            resources,
         })
     }
 }

@@ -161,6 +161,9 @@ pub struct JobRecord {
     pub systemd_result: Option<String>,
     #[serde(default)]
     pub stop_requested_by: Option<u32>,
+    /// The cgroup limits the unit gets, fixed at submission.
+    #[serde(default)]
+    pub limits: crate::resources::EffectiveLimits,
 }
 
 impl JobRecord {
@@ -181,6 +184,7 @@ impl JobRecord {
             outcome: None,
             systemd_result: None,
             stop_requested_by: None,
+            limits: Default::default(),
         }
     }
 

@@ -159,6 +159,16 @@ pub fn job_unit_properties(
         ("DevicePolicy", PropValue::Str("closed".into())),
         ("DeviceAllow", PropValue::DeviceAllow(devices)),
     ];
+    let limits = &record.limits;
+    if let Some(bytes) = limits.memory_bytes {
+        props.push(("MemoryMax", PropValue::U64(bytes)));
+    }
+    if let Some(tasks) = limits.tasks {
+        props.push(("TasksMax", PropValue::U64(tasks)));
+    }
+    if let Some(millicpus) = limits.millicpus {
+        props.push(("CPUQuotaPerSecUSec", PropValue::U64(millicpus * 1000)));
+    }
     if let Some(timeout) = record.spec.timeout {
         props.push(("RuntimeMaxUSec", PropValue::U64(timeout.as_micros() as u64)));
     }

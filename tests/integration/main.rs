@@ -6,4 +6,5 @@ mod harness;
 
 mod durability;
 mod foundation;
+mod limits;
 mod hostile;

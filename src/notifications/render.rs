@@ -1,0 +1,454 @@
+//! What notifications say: the email subject and body, WeCom text and
+//! markdown (single and digest), and the webhook's JSON. Pure.
+//!
+//! A title names the job, the outcome and how long it ran; a body adds the
+//! exit status, the GPUs, the host and the command that shows the logs.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::{Intent, Notice, NotifyEvent};
+use crate::store::signal_name;
+
+/// Longest piece of free text (the outcome's detail) put in a message.
+const MAX_DETAIL: usize = 160;
+/// WeCom's limits on one message's content, in bytes.
+pub const WECOM_TEXT_MAX: usize = 2048;
+pub const WECOM_MARKDOWN_MAX: usize = 4096;
+
+fn time(micros: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_micros(micros)).to_string()
+}
+
+fn duration(micros: u64) -> String {
+    let secs = micros / 1_000_000;
+    if secs == 0 {
+        return "0s".to_owned();
+    }
+    humantime::format_duration(Duration::from_secs(secs)).to_string()
+}
+
+/// Cuts text to at most `max` bytes on a character boundary.
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// The outcome in a few words: "succeeded", "failed (exit code 3)".
+pub fn outcome_words(n: &Notice) -> String {
+    match n.event {
+        NotifyEvent::Started => "started".into(),
+        NotifyEvent::Succeeded => "succeeded".into(),
+        NotifyEvent::Timeout => "timed out".into(),
+        NotifyEvent::IdleTimeout => "was stopped for being idle".into(),
+        NotifyEvent::DependencyFailed => "did not run: a dependency failed".into(),
+        NotifyEvent::Stopped => "was stopped".into(),
+        NotifyEvent::Failed => match (n.exit_code, n.signal) {
+            (Some(code), _) => format!("failed (exit code {code})"),
+            (None, Some(sig)) => format!("failed (killed by {})", signal_name(sig)),
+            _ if n.status == "launch-failed" => "could not be launched".into(),
+            _ => "failed".into(),
+        },
+    }
+}
+
+/// One line: "job resnet-lr01 failed (exit code 3) after 6h 2m".
+pub fn title(n: &Notice) -> String {
+    let mut t = format!("job {} {}", n.job_id, outcome_words(n));
+    match (n.event, n.duration_micros()) {
+        (NotifyEvent::Started, _) => t.push_str(&format!(" on {}", n.host)),
+        (_, Some(d)) => t.push_str(&format!(" after {}", duration(d))),
+        _ => {}
+    }
+    t
+}
+
+pub fn email_subject(n: &Notice) -> String {
+    format!("[ptrain] {}", title(n))
+}
+
+fn gpus(n: &Notice) -> String {
+    if n.gpus.is_empty() {
+        return "none".into();
+    }
+    n.gpus
+        .iter()
+        .map(|g| format!("{} ({})", g.index, g.uuid))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn exit_status(n: &Notice) -> Option<String> {
+    match (n.exit_code, n.signal) {
+        (Some(code), _) => Some(format!("exit code {code}")),
+        (None, Some(sig)) => Some(format!("killed by signal {}", signal_name(sig))),
+        _ => None,
+    }
+}
+
+/// The facts, one per line, for email and WeCom text.
+pub fn body_text(n: &Notice) -> String {
+    let mut lines = vec![
+        format!(
+            "Job {} of {} {}.",
+            n.job_id,
+            n.owner,
+            outcome_words(n)
+        ),
+        String::new(),
+        format!("Status:    {} — {}", n.status, clip(&n.detail, MAX_DETAIL)),
+    ];
+    if let Some(status) = exit_status(n) {
+        lines.push(format!("Exit:      {status}"));
+    }
+    lines.push(format!("Host:      {}", n.host));
+    lines.push(format!("GPUs:      {}", gpus(n)));
+    lines.push(format!("Submitted: {}", time(n.submitted_at)));
+    if let Some(t) = n.started_at {
+        lines.push(format!("Started:   {}", time(t)));
+    }
+    if let Some(t) = n.ended_at {
+        lines.push(format!("Ended:     {}", time(t)));
+    }
+    if let Some(d) = n.duration_micros() {
+        lines.push(format!("Ran for:   {}", duration(d)));
+    }
+    lines.push(format!("Logs:      ptrain logs {}", n.job_id));
+    lines.join("\n") + "\n"
+}
+
+/// Markdown must not let job-supplied text (a path in a launch error)
+/// turn into mentions or links.
+fn md_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '<' => '‹',
+            '>' => '›',
+            '[' => '(',
+            ']' => ')',
+            '`' => '\'',
+            '\n' | '\r' => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+fn md_color(n: &Notice) -> &'static str {
+    match n.event {
+        NotifyEvent::Succeeded | NotifyEvent::Started => "info",
+        NotifyEvent::Stopped => "comment",
+        _ => "warning",
+    }
+}
+
+pub fn wecom_markdown(n: &Notice) -> String {
+    let mut s = format!(
+        "**job {}** <font color=\"{}\">{}</font>\n",
+        n.job_id,
+        md_color(n),
+        md_safe(&outcome_words(n))
+    );
+    s.push_str(&format!(
+        "> {}\n",
+        md_safe(&clip(&n.detail, MAX_DETAIL))
+    ));
+    s.push_str(&format!("> owner: {}  host: {}\n", n.owner, n.host));
+    if let Some(status) = exit_status(n) {
+        s.push_str(&format!("> {status}\n"));
+    }
+    s.push_str(&format!("> GPUs: {}\n", md_safe(&gpus(n))));
+    if let Some(d) = n.duration_micros() {
+        s.push_str(&format!("> ran for: {}\n", duration(d)));
+    }
+    s.push_str(&format!("> logs: `ptrain logs {}`", n.job_id));
+    clip(&s, WECOM_MARKDOWN_MAX)
+}
+
+pub fn wecom_text(n: &Notice) -> String {
+    clip(&format!("[ptrain] {}\n{}", title(n), body_text(n)), WECOM_TEXT_MAX)
+}
+
+/// One line of a digest, bounded so [`super::pacing::MAX_DIGEST`] lines fit.
+fn digest_line(n: &Notice, markdown: bool) -> String {
+    let mut line = title(n);
+    if markdown {
+        line = format!("- <font color=\"{}\">{}</font>", md_color(n), md_safe(&line));
+    } else {
+        line = format!("- {line}");
+    }
+    clip(&line, 250)
+}
+
+/// Several events in one message, oldest first.
+pub fn wecom_digest(notices: &[&Notice], markdown: bool) -> String {
+    let head = format!(
+        "[ptrain] {} job events on {}",
+        notices.len(),
+        notices.first().map(|n| n.host.as_str()).unwrap_or("?")
+    );
+    let mut s = if markdown {
+        format!("**{head}**\n")
+    } else {
+        format!("{head}\n")
+    };
+    for n in notices {
+        s.push_str(&digest_line(n, markdown));
+        s.push('\n');
+    }
+    s.push_str("`ptrain list` and `ptrain status ID` show details");
+    let max = if markdown {
+        WECOM_MARKDOWN_MAX
+    } else {
+        WECOM_TEXT_MAX
+    };
+    clip(&s, max)
+}
+
+/// The generic webhook's JSON body, schema `ptrain.notification/1`.
+/// Fields are only ever added, never renamed or removed.
+#[derive(Debug, Serialize)]
+pub struct WebhookPayload<'a> {
+    pub schema: &'static str,
+    /// Also sent as the `Idempotency-Key` header.
+    pub key: &'a str,
+    pub event: NotifyEvent,
+    pub job_id: &'a str,
+    /// The job's name; jobs are named by their id.
+    pub job_name: &'a str,
+    pub owner: &'a str,
+    pub uid: u32,
+    pub status: &'a str,
+    pub detail: &'a str,
+    pub title: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub signal_name: Option<String>,
+    /// RFC 3339, UTC.
+    pub submitted_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub duration_secs: Option<u64>,
+    pub gpus: &'a [super::NoticeGpu],
+    pub host: &'a str,
+    pub unit: &'a str,
+    pub logs_command: String,
+    /// The job's result file (not collected yet: always null).
+    pub results: Option<serde_json::Value>,
+    /// The last lines of the job's output (not collected yet: empty).
+    pub output_tail: Vec<String>,
+}
+
+pub const WEBHOOK_SCHEMA: &str = "ptrain.notification/1";
+
+pub fn webhook_payload(intent: &Intent) -> WebhookPayload<'_> {
+    let n = &intent.notice;
+    WebhookPayload {
+        schema: WEBHOOK_SCHEMA,
+        key: &intent.key,
+        event: n.event,
+        job_id: &n.job_id,
+        job_name: &n.job_id,
+        owner: &n.owner,
+        uid: n.uid,
+        status: &n.status,
+        detail: &n.detail,
+        title: title(n),
+        exit_code: n.exit_code,
+        signal: n.signal,
+        signal_name: n.signal.map(signal_name),
+        submitted_at: time(n.submitted_at),
+        started_at: n.started_at.map(time),
+        ended_at: n.ended_at.map(time),
+        duration_secs: n.duration_micros().map(|d| d / 1_000_000),
+        gpus: &n.gpus,
+        host: &n.host,
+        unit: &n.unit,
+        logs_command: format!("ptrain logs {}", n.job_id),
+        results: None,
+        output_tail: Vec::new(),
+    }
+}
+
+/// The webhook body: the payload as compact JSON. The signature covers
+/// exactly these bytes.
+pub fn webhook_body(intent: &Intent) -> Vec<u8> {
+    serde_json::to_vec(&webhook_payload(intent)).expect("payloads always serialise")
+}
+
+/// The email's Message-ID: the key when it is a valid dot-atom (job ids
+/// may hold "..", which is not), else its hex; either way deterministic,
+/// so a message re-sent after a crash carries the same id.
+pub fn message_id(key: &str, host: &str) -> String {
+    let left = if key.contains("..") {
+        format!("x{}", hex::encode(key))
+    } else {
+        key.to_owned()
+    };
+    let host: String = host
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .collect();
+    let host = host.trim_matches('.');
+    let host = if host.is_empty() { "localhost" } else { host };
+    format!("<{left}@ptrain.{host}>")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{NoticeGpu, NotifyEvent};
+    use super::*;
+
+    const H: u64 = 3_600_000_000;
+
+    pub(crate) fn notice(event: NotifyEvent) -> Notice {
+        Notice {
+            job_id: "resnet-lr01".into(),
+            owner: "alice".into(),
+            uid: 1000,
+            event,
+            status: match event {
+                NotifyEvent::Failed => "failed".into(),
+                NotifyEvent::Started => "running".into(),
+                e => e.as_str().into(),
+            },
+            detail: match event {
+                NotifyEvent::Failed => "failed with exit code 3".into(),
+                _ => "succeeded".into(),
+            },
+            exit_code: match event {
+                NotifyEvent::Failed => Some(3),
+                NotifyEvent::Succeeded => Some(0),
+                _ => None,
+            },
+            signal: None,
+            submitted_at: 1_700_000_000_000_000,
+            started_at: Some(1_700_000_000_000_000),
+            ended_at: (event != NotifyEvent::Started)
+                .then_some(1_700_000_000_000_000 + 6 * H + 2 * 60_000_000 + 3_000_000),
+            gpus: vec![
+                NoticeGpu {
+                    index: 0,
+                    uuid: "GPU-0".into(),
+                },
+                NoticeGpu {
+                    index: 1,
+                    uuid: "GPU-1".into(),
+                },
+            ],
+            host: "gpu01".into(),
+            unit: "ptrain-job@resnet-lr01.service".into(),
+        }
+    }
+
+    #[test]
+    fn titles_say_job_outcome_and_duration() {
+        assert_eq!(
+            title(&notice(NotifyEvent::Succeeded)),
+            "job resnet-lr01 succeeded after 6h 2m 3s"
+        );
+        assert_eq!(
+            title(&notice(NotifyEvent::Failed)),
+            "job resnet-lr01 failed (exit code 3) after 6h 2m 3s"
+        );
+        assert_eq!(
+            title(&notice(NotifyEvent::Started)),
+            "job resnet-lr01 started on gpu01"
+        );
+        let mut killed = notice(NotifyEvent::Failed);
+        killed.exit_code = None;
+        killed.signal = Some(libc::SIGSEGV);
+        assert!(title(&killed).contains("killed by SIGSEGV"));
+        assert_eq!(
+            email_subject(&notice(NotifyEvent::Timeout)),
+            "[ptrain] job resnet-lr01 timed out after 6h 2m 3s"
+        );
+    }
+
+    #[test]
+    fn body_has_exit_status_gpus_and_logs_command() {
+        let body = body_text(&notice(NotifyEvent::Failed));
+        for want in [
+            "Job resnet-lr01 of alice failed (exit code 3).",
+            "Exit:      exit code 3",
+            "GPUs:      0 (GPU-0), 1 (GPU-1)",
+            "Host:      gpu01",
+            "Started:   2023-11-14T22:13:20Z",
+            "Ran for:   6h 2m 3s",
+            "Logs:      ptrain logs resnet-lr01",
+        ] {
+            assert!(body.contains(want), "missing {want:?} in\n{body}");
+        }
+        let md = wecom_markdown(&notice(NotifyEvent::Failed));
+        assert!(md.contains("<font color=\"warning\">failed (exit code 3)</font>"), "{md}");
+        assert!(md.contains("`ptrain logs resnet-lr01`"), "{md}");
+    }
+
+    #[test]
+    fn markdown_neutralises_mentions_from_job_text() {
+        let mut n = notice(NotifyEvent::Failed);
+        n.detail = "could not be launched: /home/a/<@all>[x](http://evil)".into();
+        let md = wecom_markdown(&n);
+        assert!(!md.contains("<@all>") && !md.contains("](http"), "{md}");
+    }
+
+    #[test]
+    fn a_full_digest_fits_wecom_limits() {
+        let mut n = notice(NotifyEvent::Failed);
+        n.job_id = "x".repeat(64);
+        n.host = "h".repeat(60);
+        let all: Vec<&Notice> = std::iter::repeat_n(&n, super::super::pacing::MAX_DIGEST).collect();
+        let md = wecom_digest(&all, true);
+        assert!(md.len() <= WECOM_MARKDOWN_MAX, "{}", md.len());
+        // Nothing is cut: every event has its line.
+        assert_eq!(md.matches(&n.job_id).count(), all.len());
+        assert!(md.ends_with("show details"));
+        let text = wecom_digest(&all, false);
+        assert!(text.len() <= WECOM_TEXT_MAX, "{}", text.len());
+        assert_eq!(text.matches(&n.job_id).count(), all.len());
+    }
+
+    #[test]
+    fn webhook_payload_has_the_stable_fields() {
+        let intent = Intent {
+            key: "resnet-lr01.failed.hook".into(),
+            channel: "hook".into(),
+            created_at: 1,
+            notice: notice(NotifyEvent::Failed),
+        };
+        let v: serde_json::Value = serde_json::from_slice(&webhook_body(&intent)).unwrap();
+        assert_eq!(v["schema"], WEBHOOK_SCHEMA);
+        assert_eq!(v["key"], "resnet-lr01.failed.hook");
+        assert_eq!(v["event"], "failed");
+        assert_eq!(v["job_id"], "resnet-lr01");
+        assert_eq!(v["owner"], "alice");
+        assert_eq!(v["status"], "failed");
+        assert_eq!(v["exit_code"], 3);
+        assert_eq!(v["signal"], serde_json::Value::Null);
+        assert_eq!(v["started_at"], "2023-11-14T22:13:20Z");
+        assert_eq!(v["duration_secs"], 6 * 3600 + 2 * 60 + 3);
+        assert_eq!(v["gpus"][1]["uuid"], "GPU-1");
+        assert_eq!(v["host"], "gpu01");
+        assert_eq!(v["logs_command"], "ptrain logs resnet-lr01");
+        assert_eq!(v["output_tail"], serde_json::json!([]));
+        // The same intent always gives the same bytes (and signature).
+        assert_eq!(webhook_body(&intent), webhook_body(&intent.clone()));
+    }
+
+    #[test]
+    fn message_ids_are_deterministic_and_valid() {
+        assert_eq!(
+            message_id("run.succeeded.mail", "gpu01"),
+            "<run.succeeded.mail@ptrain.gpu01>"
+        );
+        let odd = message_id("a..b.failed.mail", "gpu 01!");
+        assert_eq!(odd, format!("<x{}@ptrain.gpu01>", hex::encode("a..b.failed.mail")));
+        assert_ne!(message_id("a.failed.mail", "h"), message_id("a.failed.mail2", "h"));
+    }
+}

@@ -1,0 +1,234 @@
+//! Per-job resource limits: what a job may ask for (`"resources"` in the
+//! descriptor), what the admin allows (`[limits]`, per user), and the
+//! cgroup limits its unit gets. Pure.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What a job asked for: `"resources": {"memory": "32G", "cpus": 4, "tasks": 512}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResourceRequest {
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// Thousandths of a CPU (1500 = 1.5 CPUs).
+    #[serde(default)]
+    pub millicpus: Option<u64>,
+    #[serde(default)]
+    pub tasks: Option<u64>,
+}
+
+/// The limits a job's unit carries (MemoryMax=, CPUQuota=, TasksMax=).
+pub type EffectiveLimits = ResourceRequest;
+
+const MAX_CPUS: f64 = 4096.0;
+const MAX_TASKS: u64 = 4_194_304;
+
+/// Parses a size: bytes as a number, or a string with a binary suffix
+/// (K, M, G, T; "32G", "512M", "1.5G").
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = t[i..].trim_end_matches(['B', 'b', 'i']).to_ascii_uppercase();
+            let mult: u64 = match unit.as_str() {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return Err(format!("unknown size unit in {text:?}; use K, M, G or T, like \"32G\"")),
+            };
+            (t[..i].trim(), mult)
+        }
+        None => (t, 1),
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size; write e.g. \"32G\" or \"512M\""))?;
+    if !value.is_finite() || value <= 0.0 || value * mult as f64 > u64::MAX as f64 / 2.0 {
+        return Err(format!("{text:?} is out of range; give a positive size like \"32G\""));
+    }
+    Ok((value * mult as f64) as u64)
+}
+
+/// Validates the descriptor's `resources` object.
+pub fn validate_request(v: &Value) -> Result<ResourceRequest, String> {
+    let Value::Object(map) = v else {
+        return Err("must be an object like {\"memory\": \"32G\", \"cpus\": 4, \"tasks\": 512}".into());
+    };
+    let mut req = ResourceRequest::default();
+    for (key, value) in map {
+        match key.as_str() {
+            "memory" => {
+                req.memory_bytes = Some(match value {
+                    Value::String(s) => parse_size(s)?,
+                    Value::Number(n) => n
+                        .as_u64()
+                        .filter(|b| *b > 0)
+                        .ok_or("`memory` in bytes must be a positive whole number")?,
+                    _ => return Err("`memory` must be a size like \"32G\"".into()),
+                })
+            }
+            "cpus" => {
+                let cpus = value
+                    .as_f64()
+                    .filter(|c| *c > 0.0 && *c <= MAX_CPUS)
+                    .ok_or(format!("`cpus` must be a number of CPUs between 0.001 and {MAX_CPUS}"))?;
+                req.millicpus = Some(((cpus * 1000.0).round() as u64).max(1));
+            }
+            "tasks" => {
+                req.tasks = Some(
+                    value
+                        .as_u64()
+                        .filter(|t| *t > 0 && *t <= MAX_TASKS)
+                        .ok_or(format!("`tasks` must be a whole number between 1 and {MAX_TASKS}"))?,
+                )
+            }
+            other => {
+                let other: String = other.chars().take(40).collect();
+                return Err(format!("unknown key {other:?}; accepted: `memory`, `cpus`, `tasks`"));
+            }
+        }
+    }
+    Ok(req)
+}
+
+/// `[limits]` in the config: the most a job may use (and what it gets when
+/// it asks for nothing), with per-user overrides under `[limits.users.NAME]`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    #[serde(default)]
+    pub memory_max: Option<String>,
+    #[serde(default)]
+    pub cpus_max: Option<f64>,
+    #[serde(default)]
+    pub tasks_max: Option<u64>,
+    #[serde(default)]
+    pub users: BTreeMap<String, UserLimits>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserLimits {
+    #[serde(default)]
+    pub memory_max: Option<String>,
+    #[serde(default)]
+    pub cpus_max: Option<f64>,
+    #[serde(default)]
+    pub tasks_max: Option<u64>,
+}
+
+impl LimitsConfig {
+    /// Checks every value; the error names the key.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let check = |prefix: &str, m: &Option<String>, c: &Option<f64>, t: &Option<u64>| {
+            if let Some(m) = m {
+                parse_size(m).map_err(|e| (format!("{prefix}memory_max"), e))?;
+            }
+            if let Some(c) = c {
+                if !(*c > 0.0 && *c <= MAX_CPUS) {
+                    return Err((format!("{prefix}cpus_max"), format!("must be between 0.001 and {MAX_CPUS}")));
+                }
+            }
+            if let Some(t) = t {
+                if *t == 0 {
+                    return Err((format!("{prefix}tasks_max"), "must be at least 1".into()));
+                }
+            }
+            Ok(())
+        };
+        check("limits.", &self.memory_max, &self.cpus_max, &self.tasks_max)?;
+        for (user, u) in &self.users {
+            check(&format!("limits.users.{user}."), &u.memory_max, &u.cpus_max, &u.tasks_max)?;
+        }
+        Ok(())
+    }
+
+    /// The caps that apply to `user`: their own where set, else the global.
+    pub fn caps_for(&self, user: &str) -> ResourceRequest {
+        let own = self.users.get(user);
+        let memory = own.and_then(|u| u.memory_max.clone()).or(self.memory_max.clone());
+        let cpus = own.and_then(|u| u.cpus_max).or(self.cpus_max);
+        ResourceRequest {
+            memory_bytes: memory.and_then(|m| parse_size(&m).ok()),
+            millicpus: cpus.map(|c| ((c * 1000.0).round() as u64).max(1)),
+            tasks: own.and_then(|u| u.tasks_max).or(self.tasks_max),
+        }
+    }
+}
+
+/// The limits a job runs with: what it asked for, which must be within its
+/// owner's caps, else the caps themselves.
+pub fn effective_limits(request: &ResourceRequest, caps: &ResourceRequest, user: &str) -> Result<EffectiveLimits, String> {
+    fn pick(asked: Option<u64>, cap: Option<u64>, what: &str, user: &str, show: fn(u64) -> String) -> Result<Option<u64>, String> {
+        match (asked, cap) {
+            (Some(a), Some(c)) if a > c => Err(format!(
+                "it asks for {} of {what}, more than the {} allowed to {user}; ask for less or have the admin raise [limits]",
+                show(a),
+                show(c)
+            )),
+            (Some(a), _) => Ok(Some(a)),
+            (None, cap) => Ok(cap),
+        }
+    }
+    let bytes = |b: u64| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64);
+    let cpus = |m: u64| format!("{} CPUs", m as f64 / 1000.0);
+    let count = |t: u64| t.to_string();
+    Ok(ResourceRequest {
+        memory_bytes: pick(request.memory_bytes, caps.memory_bytes, "memory", user, bytes)?,
+        millicpus: pick(request.millicpus, caps.millicpus, "CPU", user, cpus)?,
+        tasks: pick(request.tasks, caps.tasks, "tasks", user, count)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("32G").unwrap(), 32 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12X").unwrap_err().contains("unit"));
+        assert!(parse_size("-1G").is_err());
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn requests_are_validated() {
+        let r = validate_request(&serde_json::json!({"memory": "2G", "cpus": 1.5, "tasks": 64})).unwrap();
+        assert_eq!(r.memory_bytes, Some(2 << 30));
+        assert_eq!(r.millicpus, Some(1500));
+        assert_eq!(r.tasks, Some(64));
+        assert!(validate_request(&serde_json::json!({"gpu": 1})).unwrap_err().contains("accepted"));
+        assert!(validate_request(&serde_json::json!({"cpus": 0})).is_err());
+        assert!(validate_request(&serde_json::json!("big")).is_err());
+    }
+
+    #[test]
+    fn caps_apply_per_user_and_reject_larger_requests() {
+        let limits: LimitsConfig = toml::from_str(
+            "memory_max = \"8G\"\ntasks_max = 100\n[users.alice]\nmemory_max = \"16G\"\n",
+        )
+        .unwrap();
+        limits.validate().unwrap();
+        let alice = limits.caps_for("alice");
+        let bob = limits.caps_for("bob");
+        assert_eq!(alice.memory_bytes, Some(16 << 30));
+        assert_eq!(bob.memory_bytes, Some(8 << 30));
+        assert_eq!(bob.tasks, Some(100));
+        let ask = ResourceRequest { memory_bytes: Some(12 << 30), ..Default::default() };
+        assert_eq!(effective_limits(&ask, &alice, "alice").unwrap().memory_bytes, Some(12 << 30));
+        let e = effective_limits(&ask, &bob, "bob").unwrap_err();
+        assert!(e.contains("memory") && e.contains("bob"), "{e}");
+        // Asking nothing gets the caps.
+        assert_eq!(effective_limits(&Default::default(), &bob, "bob").unwrap(), bob);
+        let bad: LimitsConfig = toml::from_str("[users.x]\nmemory_max = \"lots\"\n").unwrap();
+        assert_eq!(bad.validate().unwrap_err().0, "limits.users.x.memory_max");
+    }
+}
