@@ -4,6 +4,9 @@
 #                               (the integration tests boot real systemd
 #                               instances, tests/harness/boot.sh: run as root)
 #   make demo                   packaging/demo.sh: set up and run one example job
+#   make gpu-check              packaging/gpu-check.sh: NVML inventory and a real
+#                               allocation on this machine's NVIDIA GPUs (exits 0
+#                               with a message where there is no driver)
 #   make install DESTDIR=/stage install the built binaries, units and config
 #   make clean
 
@@ -11,7 +14,7 @@ CARGO   ?= cargo
 INSTALL ?= install
 DESTDIR ?=
 
-.PHONY: all build test demo install clean
+.PHONY: all build test demo gpu-check install clean
 
 all: build
 
@@ -26,6 +29,9 @@ test:
 
 demo:
 	packaging/demo.sh
+
+gpu-check:
+	packaging/gpu-check.sh
 
 # Installs what `make build` built; it does not build (often run as root).
 install:

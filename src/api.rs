@@ -36,6 +36,23 @@ pub struct JobView {
     pub invocation_id: Option<String>,
     pub systemd_result: Option<String>,
     pub timeout_secs: Option<u64>,
+    /// The sweep this job belongs to and its parameter values.
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub params: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub after_ok: Vec<String>,
+    #[serde(default)]
+    pub after_fail: Vec<String>,
+    #[serde(default)]
+    pub after_any: Vec<String>,
+    /// Jobs a queued job still waits for.
+    #[serde(default)]
+    pub waiting_for: Vec<String>,
+    /// What the job wrote to $PTRAIN_RESULT_FILE.
+    #[serde(default)]
+    pub result: Option<serde_json::Value>,
 }
 
 impl JobView {
@@ -83,16 +100,51 @@ impl JobView {
             invocation_id: record.invocation_id.clone(),
             systemd_result: record.systemd_result.clone(),
             timeout_secs: record.spec.timeout.map(|t| t.as_secs()),
+            group: record.group.as_ref().map(|g| g.to_string()),
+            params: record.params.clone(),
+            after_ok: record
+                .spec
+                .after
+                .after_ok
+                .iter()
+                .map(|i| i.to_string())
+                .collect(),
+            after_fail: record
+                .spec
+                .after
+                .after_fail
+                .iter()
+                .map(|i| i.to_string())
+                .collect(),
+            after_any: record
+                .spec
+                .after
+                .after_any
+                .iter()
+                .map(|i| i.to_string())
+                .collect(),
+            waiting_for: Vec::new(),
+            result: record.result.clone(),
         }
     }
 }
 
-/// A GPU and the job holding it, for `ptrain gpus`.
+/// A GPU, its state and the job holding it, for `ptrain gpus`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GpuView {
     #[serde(flatten)]
     pub gpu: GpuInfo,
     pub held_by: Option<String>,
+    /// `free`, `held`, `reserved`, `busy-foreign` or `unhealthy`
+    /// ([`crate::gpu::GpuState::name`]).
+    #[serde(default)]
+    pub state: String,
+    /// The waiting job the GPU is kept for (state `reserved`).
+    #[serde(default)]
+    pub reserved_for: Option<String>,
+    /// The state in words: who holds it, how much others use, why unhealthy.
+    #[serde(default)]
+    pub detail: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -114,6 +166,8 @@ pub enum ApiError {
     },
     #[error("{0}")]
     Failed(String),
+    #[error("only root may {0}; run it with sudo")]
+    RootOnly(&'static str),
 }
 
 impl From<ApiError> for zbus::fdo::Error {
@@ -122,6 +176,7 @@ impl From<ApiError> for zbus::fdo::Error {
             ApiError::NotFound(_) => zbus::fdo::Error::FileNotFound(e.to_string()),
             ApiError::NotYours { .. } => zbus::fdo::Error::AccessDenied(e.to_string()),
             ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
+            ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
         }
     }
 }
@@ -140,6 +195,12 @@ pub enum ApiRequest {
         reply: oneshot::Sender<Result<Vec<RejectRecord>, ApiError>>,
     },
     Gpus(oneshot::Sender<Result<GpusView, ApiError>>),
+    /// Notification deliveries (root only; checked by the API).
+    Notifications(oneshot::Sender<Result<Vec<crate::notifications::DeliveryView>, ApiError>>),
+    RetryNotifications(
+        crate::notifications::RetryTarget,
+        oneshot::Sender<Result<String, ApiError>>,
+    ),
 }
 
 /// The object served at [`crate::DBUS_PATH`].
@@ -284,6 +345,42 @@ impl DaemonApi {
         Ok(to_json(&self.ask(ApiRequest::Gpus).await??))
     }
 
+    /// Every notification delivery (pending, retrying, delivered, dead,
+    /// with the last error), JSON array of DeliveryView. Root only: they
+    /// name the admin's channels.
+    async fn notifications(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        if caller_uid(conn, &header).await? != 0 {
+            return Err(ApiError::RootOnly("list notifications").into());
+        }
+        Ok(to_json(&self.ask(ApiRequest::Notifications).await??))
+    }
+
+    /// Re-sends the dead notification `key` (or hurries a retrying one), or
+    /// with `all_dead` every dead one; returns a sentence. Root only.
+    async fn retry_notifications(
+        &self,
+        key: String,
+        all_dead: bool,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        if caller_uid(conn, &header).await? != 0 {
+            return Err(ApiError::RootOnly("re-send notifications").into());
+        }
+        let target = if all_dead {
+            crate::notifications::RetryTarget::AllDead
+        } else {
+            crate::notifications::RetryTarget::Key(key)
+        };
+        Ok(self
+            .ask(|reply| ApiRequest::RetryNotifications(target, reply))
+            .await??)
+    }
+
     /// Emitted on every job state change: id and new status.
     #[zbus(signal)]
     pub async fn job_changed(
@@ -306,6 +403,8 @@ pub trait Daemon1 {
     fn rejected(&self) -> zbus::Result<String>;
     fn gpus(&self) -> zbus::Result<String>;
     fn logs(&self, id: &str, lines: u32) -> zbus::Result<String>;
+    fn notifications(&self) -> zbus::Result<String>;
+    fn retry_notifications(&self, key: &str, all_dead: bool) -> zbus::Result<String>;
     #[zbus(signal)]
     fn job_changed(&self, id: String, status: String) -> zbus::Result<()>;
 }

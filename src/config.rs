@@ -39,6 +39,9 @@ struct RawConfig {
     gpus: Option<GpuConfig>,
     jobs: Option<RawJobs>,
     limits: Option<crate::resources::LimitsConfig>,
+    policy: Option<crate::policy::PolicyConfig>,
+    notify: Option<crate::notifications::config::RawNotify>,
+    channels: Option<std::collections::BTreeMap<String, crate::notifications::config::RawChannel>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -61,6 +64,10 @@ pub struct Config {
     pub read_write_paths: Vec<PathBuf>,
     /// Memory/CPU/task caps per job, per user (`[limits]`).
     pub limits: crate::resources::LimitsConfig,
+    /// Which GPUs users and groups may use, and how many at once (`[policy]`).
+    pub policy: crate::policy::PolicyConfig,
+    /// Notification channels, retry timing, defaults (`[notify]`, `[channels.NAME]`).
+    pub notifications: crate::notifications::NotificationsConfig,
 }
 
 impl Config {
@@ -129,6 +136,11 @@ impl Config {
         };
         gpus.validate()
             .map_err(|message| invalid("gpus", message))?;
+        let notifications =
+            crate::notifications::NotificationsConfig::from_raw(path, raw.notify, raw.channels)
+                .map_err(|(key, message)| invalid(&key, message))?;
+        let policy = raw.policy.unwrap_or_default();
+        policy.validate().map_err(|e| invalid(&e.key, e.message))?;
         let limits = raw.limits.unwrap_or_default();
         limits
             .validate()
@@ -155,6 +167,8 @@ impl Config {
             gpus,
             read_write_paths,
             limits,
+            policy,
+            notifications,
         })
     }
 }
@@ -184,6 +198,26 @@ mod tests {
         if let Ok(text) = text {
             load(&text).unwrap();
         }
+    }
+
+    #[test]
+    fn policy_section_loads_and_errors_name_the_key() {
+        let c =
+            load("[policy.users.alice]\nmax_gpus = 1\n[policy.groups.lab]\nallowed_gpus = [0]\n")
+                .unwrap();
+        assert_eq!(c.policy.users["alice"].max_gpus, Some(1));
+        assert!(load("").unwrap().policy.users.is_empty());
+        let e = load("[policy.users.alice]\nallowed_gpus = [1, 1]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`policy.users.alice.allowed_gpus[1]`") && e.contains("once"),
+            "{e}"
+        );
+        let e = load("[policy.users.alice]\nmax_gpu = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_gpu"), "{e}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! order (spool files, systemd signals, API requests). No lock is held
 //! across an await; other tasks only send events.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 
 use tokio::sync::mpsc;
@@ -12,8 +12,8 @@ use tracing::{error, info, warn};
 use crate::api::{ApiError, ApiRequest, DaemonApi, GpuView, GpusView, JobView};
 use crate::config::Config;
 use crate::fsutil::{self, FileIdentity};
-use crate::gpu::{GpuInfo, GpuInventory};
-use crate::scheduler::{self, Waiting};
+use crate::gpu::{GpuInfo, GpuInventory, GpuState};
+use crate::scheduler::{self, Holder, Rules, Waiting};
 use crate::spec::{parse_spec, JobId};
 use crate::spool::{self, SpoolEvent, SpoolRead};
 use crate::store::{AssignedGpu, JobRecord, JobState, Outcome, RejectRecord, SpoolSource, Store};
@@ -51,6 +51,8 @@ pub enum DaemonError {
     Config(#[from] crate::config::ConfigError),
     #[error("{0}")]
     UnsafeSpool(String),
+    #[error(transparent)]
+    Notify(#[from] crate::notifications::NotifyError),
     #[error("cannot set up {what} {path}: {source}")]
     Setup {
         what: &'static str,
@@ -97,10 +99,24 @@ pub struct Daemon {
     recorder: std::path::PathBuf,
     /// When a state write last failed; cleared by a retry that succeeds.
     store_failed_at: Option<tokio::time::Instant>,
+    /// `[policy]` with group names resolved.
+    policy: crate::policy::Policy,
+    /// Free GPUs the last plan kept for waiting jobs, for `ptrain gpus`.
+    reserved: BTreeMap<u32, JobId>,
+    /// When to plan again although nothing happened; see [`Daemon::schedule`].
+    gpu_replan_at: Option<tokio::time::Instant>,
+    /// Sweep id → its members, in expansion order.
+    groups: BTreeMap<JobId, Vec<JobId>>,
+    /// Queued jobs that may not start yet (dependencies, max_parallel).
+    blocked: HashSet<JobId>,
+    /// Hands notification intents to the sender task (never waits on it).
+    notifier: crate::notifications::Notifier,
 }
 
 /// How long to wait before retrying after a failed state write.
 const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long GPU jobs that wait on an NVML inventory go without a new plan.
+const GPU_REPLAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Real, effective, saved and filesystem uids of a process, from
 /// /proc/PID/status.
@@ -149,7 +165,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         })
         .await?;
 
+    let notifier = crate::notifications::Notifier::start(&config.notifications, &config.state_dir)?;
     let mut daemon = Daemon {
+        notifier,
         config,
         store,
         systemd,
@@ -163,7 +181,13 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         stuck_entries: HashSet::new(),
         recorder: recorder_path(),
         store_failed_at: None,
+        policy: crate::policy::Policy::none(),
+        reserved: BTreeMap::new(),
+        gpu_replan_at: None,
+        groups: BTreeMap::new(),
+        blocked: HashSet::new(),
     };
+    daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
 
     // The API comes up after the state is restored, so no caller ever sees
@@ -205,6 +229,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         // Armed only after a state write failed (disk full, I/O error):
         // nothing signals that space came back, so look again in a while.
         let retry_at = daemon.store_failed_at.map(|t| t + STORE_RETRY_INTERVAL);
+        let replan_at = daemon.gpu_replan_at;
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = watchdog_tick.tick(), if watchdog.is_some() => {
@@ -212,6 +237,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             }
             _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if retry_at.is_some() => {
                 daemon.retry_after_store_failure().await;
+                daemon.schedule().await;
+                daemon.notify_status();
+            }
+            _ = tokio::time::sleep_until(replan_at.unwrap_or_else(tokio::time::Instant::now)), if replan_at.is_some() => {
                 daemon.schedule().await;
                 daemon.notify_status();
             }
@@ -256,7 +285,9 @@ impl Daemon {
             self.held.len()
         );
         if self.store_failed_at.is_some() {
-            status.push_str("; state directory not writable (disk full?), new files wait in the spool");
+            status.push_str(
+                "; state directory not writable (disk full?), new files wait in the spool",
+            );
         }
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);
     }
@@ -268,6 +299,15 @@ impl Daemon {
         let mut to_check = Vec::new();
         for record in records {
             let id = record.id.clone();
+            // Intents whose outbox status is not final go out again, with
+            // their keys: nothing recorded is lost to a crash.
+            self.notifier.deliver(record.notifications.clone());
+            if let Some(group) = &record.group {
+                self.groups
+                    .entry(group.clone())
+                    .or_default()
+                    .push(id.clone());
+            }
             match record.state {
                 JobState::Queued => {
                     self.queue.push_back(id.clone());
@@ -339,7 +379,8 @@ impl Daemon {
             self.finish(
                 id,
                 Outcome::LaunchFailed {
-                    reason: "the unit vanished while ptraind was down and left no exit record".into(),
+                    reason: "the unit vanished while ptraind was down and left no exit record"
+                        .into(),
                 },
                 None,
             )
@@ -415,6 +456,28 @@ impl Daemon {
                 );
             }
         }
+        if spec.gpus.count() > 0 {
+            // GPUs the machine or the policy can never give would leave the
+            // job waiting forever: say so now. An unreadable inventory
+            // proves nothing, so then the job is accepted.
+            if let Ok(snapshot) = self.inventory.snapshot() {
+                if let Some(why) =
+                    scheduler::never_reason(&spec.gpus, &owner, &snapshot, &self.policy)
+                {
+                    return reject(self, why);
+                }
+            }
+        }
+        if let Err(reason) = self.check_dependencies(&spec, &owner) {
+            return reject(self, reason);
+        }
+        if let Err(reason) = crate::notifications::check_job(
+            &self.config.notifications,
+            spec.notify.as_deref(),
+            &owner.name,
+        ) {
+            return reject(self, reason);
+        }
         let source = SpoolSource {
             file: name.to_owned(),
             dev: identity.dev,
@@ -422,11 +485,19 @@ impl Daemon {
             ctime_ns: identity.ctime_ns,
             size: identity.size,
         };
-        if let Some(existing) = self.jobs.get(&spec.id) {
+        // A sweep is known by its first member's record.
+        let existing_id = match self.groups.get(&spec.id) {
+            Some(members) => members.first().cloned(),
+            None => Some(spec.id.clone()),
+        };
+        if let Some(existing) = existing_id.as_ref().and_then(|id| self.jobs.get(id)) {
             // The same file claimed before a crash that came between the
             // claim and the unlink: finish the unlink, never run it twice.
             let same_file = existing.source == source
-                && self.store.descriptor(&spec.id).is_ok_and(|d| d == bytes);
+                && self
+                    .store
+                    .descriptor(&existing.id)
+                    .is_ok_and(|d| d == bytes);
             if same_file {
                 info!(job = %spec.id, file = name, "spool file was already claimed; removing it");
                 self.remove_spool_entry(name, &identity, false);
@@ -442,8 +513,25 @@ impl Daemon {
                 ),
             );
         }
+        let members = match &spec.sweep {
+            Some(sweep) => crate::chain::expand(&spec, sweep),
+            None => vec![crate::chain::Member {
+                spec: spec.clone(),
+                params: Default::default(),
+            }],
+        };
+        if let Some(taken) = members
+            .iter()
+            .map(|m| &m.spec.id)
+            .find(|id| self.jobs.contains_key(*id) || self.groups.contains_key(*id))
+        {
+            return reject(
+                self,
+                format!("the sweep's job id {taken:?} already exists; give the sweep another `id`"),
+            );
+        }
         let queued = self.queued_per_user.get(&owner.uid).copied().unwrap_or(0);
-        if queued >= self.config.max_queued_per_user {
+        if queued + members.len() > self.config.max_queued_per_user {
             return reject(
                 self,
                 format!(
@@ -457,9 +545,25 @@ impl Daemon {
             Ok(limits) => limits,
             Err(reason) => return reject(self, reason),
         };
-        let mut record = JobRecord::new(spec, owner, source, now_micros());
-        record.limits = limits;
-        if let Err(e) = self.store.claim(&record, &bytes) {
+        let now = now_micros();
+        let group = spec.sweep.as_ref().map(|_| spec.id.clone());
+        let max_parallel = spec.sweep.as_ref().and_then(|s| s.max_parallel);
+        let records: Vec<JobRecord> = members
+            .into_iter()
+            .map(|member| {
+                let mut record = JobRecord::new(member.spec, owner.clone(), source.clone(), now);
+                record.limits = limits;
+                record.group = group.clone();
+                record.params = member.params;
+                record.max_parallel = max_parallel;
+                record
+            })
+            .collect();
+        let claimed = match &group {
+            Some(group) => self.store.claim_group(group, &records, &bytes),
+            None => self.store.claim(&records[0], &bytes),
+        };
+        if let Err(e) = claimed {
             // Not claimed: the file stays in the spool and is tried again
             // at the next event or rescan. Nothing is lost.
             error!(
@@ -472,19 +576,137 @@ impl Daemon {
         }
         crash_point("after-claim");
         self.remove_spool_entry(name, &identity, false);
-        info!(
-            job = %record.id,
-            PTRAIN_JOB = %record.id,
-            owner = %record.owner.name,
-            uid = record.owner.uid,
-            file = name,
-            "job accepted"
-        );
-        let id = record.id.clone();
-        *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
-        self.queue.push_back(id.clone());
-        self.jobs.insert(id.clone(), record);
-        self.emit_changed(&id);
+        if let Some(group) = &group {
+            info!(group = %group, jobs = records.len(), file = name, "sweep accepted");
+            self.groups.insert(
+                group.clone(),
+                records.iter().map(|r| r.id.clone()).collect(),
+            );
+        }
+        for record in records {
+            info!(
+                job = %record.id,
+                PTRAIN_JOB = %record.id,
+                owner = %record.owner.name,
+                uid = record.owner.uid,
+                file = name,
+                "job accepted"
+            );
+            let id = record.id.clone();
+            *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
+            self.queue.push_back(id.clone());
+            self.jobs.insert(id.clone(), record);
+            self.emit_changed(&id);
+        }
+    }
+
+    /// Every job a descriptor depends on must exist and be its owner's.
+    fn check_dependencies(
+        &self,
+        spec: &crate::spec::JobSpec,
+        owner: &users::Owner,
+    ) -> Result<(), String> {
+        for dep in spec.after.all() {
+            let first = match self.groups.get(dep) {
+                Some(members) => members.first(),
+                None => Some(dep),
+            };
+            let Some(parent) = first.and_then(|id| self.jobs.get(id)) else {
+                return Err(format!(
+                    "it depends on {:?}, which ptraind does not know; submit the jobs it waits for first",
+                    dep.as_str()
+                ));
+            };
+            if parent.owner.uid != owner.uid {
+                return Err(format!(
+                    "it depends on {:?}, which belongs to {}; a job may only wait for its owner's own jobs",
+                    dep.as_str(),
+                    parent.owner.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// How each job a dependency names stands: a job, or every member of
+    /// a sweep.
+    fn parents(&self, named: &JobId) -> Vec<(JobId, crate::chain::ParentState)> {
+        use crate::chain::ParentState;
+        let state = |id: &JobId| match self.jobs.get(id) {
+            Some(r) if r.state == JobState::Ended => match &r.outcome {
+                Some(Outcome::Succeeded) => ParentState::Succeeded,
+                _ => ParentState::NotOk(r.status().to_string()),
+            },
+            _ => ParentState::Pending,
+        };
+        match self.groups.get(named) {
+            Some(members) => members.iter().map(|m| (m.clone(), state(m))).collect(),
+            None => vec![(named.clone(), state(named))],
+        }
+    }
+
+    /// Decides which queued jobs wait on others, and ends the ones whose
+    /// dependencies can never be satisfied (then their dependents, in turn).
+    async fn resolve_dependencies(&mut self) {
+        use crate::chain::{readiness, Readiness};
+        loop {
+            self.blocked.clear();
+            let mut never = Vec::new();
+            let mut running_in_group: HashMap<&JobId, u32> = HashMap::new();
+            for r in self.jobs.values() {
+                if let (Some(g), JobState::Launching | JobState::Running) = (&r.group, r.state) {
+                    *running_in_group.entry(g).or_default() += 1;
+                }
+            }
+            for id in &self.queue {
+                let record = &self.jobs[id];
+                if !record.spec.after.is_empty() {
+                    match readiness(&record.spec.after, |named| self.parents(named)) {
+                        Readiness::Ready => {}
+                        Readiness::Waiting(_) => {
+                            self.blocked.insert(id.clone());
+                            continue;
+                        }
+                        Readiness::Never { parent, reason } => {
+                            never.push((id.clone(), parent, reason));
+                            continue;
+                        }
+                    }
+                }
+                // max_parallel: only as many members as free slots may be
+                // planned now (one plan may start several at once).
+                if let (Some(g), Some(max)) = (&record.group, record.max_parallel) {
+                    let running = running_in_group.entry(g).or_default();
+                    if *running >= max {
+                        self.blocked.insert(id.clone());
+                    } else {
+                        *running += 1;
+                    }
+                }
+            }
+            if never.is_empty() {
+                return;
+            }
+            for (id, parent, reason) in never {
+                info!(job = %id, PTRAIN_JOB = %id, parent, "dependency can never be satisfied: {reason}");
+                self.finish(&id, Outcome::DependencyFailed { parent, reason }, None)
+                    .await;
+            }
+        }
+    }
+
+    /// `PTRAIN_PARENT_RESULTS`: the results of every job this one waited
+    /// for, as one JSON object keyed by job id.
+    fn parent_results(&self, record: &JobRecord) -> Option<String> {
+        let mut results = serde_json::Map::new();
+        for named in record.spec.after.all() {
+            for (id, _) in self.parents(named) {
+                if let Some(result) = self.jobs.get(&id).and_then(|p| p.result.clone()) {
+                    results.insert(id.to_string(), result);
+                }
+            }
+        }
+        (!record.spec.after.is_empty()).then(|| serde_json::Value::Object(results).to_string())
     }
 
     fn reject(
@@ -546,42 +768,105 @@ impl Daemon {
         }
     }
 
-    /// Starts every queued job that can start now.
+    /// Starts every queued job that can start now (see [`scheduler`] for
+    /// the rule), and fails queued jobs that never could.
+    ///
+    /// Runs after every batch of events. Foreign use of a GPU and GPU
+    /// health change without any event ptraind could wait on, so while GPU
+    /// jobs wait on an NVML inventory it also runs every
+    /// [`GPU_REPLAN_INTERVAL`] as a safety net; declared GPUs change only
+    /// through events.
     async fn schedule(&mut self) {
+        self.gpu_replan_at = None;
+        self.resolve_dependencies().await;
         if self.queue.is_empty() {
+            self.reserved.clear();
             return;
         }
-        let waiting: Vec<Waiting> = self
+        let wants_gpus = self
             .queue
             .iter()
-            .map(|id| Waiting {
-                id: id.clone(),
-                gpus: self.jobs[id].spec.gpus.count(),
-            })
-            .collect();
-        let snapshot = if waiting.iter().any(|w| w.gpus > 0) {
+            .any(|id| self.jobs[id].spec.gpus.count() > 0);
+        // None: the inventory could not be read. GPU jobs then wait, and
+        // nothing is judged impossible from an empty list.
+        let snapshot = if wants_gpus {
             self.gpu_snapshot()
         } else {
-            Vec::new()
+            Some(Vec::new())
         };
-        let held: BTreeSet<u32> = self.held.keys().copied().collect();
-        let placements = scheduler::plan(
-            &waiting,
-            &snapshot,
-            &held,
-            self.config.gpus.foreign_memory_threshold_mib,
-        );
-        for placement in placements {
-            self.launch(&placement.id, &placement.gpus, &snapshot).await;
+        let gpus = snapshot.as_deref().unwrap_or(&[]);
+        let plan = {
+            let waiting: Vec<Waiting> = self
+                .queue
+                .iter()
+                .filter(|id| !self.blocked.contains(*id))
+                .map(|id| {
+                    let r = &self.jobs[id];
+                    Waiting {
+                        id,
+                        owner: &r.owner,
+                        priority: r.spec.priority,
+                        request: &r.spec.gpus,
+                    }
+                })
+                .collect();
+            let held: BTreeMap<u32, Holder> = self
+                .held
+                .iter()
+                .filter_map(|(gpu, id)| {
+                    let r = self.jobs.get(id)?;
+                    Some((
+                        *gpu,
+                        Holder {
+                            id,
+                            owner: &r.owner,
+                        },
+                    ))
+                })
+                .collect();
+            scheduler::plan(
+                &waiting,
+                gpus,
+                &held,
+                Rules {
+                    foreign_memory_threshold_mib: self.config.gpus.foreign_memory_threshold_mib,
+                    policy: &self.policy,
+                },
+            )
+        };
+        self.reserved = plan.reserved;
+        if snapshot.is_some() {
+            // Queued before the GPUs or the policy changed (a restart).
+            for (id, reason) in plan.never {
+                warn!(job = %id, PTRAIN_JOB = %id, "job can never start: {reason}");
+                self.finish(
+                    &id,
+                    Outcome::LaunchFailed {
+                        reason: format!("it can never start here: {reason}"),
+                    },
+                    None,
+                )
+                .await;
+            }
+        }
+        for placement in plan.placements {
+            self.launch(&placement.id, &placement.gpus, gpus).await;
+        }
+        let gpu_jobs_wait = self
+            .queue
+            .iter()
+            .any(|id| self.jobs[id].spec.gpus.count() > 0);
+        if gpu_jobs_wait && self.inventory.backend() == "nvml" {
+            self.gpu_replan_at = Some(tokio::time::Instant::now() + GPU_REPLAN_INTERVAL);
         }
     }
 
-    fn gpu_snapshot(&self) -> Vec<GpuInfo> {
+    fn gpu_snapshot(&self) -> Option<Vec<GpuInfo>> {
         match self.inventory.snapshot() {
-            Ok(snapshot) => snapshot,
+            Ok(snapshot) => Some(snapshot),
             Err(e) => {
                 error!(error = %e, "cannot read the GPU inventory; GPU jobs wait");
-                Vec::new()
+                None
             }
         }
     }
@@ -623,8 +908,12 @@ impl Daemon {
     async fn start_unit(&mut self, id: &JobId, gpus: Vec<u32>) {
         let record = &self.jobs[id];
         let unit = record.unit.clone();
-        let home_exists = record.owner.home.is_dir();
-        let props = unit::job_unit_properties(record, &self.config, home_exists, &self.recorder);
+        let ctx = unit::LaunchContext {
+            home_exists: record.owner.home.is_dir(),
+            recorder: &self.recorder,
+            parent_results: self.parent_results(record),
+        };
+        let props = unit::job_unit_properties(record, &self.config, &ctx);
         crash_point("before-start-unit");
         self.by_unit.insert(unit.clone(), id.clone());
         match self.systemd.start_unit(&unit, &props).await {
@@ -718,13 +1007,22 @@ impl Daemon {
                     .or(Some(now_micros()));
                 record.main_pid = Some(state.main_pid).filter(|p| *p > 0);
                 record.invocation_id = state.invocation_id.clone();
+                let intents = crate::notifications::intents_for(
+                    &self.config.notifications,
+                    record,
+                    crate::notifications::NotifyEvent::Started,
+                    now_micros(),
+                );
+                record.notifications.extend(intents.iter().cloned());
                 if let Err(e) = self.store.save(record) {
                     error!(job = %id, error = %e, "cannot record that the job runs");
                 }
+                self.notifier.deliver(intents);
                 info!(job = %id, PTRAIN_JOB = %id, unit, pid = state.main_pid, "job running");
                 let owner_uid = record.owner.uid;
                 self.emit_changed(&id);
-                self.verify_identity(&id, unit, state.main_pid, owner_uid).await;
+                self.verify_identity(&id, unit, state.main_pid, owner_uid)
+                    .await;
             }
         }
     }
@@ -737,7 +1035,9 @@ impl Daemon {
             return;
         }
         // The process may already have exited; only a uid we read counts.
-        let Some(uids) = process_uids(pid) else { return };
+        let Some(uids) = process_uids(pid) else {
+            return;
+        };
         if uids.iter().all(|u| *u == owner_uid) {
             return;
         }
@@ -785,6 +1085,17 @@ impl Daemon {
             record.ended_at = Some(now);
         }
         record.outcome = Some(outcome.clone());
+        if let Some(exit) = self.store.exit_record(id) {
+            record.result = exit.result;
+        }
+        // The end and its notification intents are one durable write.
+        let intents = crate::notifications::intents_for(
+            &self.config.notifications,
+            &record,
+            crate::notifications::NotifyEvent::of_outcome(&outcome),
+            now,
+        );
+        record.notifications.extend(intents.iter().cloned());
         crash_point("before-record-exit");
         if let Err(e) = self.store.save(&record) {
             // Keep our reference on the unit so the result can still be
@@ -793,6 +1104,7 @@ impl Daemon {
             self.store_failed();
             return;
         }
+        self.notifier.deliver(intents);
         if was_queued {
             self.queue.retain(|q| q != id);
             if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
@@ -821,13 +1133,13 @@ impl Daemon {
     async fn on_api(&mut self, request: ApiRequest) {
         match request {
             ApiRequest::List(reply) => {
-                let _ = reply.send(self.jobs.values().map(JobView::of).collect());
+                let _ = reply.send(self.jobs.values().map(|r| self.view(r)).collect());
             }
             ApiRequest::Status(id, reply) => {
                 let view = JobId::parse(&id)
                     .ok()
                     .and_then(|id| self.jobs.get(&id))
-                    .map(JobView::of)
+                    .map(|r| self.view(r))
                     .ok_or(ApiError::NotFound(id));
                 let _ = reply.send(view);
             }
@@ -860,15 +1172,46 @@ impl Daemon {
                     backend: self.inventory.backend().to_string(),
                     gpus: gpus
                         .into_iter()
-                        .map(|gpu| GpuView {
-                            held_by: self.held.get(&gpu.index).map(|id| id.to_string()),
-                            gpu,
+                        .map(|gpu| {
+                            let held_by = self.held.get(&gpu.index).map(|id| id.to_string());
+                            let reserved_for =
+                                self.reserved.get(&gpu.index).map(|id| id.to_string());
+                            let state = GpuState::of(
+                                &gpu,
+                                held_by.as_deref(),
+                                reserved_for.as_deref(),
+                                self.config.gpus.foreign_memory_threshold_mib,
+                            );
+                            GpuView {
+                                state: state.name().to_owned(),
+                                detail: state.describe(),
+                                held_by,
+                                reserved_for,
+                                gpu,
+                            }
                         })
                         .collect(),
                 });
                 let _ = reply.send(view);
             }
+            // Answered by the sender task; the state task does not wait.
+            ApiRequest::Notifications(reply) => self.notifier.list(reply),
+            ApiRequest::RetryNotifications(target, reply) => self.notifier.retry(target, reply),
         }
+    }
+
+    /// A job as the API shows it, with what a queued job waits for.
+    fn view(&self, record: &JobRecord) -> JobView {
+        let mut view = JobView::of(record);
+        if record.state == JobState::Queued && !record.spec.after.is_empty() {
+            if let crate::chain::Readiness::Waiting(ids) =
+                crate::chain::readiness(&record.spec.after, |named| self.parents(named))
+            {
+                view.detail = format!("waiting for {}", ids.join(", "));
+                view.waiting_for = ids;
+            }
+        }
+        view
     }
 
     async fn stop(&mut self, id: &str, caller_uid: u32) -> Result<String, ApiError> {

@@ -206,6 +206,58 @@ pub fn read_bounded(file: &mut File, limit: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Most bytes of a job's result file that are read.
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// Reads a JSON object from a path the job's user controls, with that
+/// user's file-system identity (setfsuid/setfsgid), never following a
+/// symlink, never blocking on a FIFO, and bounded. For the single-threaded
+/// exit recorder: fsuid is per thread.
+pub fn read_user_json(path: &Path, uid: u32, gid: u32) -> Result<serde_json::Value, String> {
+    // SAFETY: setfsuid/setfsgid only change this thread's file-system ids.
+    let (old_uid, old_gid) = unsafe { (libc::setfsuid(uid), libc::setfsgid(gid)) };
+    let result = (|| {
+        let dir = path.parent().ok_or("no directory")?;
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or("no file name")?;
+        let dir_fd = open_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut file =
+            open_at_nofollow(&dir_fd, name).map_err(|e| format!("{}: {e}", path.display()))?;
+        let id = fstat(&file).map_err(|e| e.to_string())?;
+        if !id.is_regular() {
+            return Err(format!(
+                "{} is a {}, not a regular file",
+                path.display(),
+                id.kind()
+            ));
+        }
+        let bytes = read_bounded(&mut file, MAX_RESULT_BYTES).map_err(|e| e.to_string())?;
+        if bytes.len() > MAX_RESULT_BYTES {
+            return Err(format!(
+                "{} is larger than {MAX_RESULT_BYTES} bytes",
+                path.display()
+            ));
+        }
+        let value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+        if !value.is_object() {
+            return Err(format!(
+                "{} must hold a JSON object like {{\"accuracy\": 0.9}}",
+                path.display()
+            ));
+        }
+        Ok(value)
+    })();
+    // SAFETY: as above, restoring the previous ids.
+    unsafe {
+        libc::setfsuid(old_uid as u32);
+        libc::setfsgid(old_gid as u32);
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,15 +26,22 @@
 //! 7. [`daemon`]: the one task that owns the state, receives every event
 //!    (spool, systemd, API) on a channel and applies it; [`api`] is the
 //!    D-Bus interface the `ptrain` CLI talks to.
+//! 8. [`notifications`]: a job's start and end are announced to the
+//!    admin's channels (email, WeCom robot, webhook) from an outbox written
+//!    with the state change, by a sender task that retries and never holds
+//!    up the state task.
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
 //! the durable-write and safe-open primitives; [`users`] resolves uids.
 
 pub mod api;
+pub mod chain;
 pub mod config;
 pub mod daemon;
 pub mod fsutil;
 pub mod gpu;
+pub mod notifications;
+pub mod policy;
 pub mod resources;
 pub mod scheduler;
 pub mod spec;

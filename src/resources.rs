@@ -31,14 +31,20 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
         Some((i, _)) => {
-            let unit = t[i..].trim_end_matches(['B', 'b', 'i']).to_ascii_uppercase();
+            let unit = t[i..]
+                .trim_end_matches(['B', 'b', 'i'])
+                .to_ascii_uppercase();
             let mult: u64 = match unit.as_str() {
                 "" => 1,
                 "K" => 1 << 10,
                 "M" => 1 << 20,
                 "G" => 1 << 30,
                 "T" => 1 << 40,
-                _ => return Err(format!("unknown size unit in {text:?}; use K, M, G or T, like \"32G\"")),
+                _ => {
+                    return Err(format!(
+                        "unknown size unit in {text:?}; use K, M, G or T, like \"32G\""
+                    ))
+                }
             };
             (t[..i].trim(), mult)
         }
@@ -48,7 +54,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("{text:?} is not a size; write e.g. \"32G\" or \"512M\""))?;
     if !value.is_finite() || value <= 0.0 || value * mult as f64 > u64::MAX as f64 / 2.0 {
-        return Err(format!("{text:?} is out of range; give a positive size like \"32G\""));
+        return Err(format!(
+            "{text:?} is out of range; give a positive size like \"32G\""
+        ));
     }
     Ok((value * mult as f64) as u64)
 }
@@ -56,7 +64,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// Validates the descriptor's `resources` object.
 pub fn validate_request(v: &Value) -> Result<ResourceRequest, String> {
     let Value::Object(map) = v else {
-        return Err("must be an object like {\"memory\": \"32G\", \"cpus\": 4, \"tasks\": 512}".into());
+        return Err(
+            "must be an object like {\"memory\": \"32G\", \"cpus\": 4, \"tasks\": 512}".into(),
+        );
     };
     let mut req = ResourceRequest::default();
     for (key, value) in map {
@@ -75,20 +85,21 @@ pub fn validate_request(v: &Value) -> Result<ResourceRequest, String> {
                 let cpus = value
                     .as_f64()
                     .filter(|c| *c > 0.0 && *c <= MAX_CPUS)
-                    .ok_or(format!("`cpus` must be a number of CPUs between 0.001 and {MAX_CPUS}"))?;
+                    .ok_or(format!(
+                        "`cpus` must be a number of CPUs between 0.001 and {MAX_CPUS}"
+                    ))?;
                 req.millicpus = Some(((cpus * 1000.0).round() as u64).max(1));
             }
             "tasks" => {
-                req.tasks = Some(
-                    value
-                        .as_u64()
-                        .filter(|t| *t > 0 && *t <= MAX_TASKS)
-                        .ok_or(format!("`tasks` must be a whole number between 1 and {MAX_TASKS}"))?,
-                )
+                req.tasks = Some(value.as_u64().filter(|t| *t > 0 && *t <= MAX_TASKS).ok_or(
+                    format!("`tasks` must be a whole number between 1 and {MAX_TASKS}"),
+                )?)
             }
             other => {
                 let other: String = other.chars().take(40).collect();
-                return Err(format!("unknown key {other:?}; accepted: `memory`, `cpus`, `tasks`"));
+                return Err(format!(
+                    "unknown key {other:?}; accepted: `memory`, `cpus`, `tasks`"
+                ));
             }
         }
     }
@@ -130,7 +141,10 @@ impl LimitsConfig {
             }
             if let Some(c) = c {
                 if !(*c > 0.0 && *c <= MAX_CPUS) {
-                    return Err((format!("{prefix}cpus_max"), format!("must be between 0.001 and {MAX_CPUS}")));
+                    return Err((
+                        format!("{prefix}cpus_max"),
+                        format!("must be between 0.001 and {MAX_CPUS}"),
+                    ));
                 }
             }
             if let Some(t) = t {
@@ -142,7 +156,12 @@ impl LimitsConfig {
         };
         check("limits.", &self.memory_max, &self.cpus_max, &self.tasks_max)?;
         for (user, u) in &self.users {
-            check(&format!("limits.users.{user}."), &u.memory_max, &u.cpus_max, &u.tasks_max)?;
+            check(
+                &format!("limits.users.{user}."),
+                &u.memory_max,
+                &u.cpus_max,
+                &u.tasks_max,
+            )?;
         }
         Ok(())
     }
@@ -150,7 +169,9 @@ impl LimitsConfig {
     /// The caps that apply to `user`: their own where set, else the global.
     pub fn caps_for(&self, user: &str) -> ResourceRequest {
         let own = self.users.get(user);
-        let memory = own.and_then(|u| u.memory_max.clone()).or(self.memory_max.clone());
+        let memory = own
+            .and_then(|u| u.memory_max.clone())
+            .or(self.memory_max.clone());
         let cpus = own.and_then(|u| u.cpus_max).or(self.cpus_max);
         ResourceRequest {
             memory_bytes: memory.and_then(|m| parse_size(&m).ok()),
@@ -162,8 +183,18 @@ impl LimitsConfig {
 
 /// The limits a job runs with: what it asked for, which must be within its
 /// owner's caps, else the caps themselves.
-pub fn effective_limits(request: &ResourceRequest, caps: &ResourceRequest, user: &str) -> Result<EffectiveLimits, String> {
-    fn pick(asked: Option<u64>, cap: Option<u64>, what: &str, user: &str, show: fn(u64) -> String) -> Result<Option<u64>, String> {
+pub fn effective_limits(
+    request: &ResourceRequest,
+    caps: &ResourceRequest,
+    user: &str,
+) -> Result<EffectiveLimits, String> {
+    fn pick(
+        asked: Option<u64>,
+        cap: Option<u64>,
+        what: &str,
+        user: &str,
+        show: fn(u64) -> String,
+    ) -> Result<Option<u64>, String> {
         match (asked, cap) {
             (Some(a), Some(c)) if a > c => Err(format!(
                 "it asks for {} of {what}, more than the {} allowed to {user}; ask for less or have the admin raise [limits]",
@@ -178,7 +209,13 @@ pub fn effective_limits(request: &ResourceRequest, caps: &ResourceRequest, user:
     let cpus = |m: u64| format!("{} CPUs", m as f64 / 1000.0);
     let count = |t: u64| t.to_string();
     Ok(ResourceRequest {
-        memory_bytes: pick(request.memory_bytes, caps.memory_bytes, "memory", user, bytes)?,
+        memory_bytes: pick(
+            request.memory_bytes,
+            caps.memory_bytes,
+            "memory",
+            user,
+            bytes,
+        )?,
         millicpus: pick(request.millicpus, caps.millicpus, "CPU", user, cpus)?,
         tasks: pick(request.tasks, caps.tasks, "tasks", user, count)?,
     })
@@ -201,11 +238,14 @@ mod tests {
 
     #[test]
     fn requests_are_validated() {
-        let r = validate_request(&serde_json::json!({"memory": "2G", "cpus": 1.5, "tasks": 64})).unwrap();
+        let r = validate_request(&serde_json::json!({"memory": "2G", "cpus": 1.5, "tasks": 64}))
+            .unwrap();
         assert_eq!(r.memory_bytes, Some(2 << 30));
         assert_eq!(r.millicpus, Some(1500));
         assert_eq!(r.tasks, Some(64));
-        assert!(validate_request(&serde_json::json!({"gpu": 1})).unwrap_err().contains("accepted"));
+        assert!(validate_request(&serde_json::json!({"gpu": 1}))
+            .unwrap_err()
+            .contains("accepted"));
         assert!(validate_request(&serde_json::json!({"cpus": 0})).is_err());
         assert!(validate_request(&serde_json::json!("big")).is_err());
     }
@@ -222,12 +262,23 @@ mod tests {
         assert_eq!(alice.memory_bytes, Some(16 << 30));
         assert_eq!(bob.memory_bytes, Some(8 << 30));
         assert_eq!(bob.tasks, Some(100));
-        let ask = ResourceRequest { memory_bytes: Some(12 << 30), ..Default::default() };
-        assert_eq!(effective_limits(&ask, &alice, "alice").unwrap().memory_bytes, Some(12 << 30));
+        let ask = ResourceRequest {
+            memory_bytes: Some(12 << 30),
+            ..Default::default()
+        };
+        assert_eq!(
+            effective_limits(&ask, &alice, "alice")
+                .unwrap()
+                .memory_bytes,
+            Some(12 << 30)
+        );
         let e = effective_limits(&ask, &bob, "bob").unwrap_err();
         assert!(e.contains("memory") && e.contains("bob"), "{e}");
         // Asking nothing gets the caps.
-        assert_eq!(effective_limits(&Default::default(), &bob, "bob").unwrap(), bob);
+        assert_eq!(
+            effective_limits(&Default::default(), &bob, "bob").unwrap(),
+            bob
+        );
         let bad: LimitsConfig = toml::from_str("[users.x]\nmemory_max = \"lots\"\n").unwrap();
         assert_eq!(bad.validate().unwrap_err().0, "limits.users.x.memory_max");
     }

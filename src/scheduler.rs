@@ -1,17 +1,68 @@
 //! The pure core of scheduling: which queued jobs start now and on which
 //! GPUs, and what a unit's end means. Values in, decisions out; no I/O.
+//!
+//! # The allocation rule
+//!
+//! GPUs are whole and exclusive: a GPU is given to a job only if no ptrain
+//! job holds it, it is healthy, and other programs use less of its memory
+//! than `gpus.foreign_memory_threshold_mib`. [`plan`] walks the queue in
+//! order of priority (higher first), then arrival, and for each GPU job:
+//!
+//! 1. A job that can never start (more GPUs than the machine has that match
+//!    its request, a model no GPU has, more than its policy allows) is
+//!    reported in [`Plan::never`]; it holds nothing back.
+//! 2. A job whose owner (or group) already holds its `max_gpus` waits; it
+//!    reserves nothing, so one user's backlog never blocks anyone else.
+//! 3. A job whose GPUs would not be enough even once every ptrain job has
+//!    ended (other programs or unhealthy GPUs take the rest) waits without
+//!    reserving: ptrain cannot tell when that changes, and holding GPUs
+//!    for it could idle them for days. The daemon re-plans periodically
+//!    while such jobs wait.
+//! 4. Otherwise its candidates are the GPUs it could use now (matching its
+//!    request and policy, free, not reserved by a job earlier in the
+//!    order). With enough candidates it starts, on GPUs chosen close
+//!    together ([`crate::gpu::pick_near`]).
+//! 5. Without enough it *reserves* all its candidates: jobs later in the
+//!    order may not take them. As GPUs free up, they go to the earliest
+//!    waiting job that can use them, so a stream of small jobs cannot
+//!    starve a big one: once a job waits, a job behind it starts only on
+//!    GPUs the waiting job cannot use (another model, GPUs its policy or
+//!    `indices` exclude, not enough free memory): that is backfill.
+//!
+//! Without run-time estimates, a reservation may leave GPUs idle until the
+//! job that holds it starts; that is the price of never starving it.
+//! Reservations are recomputed from scratch at every plan, so they follow
+//! priorities and cancellations without any state of their own.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::gpu::{choose_gpus, GpuInfo};
-use crate::spec::JobId;
+use crate::gpu::{free_memory_mib, is_usable, pick_near, GpuInfo};
+use crate::policy::{Policy, Rule};
+use crate::spec::{GpuRequest, GpuSelector, JobId};
 use crate::store::Outcome;
+use crate::users::Owner;
 
-/// A queued job as the planner sees it, in queue order.
-#[derive(Clone, Debug)]
-pub struct Waiting {
-    pub id: JobId,
-    pub gpus: u32,
+/// A queued job as the planner sees it. The queue is given in arrival order.
+#[derive(Clone, Copy, Debug)]
+pub struct Waiting<'a> {
+    pub id: &'a JobId,
+    pub owner: &'a Owner,
+    pub priority: i32,
+    pub request: &'a GpuRequest,
+}
+
+/// The job holding a GPU (launching or running).
+#[derive(Clone, Copy, Debug)]
+pub struct Holder<'a> {
+    pub id: &'a JobId,
+    pub owner: &'a Owner,
+}
+
+/// The settings allocation depends on.
+#[derive(Clone, Copy, Debug)]
+pub struct Rules<'a> {
+    pub foreign_memory_threshold_mib: u64,
+    pub policy: &'a Policy,
 }
 
 /// A decision to start `id` on the GPUs with these indices.
@@ -21,30 +72,243 @@ pub struct Placement {
     pub gpus: Vec<u32>,
 }
 
-/// Chooses the queued jobs that can start now, in queue order. A job whose
-/// GPUs are not free waits; jobs behind it that fit may start (first fit).
-/// `held` are the GPUs running ptrain jobs hold.
-pub fn plan(
-    queue: &[Waiting],
+/// What [`plan`] decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Jobs to start now, in the order they were chosen.
+    pub placements: Vec<Placement>,
+    /// Free GPUs kept for a waiting job (rule 5).
+    pub reserved: BTreeMap<u32, JobId>,
+    /// Jobs that can never start here, with the reason (rule 1).
+    pub never: Vec<(JobId, String)>,
+}
+
+/// Whether `gpu` has the properties `request` asks for, whatever its state
+/// now.
+fn has_properties(request: &GpuRequest, gpu: &GpuInfo) -> bool {
+    request.selects(gpu.index, &gpu.uuid)
+        && request.model_matches(&gpu.name)
+        && request
+            .min_free_memory_mib
+            .is_none_or(|m| gpu.memory_total_mib >= m)
+}
+
+fn index_list<'a>(gpus: impl IntoIterator<Item = &'a GpuInfo>) -> String {
+    let v: Vec<String> = gpus.into_iter().map(|g| g.index.to_string()).collect();
+    if v.is_empty() {
+        "none".to_owned()
+    } else {
+        v.join(",")
+    }
+}
+
+/// Why a job asking `request` for `owner` can never start on the GPUs in
+/// `snapshot` under `policy`, or `None` if it could some day. Unhealthy
+/// GPUs count as existing (they may recover). The message names the field
+/// or config key at fault and says what to do; the daemon rejects a job
+/// with it at submission.
+pub fn never_reason(
+    request: &GpuRequest,
+    owner: &Owner,
     snapshot: &[GpuInfo],
-    held: &BTreeSet<u32>,
-    foreign_memory_threshold_mib: u64,
-) -> Vec<Placement> {
-    let mut taken = held.clone();
-    let mut placements = Vec::new();
-    for job in queue {
-        if job.gpus > 0 && taken.len() >= snapshot.len() {
-            continue;
+    policy: &Policy,
+) -> Option<String> {
+    let n = request.count() as usize;
+    if n == 0 {
+        return None;
+    }
+    let all = index_list(snapshot);
+    match &request.only {
+        Some(GpuSelector::Indices(v)) => {
+            if let Some(i) = v.iter().find(|i| !snapshot.iter().any(|g| g.index == **i)) {
+                return Some(format!(
+                    "field `gpus.indices` names GPU {i}, which this machine does not have (its GPUs: {all}); \
+                     name GPUs that `ptrain gpus` lists"
+                ));
+            }
         }
-        if let Some(gpus) = choose_gpus(snapshot, &taken, job.gpus, foreign_memory_threshold_mib) {
-            taken.extend(gpus.iter().copied());
-            placements.push(Placement {
-                id: job.id.clone(),
-                gpus,
-            });
+        Some(GpuSelector::Uuids(v)) => {
+            if let Some(u) = v
+                .iter()
+                .find(|u| !snapshot.iter().any(|g| g.uuid.eq_ignore_ascii_case(u)))
+            {
+                return Some(format!(
+                    "field `gpus.uuids` names {u:?}, which is not a GPU of this machine; \
+                     copy UUIDs from `ptrain gpus`"
+                ));
+            }
+        }
+        None => {}
+    }
+    if let Some(model) = &request.model {
+        if !snapshot.iter().any(|g| request.model_matches(&g.name)) {
+            let mut names: Vec<&str> = snapshot.iter().map(|g| g.name.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            let names = if names.is_empty() {
+                "it has no GPUs".to_owned()
+            } else {
+                format!("it has {}", names.join(", "))
+            };
+            return Some(format!(
+                "field `gpus.model` {model:?} matches no GPU of this machine ({names}); \
+                 ask for a model it has, or drop `model`"
+            ));
         }
     }
-    placements
+    let matching: Vec<&GpuInfo> = snapshot
+        .iter()
+        .filter(|g| has_properties(request, g))
+        .collect();
+    if matching.len() < n {
+        let have = matching.len();
+        return Some(match request.min_free_memory_mib {
+            Some(mib) => {
+                let largest = snapshot
+                    .iter()
+                    .filter(|g| request.selects(g.index, &g.uuid) && request.model_matches(&g.name))
+                    .map(|g| g.memory_total_mib)
+                    .max()
+                    .unwrap_or(0);
+                format!(
+                    "field `gpus` asks for {} but only {have} GPU(s) here have {mib} MiB of memory \
+                     (the largest has {largest} MiB); lower `gpus.min_memory` or the count",
+                    request.describe()
+                )
+            }
+            None => format!(
+                "field `gpus` asks for {} but this machine has only {have} such GPU(s); \
+                 ask for at most {have}",
+                request.describe()
+            ),
+        });
+    }
+    let rules = policy.rules_for(owner);
+    for rule in &rules {
+        if let Some(max) = rule.limits.max_gpus {
+            if n > max as usize {
+                return Some(format!(
+                    "field `gpus` asks for {n} GPU(s) but `{}.max_gpus` lets {} hold at most {max} at once; \
+                     ask for at most {max}, or ask the admin to raise the limit",
+                    rule.key, owner.name
+                ));
+            }
+        }
+    }
+    let allowed: Vec<&GpuInfo> = matching
+        .into_iter()
+        .filter(|g| rules.iter().all(|r| r.allows(g.index)))
+        .collect();
+    if allowed.len() < n {
+        let keys: Vec<String> = rules
+            .iter()
+            .filter(|r| r.limits.allowed_gpus.is_some())
+            .map(|r| format!("`{}.allowed_gpus`", r.key))
+            .collect();
+        return Some(format!(
+            "field `gpus` asks for {} but the policy ({}) lets {} use only {} of the matching GPUs ({}); \
+             ask for at most {}, or ask the admin",
+            request.describe(),
+            keys.join(", "),
+            owner.name,
+            allowed.len(),
+            index_list(allowed.iter().copied()),
+            allowed.len()
+        ));
+    }
+    None
+}
+
+/// Whether taking `n` more GPUs would exceed a `max_gpus` of `rules`, given
+/// the GPUs held (and placed in this plan) by each owner.
+fn over_cap(rules: &[Rule<'_>], usage: &[(&Owner, usize)], n: usize) -> bool {
+    rules.iter().any(|rule| {
+        rule.limits.max_gpus.is_some_and(|max| {
+            let used: usize = usage
+                .iter()
+                .filter(|(o, _)| rule.scope.covers(o))
+                .map(|(_, k)| k)
+                .sum();
+            used + n > max as usize
+        })
+    })
+}
+
+/// Decides which queued jobs start now and which free GPUs are kept for
+/// waiting jobs; see the module documentation for the rule. `queue` is in
+/// arrival order; `held` maps each GPU a ptrain job holds to that job.
+pub fn plan(
+    queue: &[Waiting<'_>],
+    snapshot: &[GpuInfo],
+    held: &BTreeMap<u32, Holder<'_>>,
+    rules: Rules<'_>,
+) -> Plan {
+    let mut order: Vec<&Waiting<'_>> = queue.iter().collect();
+    // Stable: equal priorities keep arrival order.
+    order.sort_by_key(|w| std::cmp::Reverse(w.priority));
+    let mut taken: BTreeSet<u32> = held.keys().copied().collect();
+    let mut usage: Vec<(&Owner, usize)> = held.values().map(|h| (h.owner, 1)).collect();
+    let mut plan = Plan::default();
+    for job in order {
+        let request = job.request;
+        let n = request.count() as usize;
+        if n == 0 {
+            plan.placements.push(Placement {
+                id: job.id.clone(),
+                gpus: Vec::new(),
+            });
+            continue;
+        }
+        if let Some(why) = never_reason(request, job.owner, snapshot, rules.policy) {
+            plan.never.push((job.id.clone(), why));
+            continue;
+        }
+        let job_rules = rules.policy.rules_for(job.owner);
+        if over_cap(&job_rules, &usage, n) {
+            continue;
+        }
+        let eligible: Vec<&GpuInfo> = snapshot
+            .iter()
+            .filter(|g| g.unhealthy.is_none())
+            .filter(|g| has_properties(request, g))
+            .filter(|g| job_rules.iter().all(|r| r.allows(g.index)))
+            .collect();
+        let usable_now = |g: &GpuInfo| {
+            !taken.contains(&g.index)
+                && is_usable(g, rules.foreign_memory_threshold_mib)
+                && request
+                    .min_free_memory_mib
+                    .is_none_or(|m| free_memory_mib(g) >= m)
+        };
+        let eventually = eligible
+            .iter()
+            .filter(|g| taken.contains(&g.index) || usable_now(g))
+            .count();
+        if eventually < n {
+            continue;
+        }
+        let candidates: Vec<&GpuInfo> = eligible
+            .iter()
+            .copied()
+            .filter(|g| usable_now(g) && !plan.reserved.contains_key(&g.index))
+            .collect();
+        match pick_near(&candidates, n) {
+            Some(gpus) => {
+                taken.extend(gpus.iter().copied());
+                usage.push((job.owner, n));
+                plan.placements.push(Placement {
+                    id: job.id.clone(),
+                    gpus,
+                });
+            }
+            None => {
+                for g in candidates {
+                    let _ = g; // MUTANT
+                }
+            }
+        }
+    }
+    plan
 }
 
 /// CLD_* codes systemd reports in ExecMainCode.
@@ -83,12 +347,13 @@ pub fn outcome_of_unit(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::PolicyConfig;
 
     fn gpu(index: u32) -> GpuInfo {
         GpuInfo {
             index,
             uuid: format!("GPU-{index}"),
-            name: "Test".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
             pci_bus_id: None,
             memory_total_mib: 1000,
             memory_used_mib: Some(0),
@@ -96,47 +361,493 @@ mod tests {
             temperature_c: None,
             device: format!("/dev/nvidia{index}").into(),
             processes: vec![],
+            numa_node: None,
+            topology_group: None,
+            unhealthy: None,
         }
     }
 
-    fn waiting(id: &str, gpus: u32) -> Waiting {
-        Waiting {
-            id: JobId::parse(id).unwrap(),
-            gpus,
+    fn gpus(n: u32) -> Vec<GpuInfo> {
+        (0..n).map(gpu).collect()
+    }
+
+    fn foreign(mut g: GpuInfo, mib: u64) -> GpuInfo {
+        g.processes = vec![crate::gpu::GpuProcess {
+            pid: 4242,
+            used_memory_mib: Some(mib),
+        }];
+        g.memory_used_mib = Some(mib);
+        g
+    }
+
+    fn owner(name: &str, gid: u32) -> Owner {
+        Owner {
+            uid: 1000 + gid,
+            gid,
+            name: name.into(),
+            home: "/home/x".into(),
+            groups: vec![],
         }
+    }
+
+    /// A queued job, owning what a [`Waiting`] borrows.
+    #[derive(Clone)]
+    struct Job {
+        id: JobId,
+        owner: Owner,
+        priority: i32,
+        request: GpuRequest,
+    }
+
+    fn job(id: &str, n: u32) -> Job {
+        Job {
+            id: JobId::parse(id).unwrap(),
+            owner: owner("alice", 100),
+            priority: 0,
+            request: GpuRequest::any(n),
+        }
+    }
+
+    impl Job {
+        fn by(mut self, user: &str, gid: u32) -> Job {
+            self.owner = owner(user, gid);
+            self
+        }
+        fn prio(mut self, p: i32) -> Job {
+            self.priority = p;
+            self
+        }
+        fn asking(mut self, r: serde_json::Value) -> Job {
+            let spec = crate::spec::parse_spec(
+                serde_json::json!({"version": 1, "command": ["x"], "gpus": r})
+                    .to_string()
+                    .as_bytes(),
+                "x",
+            )
+            .unwrap();
+            self.request = spec.gpus;
+            self
+        }
+        fn waiting(&self) -> Waiting<'_> {
+            Waiting {
+                id: &self.id,
+                owner: &self.owner,
+                priority: self.priority,
+                request: &self.request,
+            }
+        }
+    }
+
+    fn plan_with(queue: &[Job], snap: &[GpuInfo], held: &[(u32, &Job)], policy: &Policy) -> Plan {
+        let waiting: Vec<Waiting<'_>> = queue.iter().map(Job::waiting).collect();
+        let held: BTreeMap<u32, Holder<'_>> = held
+            .iter()
+            .map(|(g, j)| {
+                (
+                    *g,
+                    Holder {
+                        id: &j.id,
+                        owner: &j.owner,
+                    },
+                )
+            })
+            .collect();
+        plan(
+            &waiting,
+            snap,
+            &held,
+            Rules {
+                foreign_memory_threshold_mib: 512,
+                policy,
+            },
+        )
+    }
+
+    fn run(queue: &[Job], snap: &[GpuInfo], held: &[(u32, &Job)]) -> Plan {
+        plan_with(queue, snap, held, &Policy::none())
+    }
+
+    fn placed(p: &Plan) -> Vec<(&str, Vec<u32>)> {
+        p.placements
+            .iter()
+            .map(|pl| (pl.id.as_str(), pl.gpus.clone()))
+            .collect()
+    }
+
+    fn reserved(p: &Plan) -> Vec<(u32, &str)> {
+        p.reserved.iter().map(|(g, j)| (*g, j.as_str())).collect()
+    }
+
+    fn policy(text: &str) -> Policy {
+        let cfg: PolicyConfig = toml::from_str(text).unwrap();
+        cfg.validate().unwrap();
+        Policy::resolve(&cfg, |name| match name {
+            "lab" => Some(500),
+            _ => None,
+        })
+        .0
     }
 
     #[test]
-    fn two_gpus_two_jobs_third_waits() {
-        let snap = vec![gpu(0), gpu(1)];
-        let queue = vec![waiting("a", 1), waiting("b", 1), waiting("c", 1)];
-        let p = plan(&queue, &snap, &BTreeSet::new(), 512);
-        assert_eq!(p.len(), 2);
-        assert_eq!(p[0].gpus, vec![0]);
-        assert_eq!(p[1].gpus, vec![1]);
-        let held: BTreeSet<u32> = [0].into();
-        let p = plan(&queue[2..], &snap, &held, 512);
-        assert_eq!(
-            p,
-            vec![Placement {
-                id: JobId::parse("c").unwrap(),
-                gpus: vec![1]
-            }]
-        );
+    fn exclusive_two_gpus_two_jobs_third_waits() {
+        let snap = gpus(2);
+        let queue = [job("a", 1), job("b", 1), job("c", 1)];
+        let p = run(&queue, &snap, &[]);
+        assert_eq!(placed(&p), [("a", vec![0]), ("b", vec![1])]);
+        // c waits, and there is nothing free to reserve.
+        assert!(p.reserved.is_empty());
+        let a = &queue[0];
+        let p = run(&queue[2..], &snap, &[(0, a)]);
+        assert_eq!(placed(&p), [("c", vec![1])]);
+        let p = run(&queue[2..], &snap, &[(0, a), (1, a)]);
+        assert!(p.placements.is_empty());
+    }
+
+    #[test]
+    fn exclusive_whatever_the_mix() {
+        // Every subset of held GPUs and a mixed queue: no GPU is given twice
+        // or given while held, and no job gets fewer GPUs than it asked for.
+        let snap = gpus(4);
+        let holder = job("h", 1);
+        let queue = [
+            job("a", 2),
+            job("b", 1),
+            job("c", 4),
+            job("d", 1),
+            job("e", 3),
+        ];
+        for mask in 0u32..16 {
+            let held: Vec<(u32, &Job)> = (0..4)
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| (i, &holder))
+                .collect();
+            let p = run(&queue, &snap, &held);
+            let mut seen: BTreeSet<u32> = held.iter().map(|(g, _)| *g).collect();
+            for pl in &p.placements {
+                let want = queue
+                    .iter()
+                    .find(|j| j.id == pl.id)
+                    .unwrap()
+                    .request
+                    .count();
+                assert_eq!(pl.gpus.len(), want as usize, "mask {mask}: {pl:?}");
+                for g in &pl.gpus {
+                    assert!(seen.insert(*g), "mask {mask}: GPU {g} given twice");
+                }
+            }
+            for g in p.reserved.keys() {
+                assert!(!seen.contains(g), "mask {mask}: reserved GPU {g} is in use");
+            }
+        }
     }
 
     #[test]
     fn cpu_jobs_start_even_when_gpus_are_busy() {
-        let snap = vec![gpu(0)];
-        let held: BTreeSet<u32> = [0].into();
-        let p = plan(&[waiting("g", 1), waiting("cpu", 0)], &snap, &held, 512);
-        assert_eq!(
-            p,
-            vec![Placement {
-                id: JobId::parse("cpu").unwrap(),
-                gpus: vec![]
-            }]
+        let snap = gpus(1);
+        let h = job("h", 1);
+        let p = run(&[job("g", 1), job("cpu", 0)], &snap, &[(0, &h)]);
+        assert_eq!(placed(&p), [("cpu", vec![])]);
+        // With no GPUs at all, CPU jobs still start.
+        let p = run(&[job("cpu", 0)], &[], &[]);
+        assert_eq!(placed(&p), [("cpu", vec![])]);
+    }
+
+    #[test]
+    fn foreign_processes_make_a_gpu_unavailable() {
+        // GPU 0: a colleague's notebook with 4 GiB. GPU 1: a small process
+        // under the threshold.
+        let snap = vec![foreign(gpu(0), 4096), foreign(gpu(1), 100), gpu(2)];
+        let p = run(&[job("a", 1), job("b", 1), job("c", 1)], &snap, &[]);
+        assert_eq!(placed(&p), [("a", vec![1]), ("b", vec![2])]);
+        // A job that needs the busy GPU waits without reserving the others:
+        // nobody knows when the notebook ends.
+        let p = run(&[job("big", 3), job("small", 1)], &snap, &[]);
+        assert_eq!(placed(&p), [("small", vec![1])]);
+        assert!(p.reserved.is_empty());
+        assert!(p.never.is_empty(), "busy is not never");
+    }
+
+    #[test]
+    fn priority_then_arrival() {
+        let snap = gpus(1);
+        let queue = [
+            job("old", 1),
+            job("urgent", 1).prio(10),
+            job("low", 1).prio(-5),
+        ];
+        assert_eq!(placed(&run(&queue, &snap, &[])), [("urgent", vec![0])]);
+        let queue = [job("first", 1), job("second", 1)];
+        assert_eq!(placed(&run(&queue, &snap, &[])), [("first", vec![0])]);
+        let queue = [job("low", 1).prio(-5), job("zero", 1)];
+        assert_eq!(placed(&run(&queue, &snap, &[])), [("zero", vec![0])]);
+    }
+
+    #[test]
+    fn waiting_big_job_reserves_free_gpus() {
+        // Two of four GPUs busy with a long job; a 4-GPU job waits and the
+        // two free GPUs are kept for it, not given to the small jobs behind.
+        let snap = gpus(4);
+        let long = job("long", 2);
+        let queue = [job("big", 4), job("s1", 1), job("s2", 1)];
+        let p = run(&queue, &snap, &[(0, &long), (1, &long)]);
+        assert!(p.placements.is_empty(), "{p:?}");
+        assert_eq!(reserved(&p), [(2, "big"), (3, "big")]);
+        // The long job ends: the big job starts first.
+        let p = run(&queue, &snap, &[]);
+        assert_eq!(placed(&p), [("big", vec![0, 1, 2, 3])]);
+        // A higher-priority small job is ahead of the big one: it is served
+        // first and the big job reserves what is left.
+        let queue = [job("big", 4), job("vip", 1).prio(5), job("s1", 1)];
+        let p = run(&queue, &snap, &[(0, &long), (1, &long)]);
+        assert_eq!(placed(&p), [("vip", vec![2])]);
+        assert_eq!(reserved(&p), [(3, "big")]);
+    }
+
+    #[test]
+    fn stream_of_small_jobs_cannot_starve_a_big_one() {
+        // Discrete time. Two 1-GPU jobs (3 ticks each) arrive every tick;
+        // a 4-GPU job arrives at tick 2. First fit would keep at least one
+        // GPU busy forever; the reservation gets the big job started as
+        // soon as the small jobs ahead of it end.
+        let snap = gpus(4);
+        let mut queue: Vec<Job> = Vec::new();
+        let mut running: Vec<(Job, Vec<u32>, u32)> = Vec::new();
+        let mut started: BTreeMap<String, u32> = BTreeMap::new();
+        let mut arrived: BTreeMap<String, u32> = BTreeMap::new();
+        for t in 0..40u32 {
+            running.retain(|(_, _, end)| *end > t);
+            for k in 0..2 {
+                let j = job(&format!("s{t}-{k}"), 1);
+                arrived.insert(j.id.to_string(), t);
+                queue.push(j);
+            }
+            if t == 2 {
+                let j = job("big", 4);
+                arrived.insert("big".into(), t);
+                queue.push(j);
+            }
+            let held: Vec<(u32, &Job)> = running
+                .iter()
+                .flat_map(|(j, g, _)| g.iter().map(move |i| (*i, j)))
+                .collect();
+            let p = run(&queue, &snap, &held);
+            let mut in_use: BTreeSet<u32> = held.iter().map(|(g, _)| *g).collect();
+            for pl in p.placements {
+                for g in &pl.gpus {
+                    assert!(in_use.insert(*g), "t={t}: GPU {g} double-booked");
+                }
+                let pos = queue.iter().position(|j| j.id == pl.id).unwrap();
+                let j = queue.remove(pos);
+                started.insert(j.id.to_string(), t);
+                running.push((j, pl.gpus, t + 3));
+            }
+        }
+        let big = *started.get("big").expect("the 4-GPU job must start");
+        // It waited only for the jobs already running or ahead of it.
+        assert!(big <= 2 + 3 + 3, "big started at {big}");
+        // No small job that arrived after it started before it.
+        for (id, t) in &started {
+            if arrived[id] > 2 {
+                assert!(
+                    *t >= big,
+                    "{id} arrived after big but started at {t} < {big}"
+                );
+            }
+        }
+        // Small jobs keep flowing once it is done.
+        assert!(started.values().filter(|t| **t > big + 3).count() > 10);
+    }
+
+    #[test]
+    fn small_jobs_backfill_gpus_the_big_job_cannot_use() {
+        // GPUs 0-1 are A100s (held), 2-3 H100s (free). The big job wants
+        // two A100s: it reserves nothing it cannot use, so a small job
+        // takes an H100.
+        let mut snap = gpus(4);
+        for g in &mut snap[..2] {
+            g.name = "NVIDIA A100-SXM4-80GB".into();
+        }
+        let long = job("long", 2);
+        let queue = [
+            job("big", 2).asking(serde_json::json!({"count": 2, "model": "a100"})),
+            job("small", 1),
+        ];
+        let p = run(&queue, &snap, &[(0, &long), (1, &long)]);
+        assert_eq!(placed(&p), [("small", vec![2])]);
+        assert!(p.reserved.is_empty());
+
+        // Named GPUs: the big job may only use 0-2; GPU 3 is free for others.
+        let snap = gpus(4);
+        let queue = [
+            job("big", 3).asking(serde_json::json!({"indices": [0, 1, 2]})),
+            job("s1", 1),
+            job("s2", 1),
+        ];
+        let p = run(&queue, &snap, &[(0, &long)]);
+        assert_eq!(placed(&p), [("s1", vec![3])]);
+        assert_eq!(reserved(&p), [(1, "big"), (2, "big")]);
+
+        // Free memory: GPU 1 has a small foreign process (under the
+        // threshold) leaving too little for the big job, so it is not
+        // reserved and a small job may take it.
+        let mut snap = gpus(3);
+        snap[1] = foreign(gpu(1), 400);
+        let queue = [
+            job("big", 2).asking(serde_json::json!({"count": 2, "min_free_memory_mib": 700})),
+            job("small", 1),
+        ];
+        let p = run(&queue, &snap, &[(0, &long)]);
+        assert_eq!(placed(&p), [("small", vec![1])]);
+        assert_eq!(reserved(&p), [(2, "big")]);
+    }
+
+    #[test]
+    fn policy_caps_users_and_groups() {
+        let pol = policy(
+            r#"
+            [users.alice]
+            max_gpus = 1
+            [groups.lab]
+            max_gpus = 2
+            "#,
         );
+        let snap = gpus(4);
+        // Alice may hold one GPU at once; her second job waits without
+        // holding anything back from bob.
+        let queue = [job("a1", 1), job("a2", 1), job("b1", 1).by("bob", 7)];
+        let p = plan_with(&queue, &snap, &[], &pol);
+        assert_eq!(placed(&p), [("a1", vec![0]), ("b1", vec![1])]);
+        assert!(p.reserved.is_empty());
+        // Her running job counts against the cap.
+        let p = plan_with(&queue[1..], &snap, &[(3, &queue[0])], &pol);
+        assert_eq!(placed(&p), [("b1", vec![0])]);
+
+        // The lab group shares 2 GPUs among its members (primary or
+        // supplementary membership).
+        let mut c = job("c1", 1).by("carol", 500);
+        let mut d = job("d1", 2).by("dave", 9);
+        d.owner.groups = vec![500];
+        let e = job("e1", 1).by("erin", 500);
+        c.priority = 1;
+        let p = plan_with(&[c.clone(), d.clone(), e.clone()], &snap, &[], &pol);
+        assert_eq!(placed(&p), [("c1", vec![0]), ("e1", vec![1])]);
+        let p = plan_with(&[d.clone()], &snap, &[], &pol);
+        assert_eq!(placed(&p), [("d1", vec![0, 1])]);
+    }
+
+    #[test]
+    fn policy_allowed_gpus_and_default() {
+        let pol = policy(
+            r#"
+            [default]
+            allowed_gpus = [2, 3]
+            [users.alice]
+            allowed_gpus = [0]
+            "#,
+        );
+        let snap = gpus(4);
+        let queue = [job("a", 1), job("b", 2).by("bob", 7), job("a2", 1)];
+        let p = plan_with(&queue, &snap, &[], &pol);
+        assert_eq!(placed(&p), [("a", vec![0]), ("b", vec![2, 3])]);
+        // a2 can only ever use GPU 0, which a holds: it waits, reserving nothing.
+        assert!(p.reserved.is_empty());
+        assert!(p.never.is_empty());
+    }
+
+    #[test]
+    fn jobs_that_can_never_start_are_reported_not_reserved_for() {
+        let pol = policy("[users.alice]\nmax_gpus = 2\nallowed_gpus = [0, 1, 2]\n");
+        let snap = gpus(4);
+        let o = owner("alice", 100);
+        let bob = owner("bob", 7);
+        let never = |r: serde_json::Value, who: &Owner| {
+            let j = job("x", 1).asking(r);
+            never_reason(&j.request, who, &snap, &pol)
+        };
+        let too_many = never(serde_json::json!(5), &bob).unwrap();
+        assert!(
+            too_many.contains("only 4") && too_many.contains("at most 4"),
+            "{too_many}"
+        );
+        let model = never(serde_json::json!({"count": 1, "model": "A100"}), &bob).unwrap();
+        assert!(
+            model.contains("`gpus.model`") && model.contains("H100"),
+            "{model}"
+        );
+        let index = never(serde_json::json!({"indices": [7]}), &bob).unwrap();
+        assert!(
+            index.contains("`gpus.indices`") && index.contains("GPU 7"),
+            "{index}"
+        );
+        let uuid = never(serde_json::json!({"uuids": ["GPU-77"]}), &bob).unwrap();
+        assert!(uuid.contains("`gpus.uuids`"), "{uuid}");
+        let mem = never(serde_json::json!({"count": 1, "min_memory": "2G"}), &bob).unwrap();
+        assert!(
+            mem.contains("1000 MiB") && mem.contains("min_memory"),
+            "{mem}"
+        );
+        let cap = never(serde_json::json!(3), &o).unwrap();
+        assert!(
+            cap.contains("`policy.users.alice.max_gpus`") && cap.contains("at most 2"),
+            "{cap}"
+        );
+        let allowed = never(serde_json::json!({"count": 1, "indices": [3]}), &o).unwrap();
+        assert!(
+            allowed.contains("`policy.users.alice.allowed_gpus`"),
+            "{allowed}"
+        );
+        assert_eq!(never(serde_json::json!(2), &o), None);
+        assert_eq!(never(serde_json::json!(4), &bob), None);
+        assert_eq!(never(serde_json::json!(0), &bob), None);
+        let lower = never(serde_json::json!({"count": 4, "model": "h100"}), &bob);
+        assert_eq!(lower, None, "model matching ignores case");
+
+        // In a plan: reported, and the job behind it is not held back.
+        let queue = [job("huge", 8), job("small", 1)];
+        let p = plan_with(&queue, &snap, &[], &pol);
+        assert_eq!(placed(&p), [("small", vec![0])]);
+        assert_eq!(p.never.len(), 1);
+        assert_eq!(p.never[0].0.as_str(), "huge");
+        assert!(p.reserved.is_empty());
+    }
+
+    #[test]
+    fn a_vanished_or_unhealthy_gpu_is_not_used() {
+        // GPU 1 vanished from the snapshot altogether.
+        let snap = vec![gpu(0), gpu(2), gpu(3)];
+        let p = run(&[job("a", 2), job("b", 1)], &snap, &[]);
+        assert_eq!(placed(&p), [("a", vec![0, 2]), ("b", vec![3])]);
+        // As the pool monitor reports it: listed, unhealthy.
+        let mut tracker = crate::gpu::PoolTracker::default();
+        tracker.observe(&mut gpus(4));
+        let mut snap = vec![gpu(0), gpu(2), gpu(3)];
+        tracker.observe(&mut snap);
+        assert_eq!(snap.len(), 4);
+        let p = run(&[job("all", 4), job("b", 1)], &snap, &[]);
+        // The 4-GPU job cannot start until GPU 1 is back; it does not
+        // block others meanwhile and is not rejected (it may come back).
+        assert_eq!(placed(&p), [("b", vec![0])]);
+        assert!(p.reserved.is_empty() && p.never.is_empty());
+        let p = run(&[job("all", 4)], &gpus(4), &[]);
+        assert_eq!(placed(&p), [("all", vec![0, 1, 2, 3])]);
+    }
+
+    #[test]
+    fn multi_gpu_jobs_stay_close() {
+        // Two NUMA nodes with two GPUs each; GPU 0 is taken.
+        let snap: Vec<GpuInfo> = (0..4)
+            .map(|i| GpuInfo {
+                numa_node: Some(i / 2),
+                topology_group: Some(i / 2 * 2),
+                ..gpu(i)
+            })
+            .collect();
+        let h = job("h", 1);
+        let p = run(&[job("pair", 2)], &snap, &[(0, &h)]);
+        assert_eq!(placed(&p), [("pair", vec![2, 3])]);
+        // A single GPU goes where it breaks no pair up.
+        let p = run(&[job("one", 1), job("pair", 2)], &snap, &[(0, &h)]);
+        assert_eq!(placed(&p), [("one", vec![1]), ("pair", vec![2, 3])]);
     }
 
     #[test]

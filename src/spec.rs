@@ -46,8 +46,23 @@ pub const MAX_USER_LEN: usize = 255;
 /// Every top-level field version 1 accepts, in documentation order. This list is
 /// the single source of truth for unknown-field detection and its message.
 pub const SPEC_FIELDS: &[&str] = &[
-    "version", "id", "command", "workdir", "env", "gpus", "timeout", "user", "priority",
+    "version",
+    "id",
+    "command",
+    "workdir",
+    "env",
+    "gpus",
+    "timeout",
+    "user",
+    "priority",
     "resources",
+    "after_ok",
+    "after_fail",
+    "after_any",
+    "sweep",
+    "max_parallel",
+    "notify",
+    "notify_on",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -80,6 +95,11 @@ const RESERVED_ENV: &[(&str, &str)] = &[
 /// Longest excerpt of user-supplied text quoted in an error message, so a
 /// hostile file cannot flood the log through its own error.
 const QUOTE_MAX: usize = 80;
+/// Longest quoted excerpt, escapes included.
+const QUOTE_MAX_BYTES: usize = 2 * QUOTE_MAX;
+/// Longest rendered location (`a.b[2].c`) in an error message: a hostile
+/// file can nest 32 long keys deep.
+const PATH_MAX_BYTES: usize = 200;
 
 /// A validated job id: `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`, so it is safe as a
 /// file name and as a systemd unit instance without escaping.
@@ -203,6 +223,19 @@ pub struct JobSpec {
     /// Memory, CPU and task limits the job asks for (within its owner's caps).
     #[serde(default)]
     pub resources: crate::resources::ResourceRequest,
+    /// Jobs (or sweeps) this one waits for.
+    #[serde(default, flatten)]
+    pub after: crate::chain::Dependencies,
+    /// Present only in a descriptor; the stored members have it expanded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<crate::chain::Sweep>,
+    /// Channels to notify (admin-configured names); `None`: the admin's
+    /// default channels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<Vec<String>>,
+    /// Events to notify about; `None`: every end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_on: Option<Vec<crate::notifications::NotifyEvent>>,
 }
 
 mod timeout_serde {
@@ -353,14 +386,35 @@ pub enum SpecError {
 
     #[error("field `resources`: {0}")]
     Resources(String),
+
+    /// Dependency and sweep fields (the message names the field).
+    #[error("{0}")]
+    Chain(String),
+
+    /// `notify` and `notify_on` (the message names the field).
+    #[error("{0}")]
+    Notify(String),
 }
 
 /// Debug-quotes untrusted text (escaping control characters such as `\n`) and
 /// cuts it short so an error can be logged safely.
 fn quote(s: &str) -> String {
-    match s.char_indices().nth(QUOTE_MAX) {
-        None => format!("{s:?}"),
-        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+    let mut cut = s.char_indices().nth(QUOTE_MAX).map_or(s.len(), |(i, _)| i);
+    loop {
+        // Escaping can make a character ten bytes long (`\u{202e}`), so
+        // the bound is on the quoted text, not the input.
+        let quoted = format!("{:?}", &s[..cut]);
+        if quoted.len() <= QUOTE_MAX_BYTES {
+            return if cut == s.len() {
+                quoted
+            } else {
+                format!("{quoted}… ({} bytes)", s.len())
+            };
+        }
+        cut /= 2;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
     }
 }
 
@@ -517,19 +571,34 @@ impl PathNode<'_> {
         if segs.is_empty() {
             return "the top-level object".to_owned();
         }
-        let mut out = String::from("`");
-        for (i, seg) in segs.iter().rev().enumerate() {
-            match seg {
-                Seg::Key(k) if i == 0 => out.push_str(&clip(k)),
-                Seg::Key(k) => {
-                    out.push('.');
-                    out.push_str(&clip(k));
-                }
-                Seg::Index(n) => out.push_str(&format!("[{n}]")),
-            }
+        let pieces: Vec<String> = segs
+            .iter()
+            .rev()
+            .enumerate()
+            .map(|(i, seg)| match seg {
+                Seg::Key(k) if i == 0 => clip(k),
+                Seg::Key(k) => format!(".{}", clip(k)),
+                Seg::Index(n) => format!("[{n}]"),
+            })
+            .collect();
+        let total: usize = pieces.iter().map(String::len).sum();
+        if total <= PATH_MAX_BYTES {
+            return format!("`{}`", pieces.concat());
         }
-        out.push('`');
-        out
+        // Too long: the first step, `…`, and as many of the last steps as
+        // fit (always the last one, which is where the problem is).
+        let (first, rest) = pieces.split_first().expect("segs is not empty");
+        let mut tail: Vec<&str> = Vec::new();
+        let mut len = first.len();
+        for piece in rest.iter().rev() {
+            if !tail.is_empty() && len + piece.len() > PATH_MAX_BYTES {
+                break;
+            }
+            len += piece.len();
+            tail.push(piece);
+        }
+        tail.reverse();
+        format!("`{first}…{}`", tail.concat())
     }
 }
 
@@ -709,6 +778,13 @@ struct RawSpec {
     user: Option<Value>,
     priority: Option<Value>,
     resources: Option<Value>,
+    after_ok: Option<Value>,
+    after_fail: Option<Value>,
+    after_any: Option<Value>,
+    sweep: Option<Value>,
+    max_parallel: Option<Value>,
+    notify: Option<Value>,
+    notify_on: Option<Value>,
 }
 
 impl RawSpec {
@@ -727,6 +803,13 @@ impl RawSpec {
                 "user" => &mut raw.user,
                 "priority" => &mut raw.priority,
                 "resources" => &mut raw.resources,
+                "after_ok" => &mut raw.after_ok,
+                "after_fail" => &mut raw.after_fail,
+                "after_any" => &mut raw.after_any,
+                "sweep" => &mut raw.sweep,
+                "max_parallel" => &mut raw.max_parallel,
+                "notify" => &mut raw.notify,
+                "notify_on" => &mut raw.notify_on,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -774,6 +857,40 @@ impl RawSpec {
             .map(|v| crate::resources::validate_request(&v).map_err(SpecError::Resources))
             .transpose()?
             .unwrap_or_default();
+        let ids = |field: &str, v: Option<Value>| {
+            v.map(|v| crate::chain::parse_id_list(field, &v).map_err(SpecError::Chain))
+                .transpose()
+                .map(Option::unwrap_or_default)
+        };
+        let after = crate::chain::Dependencies {
+            after_ok: ids("after_ok", self.after_ok)?,
+            after_fail: ids("after_fail", self.after_fail)?,
+            after_any: ids("after_any", self.after_any)?,
+        };
+        if after.all().contains(&id) {
+            return Err(SpecError::Chain(format!(
+                "job {id} depends on itself (a cycle); remove {id} from its after_ok/after_fail/after_any"
+            )));
+        }
+        let sweep =
+            match (self.sweep, self.max_parallel) {
+                (None, None) => None,
+                (None, Some(_)) => return Err(SpecError::Chain(
+                    "field `max_parallel` only applies to a `sweep`; add one or drop max_parallel"
+                        .into(),
+                )),
+                (Some(s), mp) => {
+                    Some(crate::chain::parse_sweep(&s, mp.as_ref()).map_err(SpecError::Chain)?)
+                }
+            };
+        let notify = self
+            .notify
+            .map(|v| crate::notifications::parse_notify(&v).map_err(SpecError::Notify))
+            .transpose()?;
+        let notify_on = self
+            .notify_on
+            .map(|v| crate::notifications::parse_notify_on(&v).map_err(SpecError::Notify))
+            .transpose()?;
         Ok(JobSpec {
             id,
             command,
@@ -784,6 +901,10 @@ impl RawSpec {
             user,
             priority,
             resources,
+            after,
+            sweep,
+            notify,
+            notify_on,
         })
     }
 }
@@ -1579,29 +1700,46 @@ mod tests {
             assert!(msg.contains("field `gpus`"), "{bad}: {msg}");
         }
         // The object form, through the whole parser (nesting, strictness).
-        let r = gpus(r#"{"count": 2, "model": "A100", "min_memory": "40GiB", "indices": [0, 1, 2]}"#)
-            .unwrap()
-            .gpus;
+        let r =
+            gpus(r#"{"count": 2, "model": "A100", "min_memory": "40GiB", "indices": [0, 1, 2]}"#)
+                .unwrap()
+                .gpus;
         assert_eq!(r.count(), 2);
         assert_eq!(r.model.as_deref(), Some("A100"));
         let msg = gpus(r#"{"count": 1, "count": 2}"#).unwrap_err().to_string();
         assert!(msg.contains("duplicate key"), "{msg}");
         let msg = gpus(r#"{"count": 1, "vram": 2}"#).unwrap_err().to_string();
-        assert!(msg.contains("field `gpus`") && msg.contains("\"vram\""), "{msg}");
+        assert!(
+            msg.contains("field `gpus`") && msg.contains("\"vram\""),
+            "{msg}"
+        );
     }
 
     #[test]
     fn priority_rules() {
         let p = |v: &str| {
-            parse(&format!(r#"{{"version":1,"command":["a"],"priority":{v}}}"#))
-                .map(|s| s.priority)
+            parse(&format!(
+                r#"{{"version":1,"command":["a"],"priority":{v}}}"#
+            ))
+            .map(|s| s.priority)
         };
         assert_eq!(p("0").unwrap(), 0);
         assert_eq!(p("100").unwrap(), 100);
         assert_eq!(p("-100").unwrap(), -100);
         assert_eq!(p("null").unwrap(), 0);
-        assert_eq!(parse(r#"{"version":1,"command":["a"]}"#).unwrap().priority, 0);
-        for bad in ["101", "-101", "1.5", "\"high\"", "true", "[1]", "99999999999999999999"] {
+        assert_eq!(
+            parse(r#"{"version":1,"command":["a"]}"#).unwrap().priority,
+            0
+        );
+        for bad in [
+            "101",
+            "-101",
+            "1.5",
+            "\"high\"",
+            "true",
+            "[1]",
+            "99999999999999999999",
+        ] {
             let msg = p(bad).unwrap_err().to_string();
             assert!(
                 msg.contains("field `priority`") && msg.contains("-100 to 100"),

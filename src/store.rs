@@ -5,6 +5,7 @@
 //! `descriptor.json` keeps the exact bytes the user submitted. Rejected
 //! spool files go to `STATE/rejected/` with their reason.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -62,11 +63,24 @@ pub enum JobState {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Outcome {
     Succeeded,
-    Failed { exit_code: i32 },
-    Killed { signal: i32 },
+    Failed {
+        exit_code: i32,
+    },
+    Killed {
+        signal: i32,
+    },
     Timeout,
-    Stopped { by_uid: u32 },
-    LaunchFailed { reason: String },
+    Stopped {
+        by_uid: u32,
+    },
+    LaunchFailed {
+        reason: String,
+    },
+    /// A dependency can never be satisfied: which parent, and why.
+    DependencyFailed {
+        parent: String,
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -79,6 +93,7 @@ impl Outcome {
             Outcome::Timeout => "timeout",
             Outcome::Stopped { .. } => "stopped",
             Outcome::LaunchFailed { .. } => "launch-failed",
+            Outcome::DependencyFailed { .. } => "dependency-failed",
         }
     }
 
@@ -90,6 +105,7 @@ impl Outcome {
             Outcome::Timeout => "timed out (stopped at its timeout)".into(),
             Outcome::Stopped { by_uid } => format!("stopped by uid {by_uid}"),
             Outcome::LaunchFailed { reason } => format!("could not be launched: {reason}"),
+            Outcome::DependencyFailed { reason, .. } => format!("never ran: {reason}"),
         }
     }
 }
@@ -164,6 +180,20 @@ pub struct JobRecord {
     /// The cgroup limits the unit gets, fixed at submission.
     #[serde(default)]
     pub limits: crate::resources::EffectiveLimits,
+    /// The sweep this job belongs to, and its parameter values.
+    #[serde(default)]
+    pub group: Option<JobId>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
+    #[serde(default)]
+    pub max_parallel: Option<u32>,
+    /// What the job wrote to $PTRAIN_RESULT_FILE (a JSON object).
+    #[serde(default)]
+    pub result: Option<serde_json::Value>,
+    /// The outbox: notification intents, written in the same save as the
+    /// transition they announce. Delivery status is in `STATE/outbox/`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notifications: Vec<crate::notifications::Intent>,
 }
 
 impl JobRecord {
@@ -185,6 +215,11 @@ impl JobRecord {
             systemd_result: None,
             stop_requested_by: None,
             limits: Default::default(),
+            group: None,
+            params: BTreeMap::new(),
+            max_parallel: None,
+            result: None,
+            notifications: Vec::new(),
         }
     }
 
@@ -225,6 +260,9 @@ pub struct ExitRecord {
     /// $EXIT_STATUS: a number, or a signal name without "SIG".
     pub exit_status: String,
     pub recorded_at: u64,
+    /// The job's result file, read by the recorder as the job's user.
+    #[serde(default)]
+    pub result: Option<serde_json::Value>,
 }
 
 impl ExitRecord {
@@ -257,6 +295,7 @@ pub struct Store {
     jobs_dir: PathBuf,
     rejected_dir: PathBuf,
     exits_dir: PathBuf,
+    groups_dir: PathBuf,
 }
 
 impl Store {
@@ -264,13 +303,15 @@ impl Store {
         let jobs_dir = state_dir.join("jobs");
         let rejected_dir = state_dir.join("rejected");
         let exits_dir = exits_dir(state_dir);
-        for dir in [state_dir, &jobs_dir, &rejected_dir, &exits_dir] {
+        let groups_dir = state_dir.join("groups");
+        for dir in [state_dir, &jobs_dir, &rejected_dir, &exits_dir, &groups_dir] {
             ensure_dir(dir, 0o700).map_err(io_err("create directory", dir))?;
         }
         Ok(Store {
             jobs_dir,
             rejected_dir,
             exits_dir,
+            groups_dir,
         })
     }
 
@@ -324,6 +365,24 @@ impl Store {
                 Err(e) => return Err(io_err("read", &path)(e)),
             }
         }
+        // Members of a sweep whose group commit never happened are a claim
+        // that crashed halfway: drop them all (their spool file remains).
+        let mut partial: BTreeSet<JobId> = BTreeSet::new();
+        for r in &records {
+            if let Some(group) = &r.group {
+                if !self.groups_dir.join(format!("{group}.json")).exists() {
+                    partial.insert(r.id.clone());
+                }
+            }
+        }
+        if !partial.is_empty() {
+            tracing::warn!(jobs = partial.len(), "removing members of a sweep whose claim did not complete; it will be claimed again");
+            for id in &partial {
+                let dir = self.job_dir(id);
+                std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+            }
+            records.retain(|r| !partial.contains(&r.id));
+        }
         records.sort_by_key(|r| (r.submitted_at, r.id.clone()));
         Ok(records)
     }
@@ -347,6 +406,37 @@ impl Store {
             .and_then(|()| fsync_dir(&self.jobs_dir).map_err(io_err("sync", &self.jobs_dir)));
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
+        }
+        result
+    }
+
+    /// Claims every member of a sweep, then commits the group with one
+    /// durable marker: after a crash either all members exist or none.
+    pub fn claim_group(
+        &self,
+        group: &JobId,
+        members: &[JobRecord],
+        descriptor: &[u8],
+    ) -> Result<(), StoreError> {
+        let mut claimed = Vec::new();
+        let mut result = Ok(());
+        for member in members {
+            if let Err(e) = self.claim(member, descriptor) {
+                result = Err(e);
+                break;
+            }
+            claimed.push(&member.id);
+        }
+        if result.is_ok() {
+            let ids: Vec<&str> = members.iter().map(|m| m.id.as_str()).collect();
+            let bytes = serde_json::to_vec(&ids).expect("ids serialise");
+            result = write_atomic(&self.groups_dir, &format!("{group}.json"), &bytes)
+                .map_err(io_err("write", &self.groups_dir));
+        }
+        if result.is_err() {
+            for id in claimed {
+                let _ = std::fs::remove_dir_all(self.job_dir(id));
+            }
         }
         result
     }
@@ -477,6 +567,7 @@ mod tests {
             exit_code: "killed".into(),
             exit_status: "KILL".into(),
             recorded_at: 1,
+            result: None,
         };
         record_exit(dir.path(), &id, &rec).unwrap();
         let back = store.exit_record(&id).unwrap();

@@ -360,6 +360,7 @@ fn to_variant(value: &PropValue) -> OwnedVariant {
         PropValue::Str(s) => zbus::Variant::from(s.clone()),
         PropValue::Bool(b) => zbus::Variant::from(*b),
         PropValue::U64(n) => zbus::Variant::from(*n),
+        PropValue::U32(n) => zbus::Variant::from(*n),
         PropValue::StrList(list) => zbus::Variant::from(list.clone()),
         PropValue::Exec(cmds) => zbus::Variant::from(cmds.clone()),
         PropValue::DeviceAllow(devs) => zbus::Variant::from(devs.clone()),

@@ -18,6 +18,7 @@ pub enum PropValue {
     Str(String),
     Bool(bool),
     U64(u64),
+    U32(u32),
     StrList(Vec<String>),
     /// ExecStartEx: (path, argv, flags).
     Exec(Vec<(String, Vec<String>, Vec<String>)>),
@@ -39,7 +40,7 @@ pub fn workdir(record: &JobRecord, home_exists: bool) -> PathBuf {
 
 /// The environment the daemon sets; user entries come first so the
 /// daemon's own always win (the spec already rejects those names).
-pub fn environment(record: &JobRecord) -> Vec<String> {
+pub fn environment(record: &JobRecord, parent_results: Option<&str>) -> Vec<String> {
     let mut env: Vec<String> = record
         .spec
         .env
@@ -54,19 +55,47 @@ pub fn environment(record: &JobRecord) -> Vec<String> {
     env.push("CUDA_DEVICE_ORDER=PCI_BUS_ID".into());
     env.push(format!("PTRAIN_JOB_ID={}", record.id));
     env.push(format!("PTRAIN_GPUS={}", indices.join(",")));
+    env.push(format!(
+        "PTRAIN_RESULT_FILE={}",
+        result_file(record).display()
+    ));
+    if let Some(results) = parent_results {
+        env.push(format!("PTRAIN_PARENT_RESULTS={results}"));
+    }
     env
 }
 
-/// `recorder` is the ptraind binary: the unit runs `ptraind record-exit`
-/// as its ExecStopPost, so the true exit survives a daemon that is down
-/// when the job ends (systemd may collect the unit before ptraind is back).
+/// What a launch needs besides the record and the config.
+pub struct LaunchContext<'a> {
+    pub home_exists: bool,
+    /// The ptraind binary: the unit runs `ptraind record-exit` as its
+    /// ExecStopPost, so the true exit survives a daemon that is down when
+    /// the job ends (systemd may collect the unit before ptraind is back).
+    pub recorder: &'a Path,
+    /// JSON of the parents' results, for `PTRAIN_PARENT_RESULTS`.
+    pub parent_results: Option<String>,
+}
+
+/// Where a job may write its results (a JSON object): a runtime directory
+/// systemd creates for the job's user and removes after the exit recorder
+/// has read it.
+pub fn runtime_dir_name(record: &JobRecord) -> String {
+    format!("ptrain-job-{}", record.id)
+}
+
+pub fn result_file(record: &JobRecord) -> PathBuf {
+    Path::new("/run")
+        .join(runtime_dir_name(record))
+        .join("result.json")
+}
+
 pub fn job_unit_properties(
     record: &JobRecord,
     config: &Config,
-    home_exists: bool,
-    recorder: &Path,
+    ctx: &LaunchContext,
 ) -> UnitProperties {
-    let workdir = workdir(record, home_exists);
+    let recorder = ctx.recorder;
+    let workdir = workdir(record, ctx.home_exists);
     let argv = record.spec.command.clone();
     let mut devices: Vec<(String, String)> = Vec::new();
     if !record.gpus.is_empty() {
@@ -119,10 +148,20 @@ pub fn job_unit_properties(
                     config.state_dir.display().to_string(),
                     "--job".into(),
                     record.id.to_string(),
+                    "--result-file".into(),
+                    result_file(record).display().to_string(),
+                    "--uid".into(),
+                    record.owner.uid.to_string(),
+                    "--gid".into(),
+                    record.owner.gid.to_string(),
                 ],
                 // Root, outside the job's sandbox (it writes the root-only
                 // state dir); a failure must not change the job's result.
-                vec!["privileged".into(), "ignore-failure".into(), "no-env-expand".into()],
+                vec![
+                    "privileged".into(),
+                    "ignore-failure".into(),
+                    "no-env-expand".into(),
+                ],
             )]),
         ),
         ("User", PropValue::Str(record.owner.uid.to_string())),
@@ -135,7 +174,15 @@ pub fn job_unit_properties(
             "WorkingDirectory",
             PropValue::Str(workdir.display().to_string()),
         ),
-        ("Environment", PropValue::StrList(environment(record))),
+        (
+            "Environment",
+            PropValue::StrList(environment(record, ctx.parent_results.as_deref())),
+        ),
+        (
+            "RuntimeDirectory",
+            PropValue::StrList(vec![runtime_dir_name(record)]),
+        ),
+        ("RuntimeDirectoryMode", PropValue::U32(0o700)),
         ("StandardOutput", PropValue::Str("journal".into())),
         ("StandardError", PropValue::Str("journal".into())),
         ("Slice", PropValue::Str(config.slice.clone())),
@@ -214,6 +261,14 @@ mod tests {
         JobRecord::new(spec, owner, source, 0)
     }
 
+    fn ctx(home_exists: bool) -> LaunchContext<'static> {
+        LaunchContext {
+            home_exists,
+            recorder: Path::new("/usr/sbin/ptraind"),
+            parent_results: None,
+        }
+    }
+
     fn get<'a>(props: &'a UnitProperties, key: &str) -> &'a PropValue {
         &props
             .iter()
@@ -233,7 +288,7 @@ mod tests {
             uuid: "GPU-1".into(),
             device: "/dev/nvidia1".into(),
         }];
-        let props = job_unit_properties(&r, &config, true, Path::new("/usr/sbin/ptraind"));
+        let props = job_unit_properties(&r, &config, &ctx(true));
         assert_eq!(get(&props, "User"), &PropValue::Str("1234".into()));
         assert_eq!(get(&props, "Group"), &PropValue::Str("4321".into()));
         assert_eq!(
@@ -266,14 +321,15 @@ mod tests {
         };
         assert!(env.contains(&"CUDA_VISIBLE_DEVICES=GPU-1".to_string()));
         assert!(env.contains(&"PTRAIN_JOB_ID=job1".to_string()));
-        assert_eq!(env.last().unwrap(), "PTRAIN_GPUS=1");
+        assert!(env.contains(&"PTRAIN_GPUS=1".to_string()));
+        assert!(env.contains(&"PTRAIN_RESULT_FILE=/run/ptrain-job-job1/result.json".to_string()));
     }
 
     #[test]
     fn no_gpus_means_no_nvidia_nodes_and_empty_cuda_list() {
         let config = Config::from_toml(Path::new("t"), "").unwrap();
         let r = record(r#"{"version":1,"command":["true"]}"#);
-        let props = job_unit_properties(&r, &config, false, Path::new("/usr/sbin/ptraind"));
+        let props = job_unit_properties(&r, &config, &ctx(false));
         assert_eq!(get(&props, "DeviceAllow"), &PropValue::DeviceAllow(vec![]));
         assert_eq!(get(&props, "WorkingDirectory"), &PropValue::Str("/".into()));
         assert!(!props.iter().any(|(k, _)| *k == "RuntimeMaxUSec"));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use futures_util::StreamExt;
 
-use ptrain::api::{Daemon1Proxy, GpusView, JobView};
+use ptrain::api::{Daemon1Proxy, GpusView, JobChangedStream, JobView};
 use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
 use ptrain::spec::{parse_spec, spool_file_stem, MAX_SPEC_BYTES};
 use ptrain::store::{signal_name, RejectRecord};
@@ -28,8 +28,10 @@ const EXIT_NO_DAEMON: u8 = 3;
   ptrain logs -f resnet-lr01        follow a job's output
   ptrain stop resnet-lr01           stop a queued or running job
 
-Exit codes: 0 success, 1 the request failed (unknown job, not yours, job failed),
-2 bad usage or invalid job file, 3 ptraind is not reachable."
+Exit codes: 0 success, 1 the request failed (unknown job, not yours),
+2 bad usage or invalid job file, 3 ptraind is not reachable.
+With --wait and `ptrain wait`: 4 a job failed (exit code, signal, launch),
+5 a job timed out, 6 a job was stopped, 7 a job's dependency failed."
 )]
 struct Cli {
     /// Configuration file (for the spool directory).
@@ -48,8 +50,17 @@ enum Command {
         #[arg(long)]
         id: Option<String>,
         /// Return once the file is dropped, without waiting for ptraind to accept it.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "wait")]
         no_confirm: bool,
+        /// Block until the job (every job of a sweep) ends, printing its state
+        /// changes; exit 0 only if all succeeded (see exit codes below).
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Block until these jobs (or sweeps) end; exit 0 only if all succeeded.
+    Wait {
+        #[arg(required = true)]
+        ids: Vec<String>,
     },
     /// List every job.
     List {
@@ -83,6 +94,27 @@ enum Command {
     Gpus {
         #[arg(long)]
         json: bool,
+    },
+    /// Notification deliveries: pending, retrying, delivered and dead,
+    /// with the last error (root).
+    Notifications {
+        #[arg(long)]
+        json: bool,
+        #[command(subcommand)]
+        action: Option<NotificationsAction>,
+    },
+}
+
+#[derive(Subcommand)]
+enum NotificationsAction {
+    /// Send a dead notification again (or a retrying one now).
+    Retry {
+        /// The notification's key, JOB.EVENT.CHANNEL, as listed.
+        #[arg(required_unless_present = "all_dead", conflicts_with = "all_dead")]
+        key: Option<String>,
+        /// Every dead notification.
+        #[arg(long)]
+        all_dead: bool,
     },
 }
 
@@ -167,7 +199,28 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             file,
             id,
             no_confirm,
-        } => submit(&cli.config, &file, id, no_confirm).await,
+            wait,
+        } => submit(&cli.config, &file, id, no_confirm, wait).await,
+        Command::Wait { ids } => {
+            let proxy = proxy().await?;
+            let changes = proxy.receive_job_changed().await.map_err(from_bus)?;
+            // A sweep id stands for all of its members.
+            let jobs: Vec<JobView> = parse(&proxy.list().await.map_err(from_bus)?)?;
+            let mut expanded = Vec::new();
+            for id in ids {
+                let members: Vec<String> = jobs
+                    .iter()
+                    .filter(|j| j.group.as_deref() == Some(id.as_str()))
+                    .map(|j| j.id.clone())
+                    .collect();
+                if members.is_empty() {
+                    expanded.push(id);
+                } else {
+                    expanded.extend(members);
+                }
+            }
+            wait_for_jobs(&proxy, changes, &expanded).await
+        }
         Command::List { json } => {
             let jobs: Vec<JobView> = parse(&proxy().await?.list().await.map_err(from_bus)?)?;
             if json {
@@ -218,12 +271,12 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             } else {
                 println!("backend: {}", view.backend);
                 println!(
-                    "{:<5} {:<24} {:>10} {:>10} {:<16} UUID",
-                    "INDEX", "NAME", "MEM MiB", "USED MiB", "JOB"
+                    "{:<5} {:<24} {:>10} {:>10} {:<12} {:<16} UUID",
+                    "INDEX", "NAME", "MEM MiB", "USED MiB", "STATE", "JOB"
                 );
                 for g in &view.gpus {
                     println!(
-                        "{:<5} {:<24} {:>10} {:>10} {:<16} {}",
+                        "{:<5} {:<24} {:>10} {:>10} {:<12} {:<16} {}",
                         g.gpu.index,
                         truncate(&g.gpu.name, 24),
                         g.gpu.memory_total_mib,
@@ -231,13 +284,24 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                             .memory_used_mib
                             .map(|m| m.to_string())
                             .unwrap_or("-".into()),
-                        g.held_by.as_deref().unwrap_or("-"),
+                        if g.state.is_empty() { "-" } else { &g.state },
+                        g.held_by
+                            .as_deref()
+                            .or(g.reserved_for.as_deref())
+                            .unwrap_or("-"),
                         g.gpu.uuid
                     );
+                }
+                // What the STATE column cannot hold: why a GPU is out.
+                for g in &view.gpus {
+                    if matches!(g.state.as_str(), "unhealthy" | "busy-foreign") {
+                        println!("GPU {}: {}", g.gpu.index, g.detail);
+                    }
                 }
             }
             Ok(0)
         }
+        Command::Notifications { json, action } => notifications(json, action).await,
     }
 }
 
@@ -381,6 +445,7 @@ async fn submit(
     file: &Path,
     id: Option<String>,
     no_confirm: bool,
+    wait: bool,
 ) -> Result<u8, Failure> {
     let (bytes, default_id) = if file == Path::new("-") {
         let mut buf = Vec::new();
@@ -422,22 +487,38 @@ async fn submit(
     let Some((proxy, mut changes)) = listener else {
         return Ok(0);
     };
-    let wait = async {
+    // The jobs this file becomes: one, or every member of a sweep.
+    let ids: Vec<String> = match &spec.sweep {
+        Some(sweep) => ptrain::chain::expand(&spec, sweep)
+            .into_iter()
+            .map(|m| m.spec.id.to_string())
+            .collect(),
+        None => vec![spec.id.to_string()],
+    };
+    let first = ids[0].clone();
+    let accepted = async {
         while let Some(signal) = changes.next().await {
             if let Ok(args) = signal.args() {
-                if args.id == spec.id.as_str() {
+                if args.id == first {
                     return Some(args.status.clone());
                 }
             }
         }
         None
     };
-    match tokio::time::timeout(Duration::from_secs(10), wait).await {
+    match tokio::time::timeout(Duration::from_secs(10), accepted).await {
         Ok(Some(status)) => {
-            println!(
-                "ptraind accepted job {} ({status}); `ptrain status {}` shows it",
-                spec.id, spec.id
-            );
+            if ids.len() > 1 {
+                println!("ptraind accepted sweep {} as {} jobs", spec.id, ids.len());
+            } else {
+                println!(
+                    "ptraind accepted job {} ({status}); `ptrain status {}` shows it",
+                    spec.id, spec.id
+                );
+            }
+            if wait {
+                return wait_for_jobs(&proxy, changes, &ids).await;
+            }
             Ok(0)
         }
         _ => {
@@ -564,5 +645,102 @@ async fn logs(id: &str, follow: bool, lines: Option<u32>) -> Result<u8, Failure>
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = child.kill();
     let _ = child.wait();
+    Ok(0)
+}
+
+const EXIT_JOB_FAILED: u8 = 4;
+const EXIT_JOB_TIMEOUT: u8 = 5;
+const EXIT_JOB_STOPPED: u8 = 6;
+const EXIT_JOB_DEPENDENCY: u8 = 7;
+
+fn is_final(status: &str) -> bool {
+    !matches!(status, "queued" | "launching" | "running")
+}
+
+/// Follows the jobs' state changes until all have ended; the exit code
+/// says the worst that happened.
+async fn wait_for_jobs(
+    proxy: &Daemon1Proxy<'_>,
+    mut changes: JobChangedStream,
+    ids: &[String],
+) -> Result<u8, Failure> {
+    let mut status: std::collections::BTreeMap<String, String> = Default::default();
+    // Subscribed before this first look, so no change falls in between.
+    for id in ids {
+        let job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
+        println!("{id}: {}", job.detail);
+        status.insert(id.clone(), job.status);
+    }
+    while !status.values().all(|s| is_final(s)) {
+        let Some(signal) = changes.next().await else {
+            return Err(fail(EXIT_NO_DAEMON, "lost the connection to ptraind"));
+        };
+        let Ok(args) = signal.args() else { continue };
+        if let Some(old) = status.get_mut(args.id.as_str()) {
+            if *old != args.status {
+                println!("{}: {}", args.id, args.status);
+                *old = args.status.clone();
+            }
+        }
+    }
+    let worst = |word: &str| status.values().any(|s| s == word);
+    Ok(if status.values().all(|s| s == "succeeded") {
+        0
+    } else if worst("failed") || worst("killed") || worst("launch-failed") {
+        EXIT_JOB_FAILED
+    } else if worst("timeout") || worst("idle-timeout") {
+        EXIT_JOB_TIMEOUT
+    } else if worst("stopped") {
+        EXIT_JOB_STOPPED
+    } else {
+        EXIT_JOB_DEPENDENCY
+    })
+}
+
+async fn notifications(json: bool, action: Option<NotificationsAction>) -> Result<u8, Failure> {
+    let proxy = proxy().await?;
+    if let Some(NotificationsAction::Retry { key, all_dead }) = action {
+        let said = proxy
+            .retry_notifications(key.as_deref().unwrap_or(""), all_dead)
+            .await
+            .map_err(from_bus)?;
+        println!("{said}");
+        return Ok(0);
+    }
+    let list: Vec<ptrain::notifications::DeliveryView> =
+        parse(&proxy.notifications().await.map_err(from_bus)?)?;
+    if json {
+        print_json(&list);
+        return Ok(0);
+    }
+    if list.is_empty() {
+        println!("no notifications");
+        return Ok(0);
+    }
+    println!(
+        "{:<40} {:<10} {:>8} {:<20} {:<20} LAST ERROR",
+        "KEY", "STATE", "ATTEMPTS", "LAST ATTEMPT", "NEXT"
+    );
+    for d in &list {
+        let time = |t: Option<u64>| t.map(format_time).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<40} {:<10} {:>8} {:<20} {:<20} {}",
+            d.key,
+            d.state.as_str(),
+            d.attempts,
+            time(d.last_attempt_at),
+            time(d.next_attempt_at),
+            d.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    let dead = list
+        .iter()
+        .filter(|d| d.state == ptrain::notifications::DeliveryState::Dead)
+        .count();
+    if dead > 0 {
+        println!(
+            "{dead} dead: fix the cause, then `ptrain notifications retry KEY` or `--all-dead`"
+        );
+    }
     Ok(0)
 }

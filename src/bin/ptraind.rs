@@ -37,10 +37,23 @@ enum Sub {
         state_dir: PathBuf,
         #[arg(long)]
         job: String,
+        /// The job's result file, read as the job's user.
+        #[arg(long)]
+        result_file: Option<PathBuf>,
+        #[arg(long)]
+        uid: Option<u32>,
+        #[arg(long)]
+        gid: Option<u32>,
     },
 }
 
-fn record_exit(state_dir: &std::path::Path, job: &str) -> ExitCode {
+fn record_exit(
+    state_dir: &std::path::Path,
+    job: &str,
+    result_file: Option<&std::path::Path>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> ExitCode {
     let Ok(id) = ptrain::spec::JobId::parse(job) else {
         eprintln!("ptraind record-exit: invalid job id {job:?}");
         return ExitCode::from(2);
@@ -52,7 +65,18 @@ fn record_exit(state_dir: &std::path::Path, job: &str) -> ExitCode {
         exit_code: var("EXIT_CODE"),
         exit_status: var("EXIT_STATUS"),
         recorded_at: ptrain::now_micros(),
+        result: None,
     };
+    let mut record = record;
+    if let (Some(path), Some(uid), Some(gid)) = (result_file, uid, gid) {
+        if path.exists() {
+            match ptrain::fsutil::read_user_json(path, uid, gid) {
+                Ok(value) => record.result = Some(value),
+                // Shown in the job's own journal, next to its output.
+                Err(e) => eprintln!("ptrain: ignoring the job's result file: {e}"),
+            }
+        }
+    }
     match ptrain::store::record_exit(state_dir, &id, &record) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -90,8 +114,15 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(Sub::RecordExit { state_dir, job }) = &args.command {
-        return record_exit(state_dir, job);
+    if let Some(Sub::RecordExit {
+        state_dir,
+        job,
+        result_file,
+        uid,
+        gid,
+    }) = &args.command
+    {
+        return record_exit(state_dir, job, result_file.as_deref(), *uid, *gid);
     }
     let config = match Config::load(&args.config) {
         Ok(config) => config,

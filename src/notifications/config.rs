@@ -88,8 +88,7 @@ pub struct NotificationsConfig {
 
 impl Default for NotificationsConfig {
     fn default() -> Self {
-        NotificationsConfig::from_raw(Path::new(""), None, None)
-            .expect("the defaults are valid")
+        NotificationsConfig::from_raw(Path::new(""), None, None).expect("the defaults are valid")
     }
 }
 
@@ -247,7 +246,9 @@ impl NotificationsConfig {
                 )),
                 Err(e) => Err((
                     format!("notify.{key}"),
-                    format!("{text:?} is not a duration ({e}); write e.g. \"5s\", \"10m\" or \"24h\""),
+                    format!(
+                        "{text:?} is not a duration ({e}); write e.g. \"5s\", \"10m\" or \"24h\""
+                    ),
                 )),
             },
         };
@@ -358,9 +359,16 @@ fn absolute(key: &str, path: Option<PathBuf>) -> Result<Option<PathBuf>, (String
     }
 }
 
-fn parse_url(key: &str, text: Option<String>, example: &str) -> Result<reqwest::Url, (String, String)> {
+fn parse_url(
+    key: &str,
+    text: Option<String>,
+    example: &str,
+) -> Result<reqwest::Url, (String, String)> {
     let Some(text) = text else {
-        return Err((key.to_owned(), format!("is missing; add e.g. url = {example:?}")));
+        return Err((
+            key.to_owned(),
+            format!("is missing; add e.g. url = {example:?}"),
+        ));
     };
     let url = reqwest::Url::parse(&text).map_err(|e| {
         (
@@ -463,21 +471,24 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
                 }
                 _ => {}
             }
-            let format = match raw.format.as_deref() {
-                None | Some("markdown") => WeComFormat::Markdown,
-                Some("text") => WeComFormat::Text,
-                Some(other) => {
-                    return Err((
+            let format =
+                match raw.format.as_deref() {
+                    None | Some("markdown") => WeComFormat::Markdown,
+                    Some("text") => WeComFormat::Text,
+                    Some(other) => return Err((
                         key("format"),
-                        format!("{other:?} is not a WeCom message type; use \"markdown\" or \"text\""),
-                    ))
-                }
-            };
+                        format!(
+                            "{other:?} is not a WeCom message type; use \"markdown\" or \"text\""
+                        ),
+                    )),
+                };
             let per_minute = raw.per_minute.unwrap_or(WECOM_PER_MINUTE);
             if per_minute == 0 || per_minute > WECOM_PER_MINUTE {
                 return Err((
                     key("per_minute"),
-                    format!("must be 1 to {WECOM_PER_MINUTE}; a robot blocks senders above 20 a minute"),
+                    format!(
+                        "must be 1 to {WECOM_PER_MINUTE}; a robot blocks senders above 20 a minute"
+                    ),
                 ));
             }
             ChannelKind::WeCom(WeComConfig {
@@ -495,17 +506,18 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
                     "is missing; add e.g. smtp_host = \"smtp.example.com\"".to_owned(),
                 )
             })?;
-            let tls = match raw.tls.as_deref() {
-                None | Some("starttls") => SmtpTls::StartTls,
-                Some("tls") => SmtpTls::Tls,
-                Some("none") => SmtpTls::None,
-                Some(other) => {
-                    return Err((
+            let tls =
+                match raw.tls.as_deref() {
+                    None | Some("starttls") => SmtpTls::StartTls,
+                    Some("tls") => SmtpTls::Tls,
+                    Some("none") => SmtpTls::None,
+                    Some(other) => return Err((
                         key("tls"),
-                        format!("{other:?} is not a TLS mode; use \"starttls\", \"tls\" or \"none\""),
-                    ))
-                }
-            };
+                        format!(
+                            "{other:?} is not a TLS mode; use \"starttls\", \"tls\" or \"none\""
+                        ),
+                    )),
+                };
             let smtp_port = raw.smtp_port.unwrap_or(match tls {
                 SmtpTls::StartTls => 587,
                 SmtpTls::Tls => 465,
@@ -586,7 +598,11 @@ mod tests {
 
     fn load(text: &str) -> Result<NotificationsConfig, (String, String)> {
         let doc: Doc = toml::from_str(text).map_err(|e| ("toml".to_owned(), e.to_string()))?;
-        NotificationsConfig::from_raw(Path::new("/etc/ptrain/ptrain.toml"), doc.notify, doc.channels)
+        NotificationsConfig::from_raw(
+            Path::new("/etc/ptrain/ptrain.toml"),
+            doc.notify,
+            doc.channels,
+        )
     }
 
     #[test]
@@ -675,7 +691,8 @@ mod tests {
             assert!(message.contains(fix), "{text}: {message}");
         }
         // A bad URL's message never repeats the value, which may be a key.
-        let (_, message) = load("[channels.x]\nkind = \"wecom\"\nurl = \"SECRET not a url\"").unwrap_err();
+        let (_, message) =
+            load("[channels.x]\nkind = \"wecom\"\nurl = \"SECRET not a url\"").unwrap_err();
         assert!(!message.contains("SECRET"), "{message}");
     }
 }

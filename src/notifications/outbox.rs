@@ -185,7 +185,10 @@ mod tests {
     fn save_load_list_root_only() {
         let dir = tempfile::tempdir().unwrap();
         let outbox = Outbox::open(dir.path()).unwrap();
-        let mode = std::fs::metadata(outbox.dir()).unwrap().permissions().mode();
+        let mode = std::fs::metadata(outbox.dir())
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o700);
         let intent = super::super::sender::tests::intent("j", NotifyEvent::Failed, "hook");
         assert_eq!(outbox.load(&intent.key).unwrap(), None);
@@ -201,6 +204,9 @@ mod tests {
         let listed = outbox.list().unwrap();
         assert_eq!(listed, vec![d.clone()]);
         let view = DeliveryView::of(&d);
-        assert_eq!((view.state, view.channel.as_str()), (DeliveryState::Dead, "hook"));
+        assert_eq!(
+            (view.state, view.channel.as_str()),
+            (DeliveryState::Dead, "hook")
+        );
     }
 }

@@ -135,10 +135,7 @@ mod tests {
     fn sparse_events_go_alone_and_at_once() {
         let arrivals: Vec<Duration> = (0..5).map(|i| Duration::from_secs(10 * i)).collect();
         let sent = simulate(&arrivals);
-        assert_eq!(
-            sent,
-            arrivals.iter().map(|a| (*a, 1)).collect::<Vec<_>>()
-        );
+        assert_eq!(sent, arrivals.iter().map(|a| (*a, 1)).collect::<Vec<_>>());
     }
 
     #[test]

@@ -96,12 +96,7 @@ fn exit_status(n: &Notice) -> Option<String> {
 /// The facts, one per line, for email and WeCom text.
 pub fn body_text(n: &Notice) -> String {
     let mut lines = vec![
-        format!(
-            "Job {} of {} {}.",
-            n.job_id,
-            n.owner,
-            outcome_words(n)
-        ),
+        format!("Job {} of {} {}.", n.job_id, n.owner, outcome_words(n)),
         String::new(),
         format!("Status:    {} — {}", n.status, clip(&n.detail, MAX_DETAIL)),
     ];
@@ -155,10 +150,7 @@ pub fn wecom_markdown(n: &Notice) -> String {
         md_color(n),
         md_safe(&outcome_words(n))
     );
-    s.push_str(&format!(
-        "> {}\n",
-        md_safe(&clip(&n.detail, MAX_DETAIL))
-    ));
+    s.push_str(&format!("> {}\n", md_safe(&clip(&n.detail, MAX_DETAIL))));
     s.push_str(&format!("> owner: {}  host: {}\n", n.owner, n.host));
     if let Some(status) = exit_status(n) {
         s.push_str(&format!("> {status}\n"));
@@ -172,14 +164,21 @@ pub fn wecom_markdown(n: &Notice) -> String {
 }
 
 pub fn wecom_text(n: &Notice) -> String {
-    clip(&format!("[ptrain] {}\n{}", title(n), body_text(n)), WECOM_TEXT_MAX)
+    clip(
+        &format!("[ptrain] {}\n{}", title(n), body_text(n)),
+        WECOM_TEXT_MAX,
+    )
 }
 
 /// One line of a digest, bounded so [`super::pacing::MAX_DIGEST`] lines fit.
 fn digest_line(n: &Notice, markdown: bool) -> String {
     let mut line = title(n);
     if markdown {
-        line = format!("- <font color=\"{}\">{}</font>", md_color(n), md_safe(&line));
+        line = format!(
+            "- <font color=\"{}\">{}</font>",
+            md_color(n),
+            md_safe(&line)
+        );
     } else {
         line = format!("- {line}");
     }
@@ -239,8 +238,8 @@ pub struct WebhookPayload<'a> {
     pub host: &'a str,
     pub unit: &'a str,
     pub logs_command: String,
-    /// The job's result file (not collected yet: always null).
-    pub results: Option<serde_json::Value>,
+    /// What the job wrote to its result file (`$PTRAIN_RESULT_FILE`), or null.
+    pub results: Option<&'a serde_json::Value>,
     /// The last lines of the job's output (not collected yet: empty).
     pub output_tail: Vec<String>,
 }
@@ -271,7 +270,7 @@ pub fn webhook_payload(intent: &Intent) -> WebhookPayload<'_> {
         host: &n.host,
         unit: &n.unit,
         logs_command: format!("ptrain logs {}", n.job_id),
-        results: None,
+        results: n.results.as_ref(),
         output_tail: Vec::new(),
     }
 }
@@ -344,6 +343,7 @@ mod tests {
             ],
             host: "gpu01".into(),
             unit: "ptrain-job@resnet-lr01.service".into(),
+            results: Some(serde_json::json!({"accuracy": 0.93})),
         }
     }
 
@@ -386,7 +386,10 @@ mod tests {
             assert!(body.contains(want), "missing {want:?} in\n{body}");
         }
         let md = wecom_markdown(&notice(NotifyEvent::Failed));
-        assert!(md.contains("<font color=\"warning\">failed (exit code 3)</font>"), "{md}");
+        assert!(
+            md.contains("<font color=\"warning\">failed (exit code 3)</font>"),
+            "{md}"
+        );
         assert!(md.contains("`ptrain logs resnet-lr01`"), "{md}");
     }
 
@@ -437,6 +440,7 @@ mod tests {
         assert_eq!(v["host"], "gpu01");
         assert_eq!(v["logs_command"], "ptrain logs resnet-lr01");
         assert_eq!(v["output_tail"], serde_json::json!([]));
+        assert_eq!(v["results"]["accuracy"], 0.93);
         // The same intent always gives the same bytes (and signature).
         assert_eq!(webhook_body(&intent), webhook_body(&intent.clone()));
     }
@@ -448,7 +452,13 @@ mod tests {
             "<run.succeeded.mail@ptrain.gpu01>"
         );
         let odd = message_id("a..b.failed.mail", "gpu 01!");
-        assert_eq!(odd, format!("<x{}@ptrain.gpu01>", hex::encode("a..b.failed.mail")));
-        assert_ne!(message_id("a.failed.mail", "h"), message_id("a.failed.mail2", "h"));
+        assert_eq!(
+            odd,
+            format!("<x{}@ptrain.gpu01>", hex::encode("a..b.failed.mail"))
+        );
+        assert_ne!(
+            message_id("a.failed.mail", "h"),
+            message_id("a.failed.mail2", "h")
+        );
     }
 }

@@ -111,9 +111,9 @@ pub fn classify_wecom(status: u16, body: &[u8]) -> Verdict {
     let msg: String = answer.errmsg.chars().take(200).collect();
     match answer.errcode {
         0 => Verdict::Delivered,
-        code if WECOM_RETRY.contains(&code) => {
-            Verdict::Retry(format!("WeCom errcode {code} (rate limited or busy): {msg}"))
-        }
+        code if WECOM_RETRY.contains(&code) => Verdict::Retry(format!(
+            "WeCom errcode {code} (rate limited or busy): {msg}"
+        )),
         WECOM_BAD_URL => Verdict::Dead(format!(
             "WeCom errcode {WECOM_BAD_URL} (invalid webhook url): check the robot's key"
         )),
@@ -226,7 +226,13 @@ mod tests {
 
     #[test]
     fn smtp() {
-        assert!(matches!(classify_smtp(true, "550".into()), Verdict::Dead(_)));
-        assert!(matches!(classify_smtp(false, "421".into()), Verdict::Retry(_)));
+        assert!(matches!(
+            classify_smtp(true, "550".into()),
+            Verdict::Dead(_)
+        ));
+        assert!(matches!(
+            classify_smtp(false, "421".into()),
+            Verdict::Retry(_)
+        ));
     }
 }

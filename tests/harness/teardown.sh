@@ -43,6 +43,21 @@ fi
 for _ in $(seq 1 50); do alive "$UPID" unshare || break; sleep 0.1; done
 alive "$UPID" unshare && kill -KILL "$UPID"
 
+# `nsenter --target $SPID ...` (enter.sh, Harness::command) runs outside the
+# harness and waits for its child inside. At poweroff systemd SIGSTOPs every
+# process of the namespace; nsenter then stops itself too (it mirrors its
+# child's stops) and nothing ever continues it: it would stay stopped for
+# good, holding its caller's stdout/stderr open (a CI log pipe never ends).
+# Its child is gone with the namespace: SIGCONT lets it reap it and exit.
+if [ -n "$SPID" ]; then
+    for p in /proc/[0-9]*; do
+        [ "$(cat "$p/comm" 2>/dev/null)" = nsenter ] || continue
+        if tr '\0' '\n' < "$p/cmdline" 2>/dev/null | grep -qx -- "--target=$SPID\|$SPID"; then
+            kill -CONT "${p#/proc/}" 2>/dev/null
+        fi
+    done
+fi
+
 # remove the cgroup subtree (leaf first); anything still inside it was started
 # in the harness, so cgroup.kill (Linux >= 5.14) may end it
 if [ -d "$CG" ]; then

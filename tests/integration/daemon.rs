@@ -67,11 +67,21 @@ impl TestDaemon {
             // private copy) shares this very file system.
             std::fs::create_dir_all(&state).unwrap();
             let out = std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={kib}k,mode=0700"), "ptrain-test-state"])
+                .args([
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={kib}k,mode=0700"),
+                    "ptrain-test-state",
+                ])
                 .arg(&state)
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "mount tmpfs: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "mount tmpfs: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         for user in [ALICE, BOB] {
             let home = root.join("work").join(user);
@@ -108,7 +118,11 @@ impl TestDaemon {
             .replace(
                 "ReadWritePaths=/var/spool/ptrain",
                 &format!("ReadWritePaths={}", root.display()),
-            );
+            )
+            // The test's state and log dirs live under its root; do not
+            // create /var/lib/ptrain on the host that the harness shares.
+            .replace("StateDirectory=ptrain", "#StateDirectory=ptrain")
+            .replace("LogsDirectory=ptrain", "#LogsDirectory=ptrain");
         assert!(unit.contains(&format!("ReadWritePaths={}", root.display())));
         std::fs::write(units.join("ptraind.service"), unit).unwrap();
         let harness = Harness::boot(test, opts.gpus, Some(&units));
@@ -251,7 +265,10 @@ impl Drop for TestDaemon {
         }
         // Harness drops after this and tears systemd down with every unit;
         // a tmpfs state dir is unmounted lazily from the host.
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.state).output();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.state)
+            .output();
     }
 }
 

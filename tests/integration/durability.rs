@@ -68,9 +68,17 @@ fn jobs_that_end_while_ptraind_is_down_get_their_true_result() {
     let ok = d.wait_ended("ok");
     assert_eq!(ok["status"], "succeeded", "{ok}");
     let one = d.wait_ended("one");
-    assert_eq!((one["status"].as_str(), one["exit_code"].as_i64()), (Some("failed"), Some(1)), "{one}");
+    assert_eq!(
+        (one["status"].as_str(), one["exit_code"].as_i64()),
+        (Some("failed"), Some(1)),
+        "{one}"
+    );
     let killed = d.wait_ended("killed");
-    assert_eq!((killed["status"].as_str(), killed["signal"].as_i64()), (Some("killed"), Some(9)), "{killed}");
+    assert_eq!(
+        (killed["status"].as_str(), killed["signal"].as_i64()),
+        (Some("killed"), Some(9)),
+        "{killed}"
+    );
     let late = d.wait_ended("late");
     assert_eq!(late["status"], "timeout", "{late}");
     // The recorder's files are consumed once their results are recorded.
@@ -92,7 +100,9 @@ fn kill_9_at_each_named_point_runs_every_job_exactly_once() {
     for (round, point) in points.iter().enumerate() {
         let before = main_pid(&d);
         // systemd passes its manager environment to the services it starts.
-        let (ok, out) = d.harness.systemctl(&["set-environment", &format!("PTRAIN_CRASH_AT={point}:3")]);
+        let (ok, out) = d
+            .harness
+            .systemctl(&["set-environment", &format!("PTRAIN_CRASH_AT={point}:3")]);
         assert!(ok, "{out}");
         let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
         assert!(ok, "{out}");
@@ -105,7 +115,9 @@ fn kill_9_at_each_named_point_runs_every_job_exactly_once() {
         wait_for(&format!("ptraind to crash at {point}"), WAIT, || {
             (main_pid(&d) != crashed_pid).then_some(())
         });
-        let (ok, out) = d.harness.systemctl(&["unset-environment", "PTRAIN_CRASH_AT"]);
+        let (ok, out) = d
+            .harness
+            .systemctl(&["unset-environment", "PTRAIN_CRASH_AT"]);
         assert!(ok, "{out}");
         // Restart=on-failure brings it back; start now rather than wait,
         // past systemd's start rate limit that the crash rounds add up to.
@@ -118,14 +130,25 @@ fn kill_9_at_each_named_point_runs_every_job_exactly_once() {
         }
         all_ids.extend(ids);
         let journal = d.daemon_log();
-        assert!(journal.contains(&format!("PTRAIN_CRASH_AT")), "the crash point {point} was never reached");
+        assert!(
+            journal.contains("PTRAIN_CRASH_AT"),
+            "the crash point {point} was never reached"
+        );
     }
     let counts = run_counts(&d);
     for id in &all_ids {
-        assert_eq!(counts.get(id), Some(&1), "job {id} ran {:?} times", counts.get(id));
+        assert_eq!(
+            counts.get(id),
+            Some(&1),
+            "job {id} ran {:?} times",
+            counts.get(id)
+        );
     }
     assert_eq!(counts.len(), all_ids.len());
-    assert!(std::fs::read_dir(&d.spool).unwrap().next().is_none(), "files left in the spool");
+    assert!(
+        std::fs::read_dir(&d.spool).unwrap().next().is_none(),
+        "files left in the spool"
+    );
 }
 
 #[test]
@@ -139,7 +162,8 @@ fn a_full_state_disk_keeps_files_in_the_spool_and_recovers_by_itself() {
     );
     let work = d.workdir(ALICE);
     let wait_go = "while [ ! -e go ]; do sleep 0.05; done";
-    let running = serde_json::json!({"version": 1, "command": ["/bin/sh", "-c", wait_go], "workdir": work});
+    let running =
+        serde_json::json!({"version": 1, "command": ["/bin/sh", "-c", wait_go], "workdir": work});
     d.drop_job(ALICE, "before.json", &running.to_string());
     d.wait_running("before");
     // Fill the state file system.
@@ -163,7 +187,10 @@ fn a_full_state_disk_keeps_files_in_the_spool_and_recovers_by_itself() {
         d.daemon_log().contains("stays in the spool").then_some(())
     });
     d.assert_alive();
-    assert!(d.spool.join("during.json").exists(), "the file must wait in the spool");
+    assert!(
+        d.spool.join("during.json").exists(),
+        "the file must wait in the spool"
+    );
     assert!(d.status("during").is_none());
     assert_eq!(d.status("before").unwrap()["status"], "running");
     let status_line = d.unit_property("ptraind.service", "StatusText");

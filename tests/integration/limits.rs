@@ -19,18 +19,38 @@ fn resource_requests_are_capped_per_user_and_land_on_the_unit() {
     );
     d.wait_running("big");
     let unit = "ptrain-job@big.service";
-    assert_eq!(d.unit_property(unit, "MemoryMax"), (1536u64 << 20).to_string());
+    assert_eq!(
+        d.unit_property(unit, "MemoryMax"),
+        (1536u64 << 20).to_string()
+    );
     assert_eq!(d.unit_property(unit, "CPUQuotaPerSecUSec"), "1.500000s");
     assert_eq!(d.unit_property(unit, "TasksMax"), "64");
     // Asking nothing gets the caps.
-    d.drop_job(BOB, "plain.json", r#"{"version": 1, "command": ["sleep", "60"]}"#);
+    d.drop_job(
+        BOB,
+        "plain.json",
+        r#"{"version": 1, "command": ["sleep", "60"]}"#,
+    );
     d.wait_running("plain");
-    assert_eq!(d.unit_property("ptrain-job@plain.service", "MemoryMax"), (1u64 << 30).to_string());
-    assert_eq!(d.unit_property("ptrain-job@plain.service", "CPUQuotaPerSecUSec"), "2s");
+    assert_eq!(
+        d.unit_property("ptrain-job@plain.service", "MemoryMax"),
+        (1u64 << 30).to_string()
+    );
+    assert_eq!(
+        d.unit_property("ptrain-job@plain.service", "CPUQuotaPerSecUSec"),
+        "2s"
+    );
     // Bob's cap is the global 1G: his 1.5G request is refused with the reason.
-    d.drop_job(BOB, "greedy.json", r#"{"version": 1, "command": ["true"], "resources": {"memory": "1536M"}}"#);
+    d.drop_job(
+        BOB,
+        "greedy.json",
+        r#"{"version": 1, "command": ["true"], "resources": {"memory": "1536M"}}"#,
+    );
     let r = d.wait_rejected(BOB, "greedy.json");
     let reason = r["reason"].as_str().unwrap();
-    assert!(reason.contains("memory") && reason.contains("limits"), "{reason}");
+    assert!(
+        reason.contains("memory") && reason.contains("limits"),
+        "{reason}"
+    );
     assert!(d.status("greedy").is_none());
 }

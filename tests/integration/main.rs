@@ -4,7 +4,9 @@
 mod daemon;
 mod harness;
 
+mod chains;
 mod durability;
 mod foundation;
-mod limits;
+mod gpus;
 mod hostile;
+mod limits;

@@ -1,0 +1,468 @@
+//! Chains of jobs: dependencies with Slurm's meanings, sweeps that expand
+//! one descriptor into many jobs, and whether a waiting job may start.
+//! Pure: the daemon supplies what it knows about other jobs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::spec::{JobId, JobSpec};
+
+/// Most jobs one dependency list may name, and most members of a sweep.
+pub const MAX_DEPENDENCIES: usize = 256;
+pub const MAX_SWEEP_JOBS: usize = 1000;
+pub const MAX_SWEEP_PARAMS: usize = 8;
+
+/// `after_ok` / `after_fail` / `after_any` of a descriptor.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependencies {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_ok: Vec<JobId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_fail: Vec<JobId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_any: Vec<JobId>,
+}
+
+impl Dependencies {
+    pub fn is_empty(&self) -> bool {
+        self.after_ok.is_empty() && self.after_fail.is_empty() && self.after_any.is_empty()
+    }
+
+    /// Every id named, once.
+    pub fn all(&self) -> BTreeSet<&JobId> {
+        self.after_ok
+            .iter()
+            .chain(&self.after_fail)
+            .chain(&self.after_any)
+            .collect()
+    }
+}
+
+/// `"sweep": {"lr": [0.1, 0.01], "bs": [32, 64]}`, values as the text
+/// substituted for `{lr}`, in the order the file gives them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sweep {
+    pub params: Vec<(String, Vec<String>)>,
+    #[serde(default)]
+    pub max_parallel: Option<u32>,
+}
+
+/// Parses a dependency list field (an array of job or sweep ids).
+pub fn parse_id_list(field: &str, v: &Value) -> Result<Vec<JobId>, String> {
+    let Value::Array(items) = v else {
+        return Err(format!(
+            "field `{field}` must be an array of job ids, like [\"prep\"]"
+        ));
+    };
+    if items.len() > MAX_DEPENDENCIES {
+        return Err(format!(
+            "field `{field}` names {} jobs; at most {MAX_DEPENDENCIES}",
+            items.len()
+        ));
+    }
+    let mut out: Vec<JobId> = Vec::new();
+    for item in items {
+        let Value::String(s) = item else {
+            return Err(format!("field `{field}` must list job ids as strings"));
+        };
+        let id = JobId::parse(s).map_err(|e| format!("field `{field}`: {e}"))?;
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// Parses `sweep` (and `max_parallel`).
+pub fn parse_sweep(v: &Value, max_parallel: Option<&Value>) -> Result<Sweep, String> {
+    let Value::Object(map) = v else {
+        return Err(
+            "field `sweep` must be an object of parameter lists, like {\"lr\": [0.1, 0.01]}".into(),
+        );
+    };
+    if map.is_empty() || map.len() > MAX_SWEEP_PARAMS {
+        return Err(format!(
+            "field `sweep` must have 1 to {MAX_SWEEP_PARAMS} parameters"
+        ));
+    }
+    let mut params = Vec::new();
+    let mut total: usize = 1;
+    for (name, values) in map {
+        let valid_name = name.len() <= 32
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid_name {
+            let shown: String = name.chars().take(40).collect();
+            return Err(format!(
+                "sweep parameter {shown:?} is not a valid name; use letters, digits and '_' (it becomes `{{name}}`)"
+            ));
+        }
+        let Value::Array(values) = values else {
+            return Err(format!(
+                "sweep parameter `{name}` must be an array of values"
+            ));
+        };
+        if values.is_empty() {
+            return Err(format!("sweep parameter `{name}` has no values"));
+        }
+        let mut texts = Vec::new();
+        for value in values {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => {
+                    return Err(format!(
+                        "sweep parameter `{name}` values must be strings, numbers or booleans"
+                    ))
+                }
+            };
+            if text.is_empty() || text.len() > 256 {
+                return Err(format!(
+                    "sweep parameter `{name}` has an empty or over-long value"
+                ));
+            }
+            texts.push(text);
+        }
+        total = total.saturating_mul(texts.len());
+        if total > MAX_SWEEP_JOBS {
+            return Err(format!(
+                "field `sweep` expands to more than {MAX_SWEEP_JOBS} jobs; split it"
+            ));
+        }
+        params.push((name.clone(), texts));
+    }
+    let max_parallel = match max_parallel {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .filter(|n| (1..=MAX_SWEEP_JOBS as u64).contains(n))
+                .ok_or("field `max_parallel` must be a whole number from 1 up")? as u32,
+        ),
+    };
+    Ok(Sweep {
+        params,
+        max_parallel,
+    })
+}
+
+/// One job of an expanded sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member {
+    pub spec: JobSpec,
+    pub params: BTreeMap<String, String>,
+}
+
+/// Expands a sweep into its members (grid product, in file order): each
+/// gets a derived id like `base-lr0.1-bs32` and `{name}` substituted in its
+/// command and env values.
+pub fn expand(spec: &JobSpec, sweep: &Sweep) -> Vec<Member> {
+    let mut combos: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    for (name, values) in &sweep.params {
+        combos = combos
+            .into_iter()
+            .flat_map(|combo| {
+                values.iter().map(move |v| {
+                    let mut c = combo.clone();
+                    c.push((name.clone(), v.clone()));
+                    c
+                })
+            })
+            .collect();
+    }
+    let derived: Vec<Option<JobId>> = combos
+        .iter()
+        .map(|combo| {
+            let mut id = spec.id.as_str().to_string();
+            for (name, value) in combo {
+                id.push('-');
+                id.push_str(name);
+                id.extend(value.chars().map(|c| {
+                    if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                        c
+                    } else {
+                        '_'
+                    }
+                }));
+            }
+            JobId::parse(&id).ok()
+        })
+        .collect();
+    let unique: BTreeSet<&JobId> = derived.iter().flatten().collect();
+    let use_derived = unique.len() == combos.len();
+    combos
+        .into_iter()
+        .enumerate()
+        .map(|(i, combo)| {
+            let id = match (&derived[i], use_derived) {
+                (Some(id), true) => id.clone(),
+                // Values that do not make a valid, unique id: number them.
+                _ => JobId::parse(&format!("{}-{}", truncate_id(spec.id.as_str(), 56), i + 1))
+                    .expect("a valid id plus a number is valid"),
+            };
+            let substitute = |text: &str| {
+                let mut out = text.to_string();
+                for (name, value) in &combo {
+                    out = out.replace(&format!("{{{name}}}"), value);
+                }
+                out
+            };
+            let mut member = spec.clone();
+            member.id = id;
+            member.command = spec.command.iter().map(|a| substitute(a)).collect();
+            member.env = spec
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), substitute(v)))
+                .collect();
+            member.sweep = None;
+            Member {
+                spec: member,
+                params: combo.into_iter().collect(),
+            }
+        })
+        .collect()
+}
+
+fn truncate_id(id: &str, max: usize) -> &str {
+    &id[..id.len().min(max)]
+}
+
+/// How a job named in a dependency list ended, as far as it matters here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParentState {
+    Pending,
+    Succeeded,
+    /// Ended any other way; the status word says how.
+    NotOk(String),
+}
+
+/// Whether a waiting job may start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// Still waiting for these jobs.
+    Waiting(Vec<String>),
+    /// Can never run; which parent and why.
+    Never {
+        parent: String,
+        reason: String,
+    },
+}
+
+/// Decides from the parents' states. `resolve` expands an id (a job, or
+/// a sweep into its members) to the jobs and their states.
+pub fn readiness(
+    deps: &Dependencies,
+    resolve: impl Fn(&JobId) -> Vec<(JobId, ParentState)>,
+) -> Readiness {
+    let mut waiting = BTreeSet::new();
+    for named in &deps.after_ok {
+        for (id, state) in resolve(named) {
+            match state {
+                ParentState::Pending => {
+                    waiting.insert(id.to_string());
+                }
+                ParentState::Succeeded => {}
+                ParentState::NotOk(status) => {
+                    return Readiness::Never {
+                        parent: id.to_string(),
+                        reason: format!("after_ok: {id} ended {status}"),
+                    }
+                }
+            }
+        }
+    }
+    for named in &deps.after_any {
+        for (id, state) in resolve(named) {
+            if state == ParentState::Pending {
+                waiting.insert(id.to_string());
+            }
+        }
+    }
+    if !deps.after_fail.is_empty() {
+        let mut any_failed = false;
+        let mut last = String::new();
+        for named in &deps.after_fail {
+            for (id, state) in resolve(named) {
+                last = id.to_string();
+                match state {
+                    ParentState::Pending => {
+                        waiting.insert(id.to_string());
+                    }
+                    ParentState::NotOk(_) => any_failed = true,
+                    ParentState::Succeeded => {}
+                }
+            }
+        }
+        if waiting.is_empty() && !any_failed {
+            return Readiness::Never {
+                parent: last,
+                reason: "after_fail: every parent succeeded, so this job is not needed".into(),
+            };
+        }
+    }
+    if waiting.is_empty() {
+        Readiness::Ready
+    } else {
+        Readiness::Waiting(waiting.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse_spec;
+
+    fn id(s: &str) -> JobId {
+        JobId::parse(s).unwrap()
+    }
+
+    fn deps(ok: &[&str], fail: &[&str], any: &[&str]) -> Dependencies {
+        Dependencies {
+            after_ok: ok.iter().map(|s| id(s)).collect(),
+            after_fail: fail.iter().map(|s| id(s)).collect(),
+            after_any: any.iter().map(|s| id(s)).collect(),
+        }
+    }
+
+    fn resolver<'a>(
+        states: &'a [(&'a str, ParentState)],
+    ) -> impl Fn(&JobId) -> Vec<(JobId, ParentState)> + 'a {
+        move |named| {
+            states
+                .iter()
+                .filter(|(n, _)| n.starts_with(named.as_str()))
+                .map(|(n, s)| (id(n), s.clone()))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn after_ok_waits_then_runs_or_never() {
+        use ParentState::*;
+        let d = deps(&["a"], &[], &[]);
+        assert_eq!(
+            readiness(&d, resolver(&[("a", Pending)])),
+            Readiness::Waiting(vec!["a".into()])
+        );
+        assert_eq!(
+            readiness(&d, resolver(&[("a", Succeeded)])),
+            Readiness::Ready
+        );
+        assert!(
+            matches!(readiness(&d, resolver(&[("a", NotOk("failed".into()))])), Readiness::Never { parent, .. } if parent == "a")
+        );
+    }
+
+    #[test]
+    fn after_fail_runs_only_when_something_failed() {
+        use ParentState::*;
+        let d = deps(&[], &["a", "b"], &[]);
+        assert_eq!(
+            readiness(
+                &d,
+                resolver(&[("a", NotOk("failed".into())), ("b", Pending)])
+            ),
+            Readiness::Waiting(vec!["b".into()])
+        );
+        assert_eq!(
+            readiness(
+                &d,
+                resolver(&[("a", NotOk("failed".into())), ("b", Succeeded)])
+            ),
+            Readiness::Ready
+        );
+        assert!(matches!(
+            readiness(&d, resolver(&[("a", Succeeded), ("b", Succeeded)])),
+            Readiness::Never { .. }
+        ));
+    }
+
+    #[test]
+    fn after_any_waits_for_every_member_of_a_group() {
+        use ParentState::*;
+        let d = deps(&[], &[], &["sw"]);
+        let states = [("sw-1", Succeeded), ("sw-2", Pending)];
+        assert_eq!(
+            readiness(&d, resolver(&states)),
+            Readiness::Waiting(vec!["sw-2".into()])
+        );
+        let states = [("sw-1", Succeeded), ("sw-2", NotOk("timeout".into()))];
+        assert_eq!(readiness(&d, resolver(&states)), Readiness::Ready);
+    }
+
+    #[test]
+    fn sweep_expands_grid_in_file_order_with_substitution() {
+        let spec = parse_spec(
+            br#"{"version":1,"command":["train","--lr","{lr}","--bs={bs}","{other}"],"env":{"LR":"{lr}"},
+                "sweep":{"lr":[0.1,0.01],"bs":[32,64]},"max_parallel":2}"#,
+            "base",
+        )
+        .unwrap();
+        let sweep = spec.sweep.clone().unwrap();
+        assert_eq!(sweep.max_parallel, Some(2));
+        let members = expand(&spec, &sweep);
+        let ids: Vec<&str> = members.iter().map(|m| m.spec.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "base-lr0.1-bs32",
+                "base-lr0.1-bs64",
+                "base-lr0.01-bs32",
+                "base-lr0.01-bs64"
+            ]
+        );
+        assert_eq!(
+            members[1].spec.command,
+            ["train", "--lr", "0.1", "--bs=64", "{other}"]
+        );
+        assert_eq!(members[2].spec.env["LR"], "0.01");
+        assert!(members.iter().all(|m| m.spec.sweep.is_none()));
+    }
+
+    #[test]
+    fn sweep_values_that_make_bad_ids_are_numbered() {
+        let spec = parse_spec(
+            br#"{"version":1,"command":["x"],"sweep":{"p":["a/b","a b"]}}"#,
+            "s",
+        )
+        .unwrap();
+        let members = expand(&spec, spec.sweep.as_ref().unwrap());
+        let ids: Vec<&str> = members.iter().map(|m| m.spec.id.as_str()).collect();
+        assert_eq!(ids, ["s-1", "s-2"]);
+    }
+
+    #[test]
+    fn sweep_and_dependency_fields_are_validated() {
+        for (json, needle) in [
+            (
+                r#"{"version":1,"command":["x"],"sweep":{"lr":[]}}"#,
+                "no values",
+            ),
+            (
+                r#"{"version":1,"command":["x"],"sweep":{"l r":[1]}}"#,
+                "valid name",
+            ),
+            (r#"{"version":1,"command":["x"],"sweep":[1]}"#, "object"),
+            (r#"{"version":1,"command":["x"],"after_ok":"a"}"#, "array"),
+            (
+                r#"{"version":1,"command":["x"],"after_ok":["../a"]}"#,
+                "after_ok",
+            ),
+            (r#"{"version":1,"command":["x"],"max_parallel":2}"#, "sweep"),
+            (
+                r#"{"version":1,"command":["x"],"sweep":{"a":[1,2,3,4,5,6,7,8,9,10],"b":[1,2,3,4,5,6,7,8,9,10],"c":[1,2,3,4,5,6,7,8,9,10],"d":[1,2]}}"#,
+                "more than",
+            ),
+        ] {
+            let e = parse_spec(json.as_bytes(), "j").unwrap_err().to_string();
+            assert!(e.contains(needle), "{json}: {e}");
+        }
+    }
+}

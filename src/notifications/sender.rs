@@ -1,0 +1,849 @@
+//! The sender task: owns every undelivered notification, its timers and
+//! its status file. The state task hands intents over through a
+//! [`Notifier`] and never waits for the network; the sender never blocks
+//! on an attempt either, it runs each one as its own task (one at a time
+//! per channel, so a robot is paced and an endpoint is not flooded) and
+//! sleeps until the next one is due.
+
+use std::collections::{BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use super::outbox::{Delivery, DeliveryState, DeliveryView, Outbox};
+use super::pacing::{self, Pacer};
+use super::retry::{jitter, RetryPolicy, Verdict};
+use super::transport::{self, Transport};
+use super::{Intent, NotificationsConfig};
+use crate::api::ApiError;
+use crate::now_micros;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    #[error("cannot open the notification outbox {path}: {source}; check that the state directory is writable")]
+    Outbox {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What `ptrain notifications retry` asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RetryTarget {
+    Key(String),
+    AllDead,
+}
+
+enum Command {
+    Deliver(Vec<Intent>),
+    List(oneshot::Sender<Result<Vec<DeliveryView>, ApiError>>),
+    Retry(RetryTarget, oneshot::Sender<Result<String, ApiError>>),
+}
+
+/// The handle the daemon holds. Cheap to clone; the sender task ends when
+/// the last handle is dropped (undelivered intents stay pending on disk and
+/// are resumed at the next start).
+#[derive(Clone)]
+pub struct Notifier {
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl Notifier {
+    /// Sets up every channel (reading its secrets) and starts the sender.
+    /// Must be called inside a tokio runtime.
+    pub fn start(config: &NotificationsConfig, state_dir: &Path) -> Result<Notifier, NotifyError> {
+        let outbox = Outbox::open(state_dir).map_err(|source| NotifyError::Outbox {
+            path: state_dir.join("outbox"),
+            source,
+        })?;
+        Ok(Notifier::with_transports(
+            config,
+            outbox,
+            transport::build_all(config),
+        ))
+    }
+
+    /// Starts the sender with given transports (tests use fakes).
+    pub fn with_transports(
+        config: &NotificationsConfig,
+        outbox: Outbox,
+        transports: HashMap<String, Arc<dyn Transport>>,
+    ) -> Notifier {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut channels = HashMap::new();
+        for (name, t) in &transports {
+            channels.insert(
+                name.clone(),
+                ChannelQueue {
+                    due: BTreeSet::new(),
+                    busy: false,
+                    pacer: t.per_minute().map(Pacer::per_minute),
+                    max_batch: t.max_batch().max(1),
+                },
+            );
+        }
+        let sender = Sender {
+            policy: config.retry,
+            attempt_timeout: config.attempt_timeout,
+            outbox,
+            transports,
+            channels,
+            entries: HashMap::new(),
+            attempts: JoinSet::new(),
+        };
+        tokio::spawn(sender.run(rx));
+        Notifier { tx }
+    }
+
+    /// Hands over intents that are now durable in their job's record: new
+    /// ones, or all of them again after a restart (delivered and dead ones
+    /// are skipped by their status file).
+    pub fn deliver(&self, intents: Vec<Intent>) {
+        if !intents.is_empty() {
+            let _ = self.tx.send(Command::Deliver(intents));
+        }
+    }
+
+    /// Every delivery on record; answered on `reply` without waiting for
+    /// any attempt.
+    pub fn list(&self, reply: oneshot::Sender<Result<Vec<DeliveryView>, ApiError>>) {
+        if let Err(mpsc::error::SendError(Command::List(reply))) =
+            self.tx.send(Command::List(reply))
+        {
+            let _ = reply.send(Err(stopped()));
+        }
+    }
+
+    /// Re-sends a dead letter (or hurries a retrying one), or all dead ones.
+    pub fn retry(&self, target: RetryTarget, reply: oneshot::Sender<Result<String, ApiError>>) {
+        if let Err(mpsc::error::SendError(Command::Retry(_, reply))) =
+            self.tx.send(Command::Retry(target, reply))
+        {
+            let _ = reply.send(Err(stopped()));
+        }
+    }
+
+    pub async fn deliveries(&self) -> Result<Vec<DeliveryView>, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.list(tx);
+        rx.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    pub async fn retry_now(&self, target: RetryTarget) -> Result<String, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.retry(target, tx);
+        rx.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+fn stopped() -> ApiError {
+    ApiError::Failed("the notification sender has stopped; restart ptraind".into())
+}
+
+struct ChannelQueue {
+    /// (when due, key) of entries waiting for this channel.
+    due: BTreeSet<(Instant, String)>,
+    /// An attempt is in flight: one at a time per channel.
+    busy: bool,
+    pacer: Option<Pacer>,
+    max_batch: usize,
+}
+
+struct Entry {
+    delivery: Delivery,
+    deadline: Instant,
+}
+
+struct Attempt {
+    channel: String,
+    keys: Vec<String>,
+    verdict: Verdict,
+}
+
+struct Sender {
+    policy: RetryPolicy,
+    attempt_timeout: Duration,
+    outbox: Outbox,
+    transports: HashMap<String, Arc<dyn Transport>>,
+    channels: HashMap<String, ChannelQueue>,
+    /// Every notification not yet delivered or dead, by key.
+    entries: HashMap<String, Entry>,
+    attempts: JoinSet<Attempt>,
+}
+
+/// The tokio instant of a wall-clock time in microseconds.
+fn instant_of(wall: u64, now: Instant, now_wall: u64) -> Instant {
+    if wall >= now_wall {
+        now + Duration::from_micros(wall - now_wall)
+    } else {
+        now.checked_sub(Duration::from_micros(now_wall - wall))
+            .unwrap_or(now)
+    }
+}
+
+/// A key as the CLI may pass it: one safe file name.
+fn is_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 256
+        && !key.starts_with('.')
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn fmt_duration(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+}
+
+impl Sender {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            self.dispatch(Instant::now());
+            let wake = self.next_wake();
+            tokio::select! {
+                command = rx.recv() => {
+                    let Some(command) = command else { break };
+                    self.command(command);
+                    // Take in everything already sent, so a burst is
+                    // planned (and merged) as one.
+                    while let Ok(command) = rx.try_recv() {
+                        self.command(command);
+                    }
+                }
+                Some(done) = self.attempts.join_next(), if !self.attempts.is_empty() => {
+                    if let Ok(attempt) = done {
+                        self.finished(attempt, Instant::now());
+                    }
+                }
+                _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Deliver(intents) => {
+                for intent in intents {
+                    self.admit_intent(intent);
+                }
+            }
+            Command::List(reply) => {
+                let list = self
+                    .outbox
+                    .list()
+                    .map(|all| all.iter().map(DeliveryView::of).collect())
+                    .map_err(|e| {
+                        ApiError::Failed(format!(
+                            "cannot read the outbox {}: {e}",
+                            self.outbox.dir().display()
+                        ))
+                    });
+                let _ = reply.send(list);
+            }
+            Command::Retry(target, reply) => {
+                let _ = reply.send(self.retry(target));
+            }
+        }
+    }
+
+    fn persist(&self, d: &Delivery) {
+        if let Err(e) = self.outbox.save(d) {
+            // Delivery goes on; at worst it is sent again after a restart.
+            error!(key = %d.intent.key, error = %e, "cannot record a notification's status; it may be sent again after a restart");
+        }
+    }
+
+    fn admit_intent(&mut self, intent: Intent) {
+        if self.entries.contains_key(&intent.key) {
+            return;
+        }
+        let delivery = match self.outbox.load(&intent.key) {
+            Ok(Some(d)) if d.state.is_final() => return,
+            // Known from before a restart: the same key, its attempts kept.
+            Ok(Some(d)) => d,
+            Ok(None) => {
+                let d = Delivery::new(intent);
+                self.persist(&d);
+                d
+            }
+            Err(e) => {
+                error!(key = %intent.key, error = %e, "cannot read a notification's status; sending it");
+                Delivery::new(intent)
+            }
+        };
+        self.admit(delivery);
+    }
+
+    /// Queues a pending or retrying delivery on its channel.
+    fn admit(&mut self, delivery: Delivery) {
+        let now = Instant::now();
+        let now_wall = now_micros();
+        let key = delivery.intent.key.clone();
+        let channel = delivery.intent.channel.clone();
+        let Some(queue) = self.channels.get_mut(&channel) else {
+            let why = format!(
+                "channel {channel} is not configured; add [channels.{channel}] back, restart ptraind and `ptrain notifications retry {key}`"
+            );
+            self.bury(delivery, why);
+            return;
+        };
+        let lifetime_end = delivery
+            .lifetime_from
+            .saturating_add(self.policy.lifetime.as_micros() as u64);
+        let deadline = instant_of(lifetime_end, now, now_wall);
+        let due = match (delivery.state, delivery.next_attempt_at) {
+            (DeliveryState::Retrying, Some(at)) => instant_of(at, now, now_wall).max(now),
+            _ => now,
+        };
+        queue.due.insert((due, key.clone()));
+        self.entries.insert(key, Entry { delivery, deadline });
+    }
+
+    fn bury(&mut self, mut delivery: Delivery, why: String) {
+        warn!(
+            key = %delivery.intent.key,
+            PTRAIN_JOB = %delivery.intent.notice.job_id,
+            channel = %delivery.intent.channel,
+            attempts = delivery.attempts,
+            "notification is a dead letter: {why}"
+        );
+        delivery.state = DeliveryState::Dead;
+        delivery.next_attempt_at = None;
+        delivery.last_error = Some(why);
+        self.persist(&delivery);
+    }
+
+    /// Starts an attempt on every idle channel with something due.
+    fn dispatch(&mut self, now: Instant) {
+        for (name, queue) in self.channels.iter_mut() {
+            if queue.busy {
+                continue;
+            }
+            match queue.due.first() {
+                Some((at, _)) if *at <= now => {}
+                _ => continue,
+            }
+            if let Some(pacer) = &queue.pacer {
+                if pacer.next_slot(now) > now {
+                    continue;
+                }
+            }
+            let waiting = queue.due.iter().take_while(|(at, _)| *at <= now).count();
+            let take = pacing::batch_len(waiting).min(queue.max_batch);
+            let mut keys = Vec::with_capacity(take);
+            for _ in 0..take {
+                let (_, key) = queue.due.pop_first().expect("counted above");
+                keys.push(key);
+            }
+            let batch: Vec<Intent> = keys
+                .iter()
+                .filter_map(|k| self.entries.get(k))
+                .map(|e| e.delivery.intent.clone())
+                .collect();
+            queue.busy = true;
+            if let Some(pacer) = &mut queue.pacer {
+                pacer.record(now);
+            }
+            let transport = self.transports[name].clone();
+            let timeout = self.attempt_timeout;
+            let channel = name.clone();
+            self.attempts.spawn(async move {
+                let attempt =
+                    AssertUnwindSafe(tokio::time::timeout(timeout, transport.send(batch)));
+                let verdict = match attempt.catch_unwind().await {
+                    Ok(Ok(verdict)) => verdict,
+                    Ok(Err(_)) => {
+                        Verdict::Retry(format!("no answer within {}", fmt_duration(timeout)))
+                    }
+                    Err(_) => Verdict::Retry("the attempt panicked (a bug in ptraind)".into()),
+                };
+                Attempt {
+                    channel,
+                    keys,
+                    verdict,
+                }
+            });
+        }
+    }
+
+    /// When the sender must look again: the earliest due entry of an idle
+    /// channel, or its robot's next slot if later.
+    fn next_wake(&self) -> Option<Instant> {
+        self.channels
+            .values()
+            .filter(|q| !q.busy)
+            .filter_map(|q| {
+                let (at, _) = q.due.first()?;
+                Some(match &q.pacer {
+                    Some(p) => p.next_slot(*at).max(*at),
+                    None => *at,
+                })
+            })
+            .min()
+    }
+
+    fn finished(&mut self, attempt: Attempt, now: Instant) {
+        let now_wall = now_micros();
+        if let Some(queue) = self.channels.get_mut(&attempt.channel) {
+            queue.busy = false;
+        }
+        for key in attempt.keys {
+            let Some(mut entry) = self.entries.remove(&key) else {
+                continue;
+            };
+            let d = &mut entry.delivery;
+            d.attempts += 1;
+            d.last_attempt_at = Some(now_wall);
+            match &attempt.verdict {
+                Verdict::Delivered => {
+                    d.state = DeliveryState::Delivered;
+                    d.delivered_at = Some(now_wall);
+                    d.next_attempt_at = None;
+                    info!(
+                        key,
+                        PTRAIN_JOB = %d.intent.notice.job_id,
+                        channel = %attempt.channel,
+                        attempts = d.attempts,
+                        "notification delivered"
+                    );
+                    self.persist(d);
+                }
+                Verdict::Retry(why) => {
+                    match self
+                        .policy
+                        .next_attempt(d.attempts, jitter(), now, entry.deadline)
+                    {
+                        Some(at) => {
+                            d.state = DeliveryState::Retrying;
+                            d.last_error = Some(why.clone());
+                            d.next_attempt_at = Some(
+                                now_wall + at.saturating_duration_since(now).as_micros() as u64,
+                            );
+                            warn!(
+                                key,
+                                PTRAIN_JOB = %d.intent.notice.job_id,
+                                channel = %attempt.channel,
+                                attempts = d.attempts,
+                                retry_in = %fmt_duration(at.saturating_duration_since(now)),
+                                "notification attempt failed: {why}"
+                            );
+                            self.persist(d);
+                            if let Some(queue) = self.channels.get_mut(&attempt.channel) {
+                                queue.due.insert((at, key.clone()));
+                            }
+                            self.entries.insert(key, entry);
+                        }
+                        None => {
+                            let why = format!(
+                                "still failing after {} (notify.lifetime): {why}",
+                                fmt_duration(self.policy.lifetime)
+                            );
+                            self.bury(entry.delivery, why);
+                        }
+                    }
+                }
+                Verdict::Dead(why) => {
+                    let why = why.clone();
+                    self.bury(entry.delivery, why);
+                }
+            }
+        }
+    }
+
+    fn retry(&mut self, target: RetryTarget) -> Result<String, ApiError> {
+        match target {
+            RetryTarget::Key(key) => {
+                if !is_key(&key) {
+                    return Err(ApiError::NotFound(key));
+                }
+                let now = Instant::now();
+                if let Some(entry) = self.entries.get(&key) {
+                    let channel = entry.delivery.intent.channel.clone();
+                    if let Some(queue) = self.channels.get_mut(&channel) {
+                        if let Some(item) = queue.due.iter().find(|(_, k)| *k == key).cloned() {
+                            queue.due.remove(&item);
+                            queue.due.insert((now, key.clone()));
+                        }
+                    }
+                    return Ok(format!(
+                        "{key} is {}; trying it again now",
+                        entry.delivery.state.as_str()
+                    ));
+                }
+                match self.outbox.load(&key) {
+                    Ok(None) => Err(ApiError::Failed(format!(
+                        "no notification {key:?}; `ptrain notifications` lists the keys"
+                    ))),
+                    Ok(Some(d)) if d.state == DeliveryState::Delivered => Err(ApiError::Failed(
+                        format!("{key} was already delivered; it is not sent twice"),
+                    )),
+                    Ok(Some(d)) => {
+                        self.revive(d);
+                        Ok(format!("{key} will be sent again"))
+                    }
+                    Err(e) => Err(ApiError::Failed(format!("cannot read {key}: {e}"))),
+                }
+            }
+            RetryTarget::AllDead => {
+                let all = self
+                    .outbox
+                    .list()
+                    .map_err(|e| ApiError::Failed(format!("cannot read the outbox: {e}")))?;
+                let dead: Vec<Delivery> = all
+                    .into_iter()
+                    .filter(|d| {
+                        d.state == DeliveryState::Dead && !self.entries.contains_key(&d.intent.key)
+                    })
+                    .collect();
+                let n = dead.len();
+                for d in dead {
+                    self.revive(d);
+                }
+                Ok(format!("{n} dead notification(s) will be sent again"))
+            }
+        }
+    }
+
+    /// A dead letter gets a new lifetime and starts over.
+    fn revive(&mut self, mut d: Delivery) {
+        info!(key = %d.intent.key, "re-sending a dead notification on root's request");
+        d.state = DeliveryState::Pending;
+        d.attempts = 0;
+        d.lifetime_from = now_micros();
+        d.next_attempt_at = None;
+        self.persist(&d);
+        self.admit(d);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use futures_util::future::BoxFuture;
+
+    use super::super::{Notice, NotifyEvent};
+    use super::*;
+
+    pub(crate) fn intent(job: &str, event: NotifyEvent, channel: &str) -> Intent {
+        Intent {
+            key: super::super::key_of(job, event, channel),
+            channel: channel.into(),
+            created_at: now_micros(),
+            notice: Notice {
+                job_id: job.into(),
+                owner: "alice".into(),
+                uid: 1000,
+                event,
+                status: event.as_str().into(),
+                detail: event.as_str().into(),
+                exit_code: None,
+                signal: None,
+                submitted_at: 1,
+                started_at: Some(2),
+                ended_at: Some(3_000_002),
+                gpus: Vec::new(),
+                host: "gpu01".into(),
+                unit: format!("ptrain-job@{job}.service"),
+                results: None,
+            },
+        }
+    }
+
+    /// A transport that answers from a script (then "delivered") and logs
+    /// when each message went and what it carried.
+    #[derive(Default)]
+    struct Fake {
+        script: Mutex<VecDeque<Verdict>>,
+        log: Mutex<Vec<(Instant, Vec<String>)>>,
+        hang: bool,
+        max_batch: usize,
+        per_minute: Option<u32>,
+        sent: Option<mpsc::UnboundedSender<usize>>,
+    }
+
+    impl Transport for Arc<Fake> {
+        fn send(&self, batch: Vec<Intent>) -> BoxFuture<'static, Verdict> {
+            self.log.lock().unwrap().push((
+                Instant::now(),
+                batch.iter().map(|i| i.key.clone()).collect(),
+            ));
+            if let Some(tx) = &self.sent {
+                let _ = tx.send(batch.len());
+            }
+            let verdict = self
+                .script
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Verdict::Delivered);
+            let hang = self.hang;
+            Box::pin(async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                verdict
+            })
+        }
+        fn max_batch(&self) -> usize {
+            self.max_batch.max(1)
+        }
+        fn per_minute(&self) -> Option<u32> {
+            self.per_minute
+        }
+    }
+
+    fn config(initial: u64, max: u64, lifetime: u64) -> NotificationsConfig {
+        let mut c = NotificationsConfig::default();
+        c.retry = RetryPolicy {
+            initial_backoff: Duration::from_secs(initial),
+            max_backoff: Duration::from_secs(max),
+            lifetime: Duration::from_secs(lifetime),
+        };
+        c
+    }
+
+    fn start(cfg: &NotificationsConfig, dir: &Path, fake: &Arc<Fake>) -> Notifier {
+        let mut t: HashMap<String, Arc<dyn Transport>> = HashMap::new();
+        t.insert("ch".into(), Arc::new(fake.clone()));
+        Notifier::with_transports(cfg, Outbox::open(dir).unwrap(), t)
+    }
+
+    async fn wait_state(n: &Notifier, key: &str, state: DeliveryState) -> DeliveryView {
+        // Paused time: each sleep lets the sender run to its next timer.
+        for _ in 0..100_000 {
+            let all = n.deliveries().await.unwrap();
+            if let Some(d) = all.into_iter().find(|d| d.key == key && d.state == state) {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{key} never became {state:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_with_backoff_then_delivers_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Arc::new(Fake {
+            script: Mutex::new((0..5).map(|_| Verdict::Retry("HTTP 503".into())).collect()),
+            ..Fake::default()
+        });
+        let cfg = config(2, 20, 3600);
+        let n = start(&cfg, dir.path(), &fake);
+        let i = intent("j", NotifyEvent::Failed, "ch");
+        n.deliver(vec![i.clone()]);
+        let d = wait_state(&n, &i.key, DeliveryState::Delivered).await;
+        assert_eq!(d.attempts, 6);
+        let log = fake.log.lock().unwrap().clone();
+        assert_eq!(log.len(), 6);
+        for (n_failed, w) in log.windows(2).enumerate() {
+            let gap = w[1].0 - w[0].0;
+            let ceiling = cfg.retry.ceiling(n_failed as u32 + 1);
+            assert!(
+                gap >= ceiling / 2 && gap <= ceiling,
+                "gap {gap:?} vs {ceiling:?}"
+            );
+        }
+        // Handing it over again (a restart) sends nothing more.
+        n.deliver(vec![i.clone()]);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(fake.log.lock().unwrap().len(), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejection_is_dead_at_once_and_root_can_resend_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Arc::new(Fake {
+            script: Mutex::new([Verdict::Dead("HTTP 400".into())].into()),
+            ..Fake::default()
+        });
+        let n = start(&config(1, 10, 3600), dir.path(), &fake);
+        let i = intent("j", NotifyEvent::Succeeded, "ch");
+        n.deliver(vec![i.clone()]);
+        let d = wait_state(&n, &i.key, DeliveryState::Dead).await;
+        assert_eq!(d.attempts, 1);
+        assert!(d.last_error.unwrap().contains("HTTP 400"));
+        let said = n.retry_now(RetryTarget::Key(i.key.clone())).await.unwrap();
+        assert!(said.contains("sent again"), "{said}");
+        wait_state(&n, &i.key, DeliveryState::Delivered).await;
+        let again = n
+            .retry_now(RetryTarget::Key(i.key.clone()))
+            .await
+            .unwrap_err();
+        assert!(again.to_string().contains("already delivered"), "{again}");
+        let missing = n
+            .retry_now(RetryTarget::Key("nope.failed.ch".into()))
+            .await
+            .unwrap_err();
+        assert!(
+            missing.to_string().contains("ptrain notifications"),
+            "{missing}"
+        );
+        assert!(n.retry_now(RetryTarget::Key("../x".into())).await.is_err());
+        assert_eq!(fake.log.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn down_for_the_whole_lifetime_is_a_dead_letter() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Arc::new(Fake {
+            script: Mutex::new(
+                (0..1000)
+                    .map(|_| Verdict::Retry("connection refused".into()))
+                    .collect(),
+            ),
+            ..Fake::default()
+        });
+        let n = start(&config(1, 8, 60), dir.path(), &fake);
+        let i = intent("j", NotifyEvent::Failed, "ch");
+        let t0 = Instant::now();
+        n.deliver(vec![i.clone()]);
+        let d = wait_state(&n, &i.key, DeliveryState::Dead).await;
+        let log = fake.log.lock().unwrap().clone();
+        let last = log.last().unwrap().0 - t0;
+        // Tried until the lifetime ran out, the last try on its end.
+        assert!(
+            last <= Duration::from_secs(61) && last >= Duration::from_secs(59),
+            "{last:?}"
+        );
+        assert!(log.len() >= 8 && log.len() <= 16, "{}", log.len());
+        assert_eq!(d.attempts as usize, log.len());
+        assert!(d.last_error.unwrap().contains("notify.lifetime"));
+        // All dead ones come back on request.
+        fake.script.lock().unwrap().clear();
+        let said = n.retry_now(RetryTarget::AllDead).await.unwrap();
+        assert!(said.starts_with("1 dead"), "{said}");
+        wait_state(&n, &i.key, DeliveryState::Delivered).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_attempt_times_out_and_is_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Arc::new(Fake {
+            hang: true,
+            ..Fake::default()
+        });
+        let mut cfg = config(1, 1, 3600);
+        cfg.attempt_timeout = Duration::from_secs(10);
+        let n = start(&cfg, dir.path(), &fake);
+        let i = intent("j", NotifyEvent::Failed, "ch");
+        n.deliver(vec![i.clone()]);
+        let d = wait_state(&n, &i.key, DeliveryState::Retrying).await;
+        assert!(d.last_error.unwrap().contains("no answer within 10s"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_restart_pending_ones_go_again_with_the_same_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let hung = Arc::new(Fake {
+            hang: true,
+            ..Fake::default()
+        });
+        let cfg = config(1, 10, 3600);
+        let first = start(&cfg, dir.path(), &hung);
+        let i = intent("j", NotifyEvent::Failed, "ch");
+        first.deliver(vec![i.clone()]);
+        wait_state(&first, &i.key, DeliveryState::Pending).await;
+        while hung.log.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The "crash": the sender goes away mid-attempt.
+        drop(first);
+        let fine = Arc::new(Fake::default());
+        let second = start(&cfg, dir.path(), &fine);
+        second.deliver(vec![i.clone()]);
+        wait_state(&second, &i.key, DeliveryState::Delivered).await;
+        assert_eq!(fine.log.lock().unwrap()[0].1, vec![i.key.clone()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unknown_channel_is_a_dead_letter_naming_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Arc::new(Fake::default());
+        let n = start(&config(1, 10, 3600), dir.path(), &fake);
+        let i = intent("j", NotifyEvent::Failed, "gone");
+        n.deliver(vec![i.clone()]);
+        let d = wait_state(&n, &i.key, DeliveryState::Dead).await;
+        assert!(d.last_error.unwrap().contains("[channels.gone]"));
+    }
+
+    /// 100 events at once, then 100 more one a second, to a robot that
+    /// takes 20 messages a minute and sometimes says "too fast" (45009).
+    #[tokio::test(start_paused = true)]
+    async fn a_robot_gets_at_most_20_a_minute_and_every_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let fake = Arc::new(Fake {
+            script: Mutex::new(
+                [
+                    Verdict::Delivered,
+                    Verdict::Retry("WeCom errcode 45009".into()),
+                ]
+                .into(),
+            ),
+            max_batch: pacing::MAX_DIGEST,
+            per_minute: Some(20),
+            sent: Some(tx),
+            ..Fake::default()
+        });
+        let n = start(&config(5, 60, 24 * 3600), dir.path(), &fake);
+        let burst: Vec<Intent> = (0..100)
+            .map(|k| intent(&format!("burst{k:03}"), NotifyEvent::Succeeded, "ch"))
+            .collect();
+        n.deliver(burst.clone());
+        let mut trickle = Vec::new();
+        for k in 0..100 {
+            let i = intent(&format!("drip{k:03}"), NotifyEvent::Failed, "ch");
+            n.deliver(vec![i.clone()]);
+            trickle.push(i);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let all: Vec<&Intent> = burst.iter().chain(&trickle).collect();
+        for i in &all {
+            wait_state(&n, &i.key, DeliveryState::Delivered).await;
+        }
+        while rx.try_recv().is_ok() {}
+        let log = fake.log.lock().unwrap().clone();
+        for w in 20..log.len() {
+            assert!(
+                log[w].0 - log[w - 20].0 >= Duration::from_secs(60),
+                "21 messages within a minute"
+            );
+        }
+        assert!(log.iter().all(|(_, keys)| keys.len() <= pacing::MAX_DIGEST));
+        // Every event went out, and (but for the batch the robot refused)
+        // exactly once.
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for (_, keys) in &log {
+            for k in keys {
+                *counts.entry(k.as_str()).or_default() += 1;
+            }
+        }
+        let refused = &log[1].1;
+        for i in &all {
+            let want = if refused.contains(&i.key) { 2 } else { 1 };
+            assert_eq!(counts.get(i.key.as_str()), Some(&want), "{}", i.key);
+        }
+        assert!(
+            log.len() < 200 / 2,
+            "events were not merged: {} messages",
+            log.len()
+        );
+    }
+
+    #[test]
+    fn keys_from_the_cli_are_one_file_name() {
+        assert!(is_key("run-1.failed.hook"));
+        for bad in ["", ".x", "a/b", "../x", "a b"] {
+            assert!(!is_key(bad), "{bad}");
+        }
+    }
+}
