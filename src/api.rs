@@ -53,6 +53,12 @@ pub struct JobView {
     /// What the job wrote to $PTRAIN_RESULT_FILE.
     #[serde(default)]
     pub result: Option<serde_json::Value>,
+    /// Queue priority (higher first; 0 by default).
+    #[serde(default)]
+    pub priority: i32,
+    /// What the job asked of its GPUs, in words ("2 GPUs (model \"A100\")").
+    #[serde(default)]
+    pub gpu_request: String,
 }
 
 impl JobView {
@@ -125,6 +131,8 @@ impl JobView {
                 .collect(),
             waiting_for: Vec::new(),
             result: record.result.clone(),
+            priority: record.spec.priority,
+            gpu_request: record.spec.gpus.describe(),
         }
     }
 }

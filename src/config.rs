@@ -41,6 +41,7 @@ struct RawConfig {
     limits: Option<crate::resources::LimitsConfig>,
     policy: Option<crate::policy::PolicyConfig>,
     notify: Option<crate::notifications::config::RawNotify>,
+    metrics: Option<crate::metrics::RawMetrics>,
     channels: Option<std::collections::BTreeMap<String, crate::notifications::config::RawChannel>>,
 }
 
@@ -68,6 +69,8 @@ pub struct Config {
     pub policy: crate::policy::PolicyConfig,
     /// Notification channels, retry timing, defaults (`[notify]`, `[channels.NAME]`).
     pub notifications: crate::notifications::NotificationsConfig,
+    /// The Prometheus endpoint (`[metrics]`), off unless `listen` is set.
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 impl Config {
@@ -136,6 +139,8 @@ impl Config {
         };
         gpus.validate()
             .map_err(|message| invalid("gpus", message))?;
+        let metrics = crate::metrics::MetricsConfig::from_raw(raw.metrics)
+            .map_err(|(key, message)| invalid(&key, message))?;
         let notifications =
             crate::notifications::NotificationsConfig::from_raw(path, raw.notify, raw.channels)
                 .map_err(|(key, message)| invalid(&key, message))?;
@@ -169,6 +174,7 @@ impl Config {
             limits,
             policy,
             notifications,
+            metrics,
         })
     }
 }

@@ -69,6 +69,8 @@ pub enum DaemonError {
     Api(zbus::Error),
     #[error("cannot watch the spool: {0}")]
     Watch(#[from] notify::Error),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
 }
 
 /// Everything the state task reacts to.
@@ -111,7 +113,12 @@ pub struct Daemon {
     blocked: HashSet<JobId>,
     /// Hands notification intents to the sender task (never waits on it).
     notifier: crate::notifications::Notifier,
+    /// What the Prometheus endpoint reports; updated as jobs move.
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
+
+/// Most events applied before the loop plans and looks at other work.
+const MAX_EVENT_BATCH: usize = 256;
 
 /// How long to wait before retrying after a failed state write.
 const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -186,6 +193,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         gpu_replan_at: None,
         groups: BTreeMap::new(),
         blocked: HashSet::new(),
+        metrics: Default::default(),
     };
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
@@ -194,6 +202,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     // a half-loaded daemon.
     let (api_tx, mut api_rx) = mpsc::unbounded_channel();
     let conn = daemon.systemd.connection().clone();
+    let metrics_api = api_tx.clone();
     conn.object_server()
         .at(DBUS_PATH, DaemonApi { requests: api_tx })
         .await
@@ -217,6 +226,19 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     // Files dropped while ptraind was down (or before the watch began).
     daemon.rescan().await;
     daemon.schedule().await;
+
+    // Before READY=1: an endpoint the admin asked for that cannot listen
+    // fails the start, rather than going missing unnoticed.
+    let sources = crate::metrics::Sources {
+        api: metrics_api,
+        notifier: daemon.notifier.clone(),
+    };
+    let metrics = daemon.metrics.clone();
+    if let Some(addr) =
+        crate::metrics::start(&daemon.config.metrics, metrics, sources, cancel.clone()).await?
+    {
+        info!(%addr, "Prometheus metrics at http://{addr}/metrics");
+    }
 
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     daemon.notify_status();
@@ -247,9 +269,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             event = rx.recv() => {
                 let Some(event) = event else { break };
                 daemon.handle(event).await;
-                // Apply everything already waiting before planning, so a
-                // burst of files is scheduled once.
-                while let Ok(event) = rx.try_recv() {
+                // Apply what is already waiting before planning, so a burst
+                // of files is scheduled once; bounded, so the watchdog and
+                // the API get their turn during a flood.
+                for _ in 0..MAX_EVENT_BATCH {
+                    let Ok(event) = rx.try_recv() else { break };
                     daemon.handle(event).await;
                 }
                 daemon.schedule().await;
@@ -290,6 +314,8 @@ impl Daemon {
             );
         }
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);
+        self.metrics
+            .set_jobs(self.jobs.values().map(JobRecord::status), self.held.len());
     }
 
     /// Loads every record and re-attaches to units that were launched
@@ -746,6 +772,7 @@ impl Daemon {
             self.store_failed();
             return;
         }
+        self.metrics.file_rejected();
         match identity {
             Some(identity) => self.remove_spool_entry(name, &identity, is_dir),
             None => {
@@ -855,6 +882,7 @@ impl Daemon {
         let gpu_jobs_wait = self
             .queue
             .iter()
+            .filter(|id| !self.blocked.contains(*id))
             .any(|id| self.jobs[id].spec.gpus.count() > 0);
         if gpu_jobs_wait && self.inventory.backend() == "nvml" {
             self.gpu_replan_at = Some(tokio::time::Instant::now() + GPU_REPLAN_INTERVAL);
@@ -894,6 +922,8 @@ impl Daemon {
             self.store_failed();
             return;
         }
+        self.metrics
+            .job_launched(now_micros().saturating_sub(record.submitted_at));
         self.queue.retain(|q| q != id);
         if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
             *n = n.saturating_sub(1);
@@ -1104,6 +1134,9 @@ impl Daemon {
             self.store_failed();
             return;
         }
+        let ran = record.started_at.zip(record.ended_at);
+        self.metrics
+            .job_finished(outcome.status(), ran.map(|(s, e)| e.saturating_sub(s)));
         self.notifier.deliver(intents);
         if was_queued {
             self.queue.retain(|q| q != id);

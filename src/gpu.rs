@@ -1402,7 +1402,7 @@ mod tests {
 
     #[test]
     fn pick_near_without_topology_is_lowest_first() {
-        let snap = vec![gpu(3), gpu(1), gpu(2), gpu(0)];
+        let snap = [gpu(3), gpu(1), gpu(2), gpu(0)];
         let refs: Vec<&GpuInfo> = snap.iter().collect();
         assert_eq!(pick_near(&refs, 2), Some(vec![0, 1]));
         // Declared NUMA nodes alone also keep jobs together.

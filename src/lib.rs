@@ -16,7 +16,8 @@
 //!    before the spool file is removed; rejected files go to quarantine with
 //!    their reason.
 //! 4. [`scheduler`]: the pure core that decides which queued jobs start now,
-//!    choosing GPUs from an inventory snapshot ([`gpu`]).
+//!    choosing GPUs from an inventory snapshot ([`gpu`]) by priority, with
+//!    reservations against starvation, within the `[policy]` ([`policy`]).
 //! 5. [`unit`]: the transient unit's properties (identity, confinement, GPU
 //!    device allow-list, environment) are built from the record. Pure.
 //! 6. [`systemd`]: `StartTransientUnit` over D-Bus, and one stream of
@@ -32,7 +33,8 @@
 //!    up the state task.
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
-//! the durable-write and safe-open primitives; [`users`] resolves uids.
+//! the durable-write and safe-open primitives; [`users`] resolves uids;
+//! [`metrics`] is the optional Prometheus endpoint the state task feeds.
 
 pub mod api;
 pub mod chain;
@@ -40,6 +42,7 @@ pub mod config;
 pub mod daemon;
 pub mod fsutil;
 pub mod gpu;
+pub mod metrics;
 pub mod notifications;
 pub mod policy;
 pub mod resources;

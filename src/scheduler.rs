@@ -303,7 +303,7 @@ pub fn plan(
             }
             None => {
                 for g in candidates {
-                    let _ = g; // MUTANT
+                    plan.reserved.insert(g.index, job.id.clone());
                 }
             }
         }

@@ -25,8 +25,9 @@ pub const SPEC_VERSION: u64 = 1;
 /// Largest accepted descriptor; readers read at most this + 1 bytes so that an
 /// oversized file is detected without reading all of it.
 pub const MAX_SPEC_BYTES: usize = 64 * 1024;
-/// Deepest accepted nesting of arrays/objects. A descriptor needs 2; the margin
-/// leaves room for later versions while keeping recursion trivially bounded.
+/// Deepest accepted nesting of arrays/objects. A descriptor needs 3
+/// (`"gpus": {"indices": [..]}`); the margin leaves room for later versions
+/// while keeping recursion trivially bounded.
 pub const MAX_JSON_DEPTH: usize = 32;
 /// Most arguments accepted in `command`.
 pub const MAX_ARGV: usize = 4096;
@@ -286,7 +287,7 @@ pub enum SpecError {
     )]
     NulByte { offset: usize },
 
-    #[error("job file nests arrays/objects deeper than {MAX_JSON_DEPTH} levels (at byte offset {offset}); a descriptor needs at most 2, flatten it")]
+    #[error("job file nests arrays/objects deeper than {MAX_JSON_DEPTH} levels (at byte offset {offset}); a descriptor needs at most 3, flatten it")]
     TooDeep { offset: usize },
 
     #[error("job file ends before the JSON is complete (line {line} column {column}); add the missing closing bracket or quote, and write the file elsewhere then rename it into the spool")]

@@ -400,7 +400,8 @@ impl Store {
             }
             Err(e) => return Err(io_err("create directory", &dir)(e)),
         }
-        let result = write_atomic(&dir, DESCRIPTOR, descriptor)
+        // The record's write below syncs the job directory for both files.
+        let result = crate::fsutil::write_atomic_unsynced_dir(&dir, DESCRIPTOR, descriptor)
             .map_err(io_err("write", &dir.join(DESCRIPTOR)))
             .and_then(|()| self.save(record))
             .and_then(|()| fsync_dir(&self.jobs_dir).map_err(io_err("sync", &self.jobs_dir)));

@@ -400,6 +400,9 @@ fn print_status(j: &JobView) {
             humantime::format_duration(Duration::from_secs(t))
         );
     }
+    if j.priority != 0 {
+        println!("priority:  {}", j.priority);
+    }
     let gpus = if j.gpus.is_empty() {
         "none".to_string()
     } else {

@@ -138,6 +138,16 @@ fn main() -> ExitCode {
         println!("  log_dir   = {}", config.log_dir.display());
         println!("  slice     = {}", config.slice);
         println!("  gpus      = backend {:?}", config.gpus.backend);
+        println!(
+            "  policy    = {} user rule(s){}, {} group rule(s)",
+            config.policy.users.len(),
+            if config.policy.default.is_some() {
+                " and a default"
+            } else {
+                ""
+            },
+            config.policy.groups.len()
+        );
         return ExitCode::SUCCESS;
     }
     init_logging();

@@ -309,13 +309,12 @@ impl NotificationsConfig {
         }
         let default_channels = notify.default_channels.unwrap_or_default();
         for (i, name) in default_channels.iter().enumerate() {
-            let Some(channel) = parsed.get(name) else {
+            if !parsed.contains_key(name) {
                 return Err((
                     format!("notify.default_channels[{i}]"),
                     format!("{name:?} is not a configured channel; add a [channels.{name}] table or remove it"),
                 ));
-            };
-            let _ = channel;
+            }
         }
         Ok(NotificationsConfig {
             retry: RetryPolicy {
@@ -471,17 +470,18 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
                 }
                 _ => {}
             }
-            let format =
-                match raw.format.as_deref() {
-                    None | Some("markdown") => WeComFormat::Markdown,
-                    Some("text") => WeComFormat::Text,
-                    Some(other) => return Err((
+            let format = match raw.format.as_deref() {
+                None | Some("markdown") => WeComFormat::Markdown,
+                Some("text") => WeComFormat::Text,
+                Some(other) => {
+                    return Err((
                         key("format"),
                         format!(
                             "{other:?} is not a WeCom message type; use \"markdown\" or \"text\""
                         ),
-                    )),
-                };
+                    ))
+                }
+            };
             let per_minute = raw.per_minute.unwrap_or(WECOM_PER_MINUTE);
             if per_minute == 0 || per_minute > WECOM_PER_MINUTE {
                 return Err((
@@ -506,18 +506,19 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
                     "is missing; add e.g. smtp_host = \"smtp.example.com\"".to_owned(),
                 )
             })?;
-            let tls =
-                match raw.tls.as_deref() {
-                    None | Some("starttls") => SmtpTls::StartTls,
-                    Some("tls") => SmtpTls::Tls,
-                    Some("none") => SmtpTls::None,
-                    Some(other) => return Err((
+            let tls = match raw.tls.as_deref() {
+                None | Some("starttls") => SmtpTls::StartTls,
+                Some("tls") => SmtpTls::Tls,
+                Some("none") => SmtpTls::None,
+                Some(other) => {
+                    return Err((
                         key("tls"),
                         format!(
                             "{other:?} is not a TLS mode; use \"starttls\", \"tls\" or \"none\""
                         ),
-                    )),
-                };
+                    ))
+                }
+            };
             let smtp_port = raw.smtp_port.unwrap_or(match tls {
                 SmtpTls::StartTls => 587,
                 SmtpTls::Tls => 465,

@@ -602,13 +602,14 @@ pub(crate) mod tests {
     }
 
     fn config(initial: u64, max: u64, lifetime: u64) -> NotificationsConfig {
-        let mut c = NotificationsConfig::default();
-        c.retry = RetryPolicy {
-            initial_backoff: Duration::from_secs(initial),
-            max_backoff: Duration::from_secs(max),
-            lifetime: Duration::from_secs(lifetime),
-        };
-        c
+        NotificationsConfig {
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_secs(initial),
+                max_backoff: Duration::from_secs(max),
+                lifetime: Duration::from_secs(lifetime),
+            },
+            ..NotificationsConfig::default()
+        }
     }
 
     fn start(cfg: &NotificationsConfig, dir: &Path, fake: &Arc<Fake>) -> Notifier {

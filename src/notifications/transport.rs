@@ -445,7 +445,6 @@ impl Header for PtrainKey {
 struct Email {
     mailer: AsyncSmtpTransport<Tokio1Executor>,
     from: Mailbox,
-    cfg: EmailConfig,
     owner_email: BTreeMap<String, String>,
     channel: ChannelConfig,
     host: String,
@@ -500,7 +499,6 @@ impl Email {
         Ok(Email {
             mailer: builder.build(),
             from,
-            cfg: cfg.clone(),
             owner_email: config.owner_email.clone(),
             channel: channel.clone(),
             host: config.host(),
@@ -543,7 +541,6 @@ impl Transport for Email {
         let message = self.message(intent);
         let mailer = self.mailer.clone();
         let redact = self.redact.clone();
-        let _ = &self.cfg;
         Box::pin(async move {
             let message = match message {
                 Ok(m) => m,

@@ -192,6 +192,23 @@ fn mixed_stream_never_overlaps_and_big_job_is_not_starved() {
     for (id, _, _) in later {
         assert_eq!(status_of(&d, id), "queued", "{id} overtook the 4-GPU job");
     }
+    // The table says the same.
+    let table = text(&d.ptrain(ALICE, &["gpus"]));
+    assert!(table.contains("STATE"), "{table}");
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.contains("reserved") && l.contains("big"))
+            .count(),
+        2,
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("held") && l.contains("b1")),
+        "{table}"
+    );
     let big = d.status("big").unwrap();
     assert_eq!(big["status"], "queued");
     assert!(big["detail"].as_str().unwrap().contains("4 GPUs"), "{big}");

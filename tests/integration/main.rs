@@ -6,6 +6,7 @@ mod harness;
 
 mod chains;
 mod durability;
+mod examples;
 mod foundation;
 mod gpus;
 mod hostile;
