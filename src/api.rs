@@ -192,6 +192,8 @@ impl From<ApiError> for zbus::fdo::Error {
 /// A request from the API to the daemon's state task.
 pub enum ApiRequest {
     List(oneshot::Sender<Vec<JobView>>),
+    /// Queued and running jobs plus the `limit` most recently ended.
+    ListRecent(u32, oneshot::Sender<Vec<JobView>>),
     Status(String, oneshot::Sender<Result<JobView, ApiError>>),
     Stop {
         id: String,
@@ -285,6 +287,13 @@ impl DaemonApi {
     /// Every job, as a JSON array of JobView.
     async fn list(&self) -> zbus::fdo::Result<String> {
         Ok(to_json(&self.ask(ApiRequest::List).await?))
+    }
+
+    /// Queued and running jobs plus the `limit` most recently ended, as a
+    /// JSON array of JobView: what `ptrain list` shows without `--all`. Its
+    /// cost does not grow with the history.
+    async fn list_recent(&self, limit: u32) -> zbus::fdo::Result<String> {
+        Ok(to_json(&self.ask(|tx| ApiRequest::ListRecent(limit, tx)).await?))
     }
 
     /// One job, as a JSON JobView.
@@ -406,6 +415,7 @@ impl DaemonApi {
 )]
 pub trait Daemon1 {
     fn list(&self) -> zbus::Result<String>;
+    fn list_recent(&self, limit: u32) -> zbus::Result<String>;
     fn status(&self, id: &str) -> zbus::Result<String>;
     fn stop(&self, id: &str) -> zbus::Result<String>;
     fn rejected(&self) -> zbus::Result<String>;

@@ -39,6 +39,7 @@ struct RawConfig {
     gpus: Option<GpuConfig>,
     jobs: Option<RawJobs>,
     limits: Option<crate::resources::LimitsConfig>,
+    retention: Option<RawRetention>,
     policy: Option<crate::policy::PolicyConfig>,
     notify: Option<crate::notifications::config::RawNotify>,
     metrics: Option<crate::metrics::RawMetrics>,
@@ -49,6 +50,21 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawJobs {
     read_write_paths: Option<Vec<PathBuf>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetention {
+    max_ended_jobs: Option<usize>,
+    max_age: Option<String>,
+}
+
+/// `[retention]`: finished jobs beyond these limits are compacted into one
+/// line each of `STATE/history.jsonl` and their records removed.
+#[derive(Clone, Debug)]
+pub struct Retention {
+    pub max_ended_jobs: usize,
+    pub max_age: Option<std::time::Duration>,
 }
 
 /// The validated configuration.
@@ -65,6 +81,8 @@ pub struct Config {
     pub read_write_paths: Vec<PathBuf>,
     /// Memory/CPU/task caps per job, per user (`[limits]`).
     pub limits: crate::resources::LimitsConfig,
+    /// How much finished-job history ptraind keeps as full records.
+    pub retention: Retention,
     /// Which GPUs users and groups may use, and how many at once (`[policy]`).
     pub policy: crate::policy::PolicyConfig,
     /// Notification channels, retry timing, defaults (`[notify]`, `[channels.NAME]`).
@@ -146,6 +164,25 @@ impl Config {
                 .map_err(|(key, message)| invalid(&key, message))?;
         let policy = raw.policy.unwrap_or_default();
         policy.validate().map_err(|e| invalid(&e.key, e.message))?;
+        let raw_retention = raw.retention.unwrap_or_default();
+        let retention = Retention {
+            max_ended_jobs: raw_retention.max_ended_jobs.unwrap_or(100_000),
+            max_age: match raw_retention.max_age {
+                None => None,
+                Some(text) => Some(humantime::parse_duration(&text).map_err(|e| {
+                    invalid(
+                        "retention.max_age",
+                        format!("{text:?} is not a duration ({e}); write e.g. \"90d\""),
+                    )
+                })?),
+            },
+        };
+        if retention.max_ended_jobs == 0 {
+            return Err(invalid(
+                "retention.max_ended_jobs",
+                "must be at least 1 (dependents and `ptrain status` need recent ends)".into(),
+            ));
+        }
         let limits = raw.limits.unwrap_or_default();
         limits
             .validate()
@@ -172,6 +209,7 @@ impl Config {
             gpus,
             read_write_paths,
             limits,
+            retention,
             policy,
             notifications,
             metrics,

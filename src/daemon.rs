@@ -109,6 +109,8 @@ pub struct Daemon {
     gpu_replan_at: Option<tokio::time::Instant>,
     /// Sweep id → its members, in expansion order.
     groups: BTreeMap<JobId, Vec<JobId>>,
+    /// Ended jobs by end time, for the recent part of `ptrain list`.
+    ended_order: std::collections::BTreeSet<(u64, JobId)>,
     /// Queued jobs that may not start yet (dependencies, max_parallel).
     blocked: HashSet<JobId>,
     /// Hands notification intents to the sender task (never waits on it).
@@ -193,10 +195,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         gpu_replan_at: None,
         groups: BTreeMap::new(),
         blocked: HashSet::new(),
+        ended_order: std::collections::BTreeSet::new(),
         metrics: Default::default(),
     };
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
+    daemon.prune_history();
 
     // The API comes up after the state is restored, so no caller ever sees
     // a half-loaded daemon.
@@ -277,6 +281,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                     daemon.handle(event).await;
                 }
                 daemon.schedule().await;
+                daemon.prune_history();
                 daemon.notify_status();
             }
         }
@@ -297,11 +302,9 @@ impl Daemon {
     }
 
     fn notify_status(&self) {
-        let running = self
-            .jobs
-            .values()
-            .filter(|r| matches!(r.state, JobState::Running | JobState::Launching))
-            .count();
+        // Tracked units are the launching and running jobs: counting them
+        // costs nothing per finished job in history.
+        let running = self.by_unit.len();
         let mut status = format!(
             "{} queued, {} running, {} GPUs busy",
             self.queue.len(),
@@ -346,7 +349,10 @@ impl Daemon {
                     self.by_unit.insert(record.unit.clone(), id.clone());
                     to_check.push(id.clone());
                 }
-                JobState::Ended => {}
+                JobState::Ended => {
+                    self.ended_order
+                        .insert((record.ended_at.unwrap_or(0), id.clone()));
+                }
             }
             self.jobs.insert(id, record);
         }
@@ -679,8 +685,8 @@ impl Daemon {
             self.blocked.clear();
             let mut never = Vec::new();
             let mut running_in_group: HashMap<&JobId, u32> = HashMap::new();
-            for r in self.jobs.values() {
-                if let (Some(g), JobState::Launching | JobState::Running) = (&r.group, r.state) {
+            for id in self.by_unit.values() {
+                if let Some(g) = self.jobs.get(id).and_then(|r| r.group.as_ref()) {
                     *running_in_group.entry(g).or_default() += 1;
                 }
             }
@@ -1144,6 +1150,8 @@ impl Daemon {
                 *n = n.saturating_sub(1);
             }
         }
+        self.ended_order
+            .insert((record.ended_at.unwrap_or(0), id.clone()));
         let record = self.jobs.entry(id.clone()).insert_entry(record).into_mut();
         info!(
             job = %id,
@@ -1165,6 +1173,14 @@ impl Daemon {
 
     async fn on_api(&mut self, request: ApiRequest) {
         match request {
+            ApiRequest::ListRecent(limit, reply) => {
+                let active = self.queue.iter().chain(self.by_unit.values());
+                let ended = self.ended_order.iter().rev().take(limit as usize).map(|(_, id)| id);
+                let mut ids: Vec<&JobId> = active.chain(ended).collect();
+                ids.sort_by_key(|id| (self.jobs[*id].submitted_at, (*id).clone()));
+                ids.dedup();
+                let _ = reply.send(ids.into_iter().map(|id| self.view(&self.jobs[id])).collect());
+            }
             ApiRequest::List(reply) => {
                 let _ = reply.send(self.jobs.values().map(|r| self.view(r)).collect());
             }
@@ -1230,6 +1246,51 @@ impl Daemon {
             // Answered by the sender task; the state task does not wait.
             ApiRequest::Notifications(reply) => self.notifier.list(reply),
             ApiRequest::RetryNotifications(target, reply) => self.notifier.retry(target, reply),
+        }
+    }
+
+    /// Applies `[retention]`: the oldest finished jobs beyond the limits
+    /// are compacted (see [`Store::compact`]). Looks only at the oldest end,
+    /// so its cost does not grow with the history.
+    fn prune_history(&mut self) {
+        let retention = self.config.retention.clone();
+        let now = now_micros();
+        while let Some((ended_at, id)) = self.ended_order.first().cloned() {
+            let too_many = self.ended_order.len() > retention.max_ended_jobs;
+            let too_old = retention
+                .max_age
+                .is_some_and(|age| ended_at.saturating_add(age.as_micros() as u64) < now);
+            if !too_many && !too_old {
+                break;
+            }
+            let Some(record) = self.jobs.get(&id) else {
+                self.ended_order.pop_first();
+                continue;
+            };
+            // A queued job still needs its parents' outcomes (and results).
+            let needed = self.queue.iter().any(|q| {
+                let after = self.jobs[q].spec.after.all();
+                after.contains(&id) || record.group.as_ref().is_some_and(|g| after.contains(g))
+            });
+            if needed {
+                break;
+            }
+            if let Err(e) = self.store.compact(record) {
+                error!(job = %id, error = %e, "cannot compact a finished job; keeping it");
+                self.store_failed();
+                break;
+            }
+            self.ended_order.pop_first();
+            if let Some(group) = record.group.clone() {
+                if let Some(members) = self.groups.get_mut(&group) {
+                    members.retain(|m| *m != id);
+                    if members.is_empty() {
+                        self.groups.remove(&group);
+                        self.store.remove_group(&group);
+                    }
+                }
+            }
+            self.jobs.remove(&id);
         }
     }
 

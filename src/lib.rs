@@ -40,6 +40,7 @@ pub mod api;
 pub mod chain;
 pub mod config;
 pub mod daemon;
+pub mod docgen;
 pub mod fsutil;
 pub mod gpu;
 pub mod metrics;

@@ -117,6 +117,13 @@ pub fn never_reason(
     if n == 0 {
         return None;
     }
+    if snapshot.is_empty() {
+        return Some(format!(
+            "field `gpus` asks for {} but this machine has no GPUs (NVML finds none and none are \
+             declared in [gpus]); drop `gpus` to run on the CPU",
+            request.describe()
+        ));
+    }
     let all = index_list(snapshot);
     match &request.only {
         Some(GpuSelector::Indices(v)) => {
@@ -799,6 +806,11 @@ mod tests {
         assert_eq!(never(serde_json::json!(2), &o), None);
         assert_eq!(never(serde_json::json!(4), &bob), None);
         assert_eq!(never(serde_json::json!(0), &bob), None);
+        let none = never_reason(&GpuRequest::any(1), &bob, &[], &pol).unwrap();
+        assert!(
+            none.contains("no GPUs") && none.contains("drop `gpus`"),
+            "{none}"
+        );
         let lower = never(serde_json::json!({"count": 4, "model": "h100"}), &bob);
         assert_eq!(lower, None, "model matching ignores case");
 

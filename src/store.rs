@@ -442,6 +442,43 @@ impl Store {
         result
     }
 
+    /// Compacts a finished job: one summary line appended (and synced) to
+    /// `history.jsonl`, then its directory removed. Cost per job, never per
+    /// history.
+    pub fn compact(&self, record: &JobRecord) -> Result<(), StoreError> {
+        use std::io::Write;
+        let history = self.jobs_dir.with_file_name("history.jsonl");
+        let line = serde_json::json!({
+            "id": record.id,
+            "owner": record.owner.name,
+            "uid": record.owner.uid,
+            "status": record.status(),
+            "outcome": record.outcome,
+            "submitted_at": record.submitted_at,
+            "started_at": record.started_at,
+            "ended_at": record.ended_at,
+            "group": record.group,
+            "result": record.result,
+        });
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&history)
+            .map_err(io_err("open", &history))?;
+        writeln!(file, "{line}")
+            .and_then(|()| file.sync_data())
+            .map_err(io_err("append to", &history))?;
+        let dir = self.job_dir(&record.id);
+        std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+        self.remove_exit_record(&record.id);
+        Ok(())
+    }
+
+    /// Forgets a sweep once its last member is compacted.
+    pub fn remove_group(&self, group: &JobId) {
+        let _ = std::fs::remove_file(self.groups_dir.join(format!("{group}.json")));
+    }
+
     /// The exact bytes the job was submitted with.
     pub fn descriptor(&self, id: &JobId) -> Result<Vec<u8>, StoreError> {
         let path = self.job_dir(id).join(DESCRIPTOR);

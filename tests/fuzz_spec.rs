@@ -84,12 +84,13 @@ fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
     })
 }
 
-/// Every property of `parse_spec` for one input.
-pub fn check_parse(bytes: &[u8], default_id: &str) -> Result<(), String> {
+/// Every property of `parse_spec` for one input; `Ok(true)` when the input
+/// was accepted.
+pub fn check_parse(bytes: &[u8], default_id: &str) -> Result<bool, String> {
     let result = no_panic("parse_spec", || parse_spec(bytes, default_id))?;
     match result {
-        Err(e) => check_message("parse_spec", &e.to_string()),
-        Ok(spec) => check_accepted(bytes, &spec),
+        Err(e) => check_message("parse_spec", &e.to_string()).map(|()| false),
+        Ok(spec) => check_accepted(bytes, &spec).map(|()| true),
     }
 }
 
@@ -175,8 +176,9 @@ fn check_accepted(input: &[u8], spec: &JobSpec) -> Result<(), String> {
     }
 }
 
-/// Every property of `spool_file_stem` and `JobId` for one name.
-pub fn check_name(name: &str) -> Result<(), String> {
+/// Every property of `spool_file_stem` and `JobId` for one name; `Ok(true)`
+/// when it is a valid job id.
+pub fn check_name(name: &str) -> Result<bool, String> {
     let stem = no_panic("spool_file_stem", || spool_file_stem(name))?;
     match stem {
         Some(stem) => {
@@ -229,7 +231,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
             return Err(format!("from_unit_name({name:?}) = {id}"));
         }
     }
-    Ok(())
+    Ok(id_matches_regex(name))
 }
 
 // ---------------------------------------------------------------------------
@@ -619,23 +621,38 @@ fn seed() -> u64 {
         .unwrap_or_else(|| fastrand::u64(..))
 }
 
-fn run(what: &str, mut one: impl FnMut(&mut Gen) -> Result<(), String>) {
+/// Runs `one` on generated inputs; returns how many it accepted.
+fn run(what: &str, mut one: impl FnMut(&mut Gen) -> Result<bool, String>) -> (u64, u64) {
     let (iters, seed) = (iterations(), seed());
-    eprintln!("{what}: {iters} inputs, PTRAIN_FUZZ_SEED={seed}");
     let mut gen = Gen::new(seed);
+    let mut accepted = 0;
     for i in 0..iters {
-        if let Err(e) = one(&mut gen) {
-            panic!(
+        match one(&mut gen) {
+            Ok(ok) => accepted += u64::from(ok),
+            Err(e) => panic!(
                 "{what} failed at input {i} (replay: PTRAIN_FUZZ_SEED={seed} PTRAIN_FUZZ_ITERS={}):\n{e}",
                 i + 1
-            );
+            ),
         }
+    }
+    eprintln!("{what}: {iters} inputs, {accepted} accepted, PTRAIN_FUZZ_SEED={seed}");
+    (iters, accepted)
+}
+
+/// A run that accepts (almost) nothing never reaches field validation and
+/// the checks on accepted values: the generator would be broken.
+fn assert_some_accepted(what: &str, (iters, accepted): (u64, u64)) {
+    if iters >= 1000 {
+        assert!(
+            accepted * 100 >= iters && accepted * 100 <= iters * 90,
+            "{what}: {accepted} of {iters} inputs accepted; the generator no longer reaches both sides"
+        );
     }
 }
 
 #[test]
 fn fuzz_parse_spec() {
-    run("parse_spec", |gen| {
+    let counts = run("parse_spec", |gen| {
         let input = gen.descriptor();
         let default_id = gen.name();
         check_parse(&input, &default_id).map_err(|e| {
@@ -646,11 +663,12 @@ fn fuzz_parse_spec() {
             )
         })
     });
+    assert_some_accepted("parse_spec", counts);
 }
 
 #[test]
 fn fuzz_names() {
-    run("names", |gen| {
+    let counts = run("names", |gen| {
         let name = if gen.rng.u8(0..4) == 0 {
             gen.string(70)
         } else {
@@ -658,6 +676,7 @@ fn fuzz_names() {
         };
         check_name(&name)
     });
+    assert_some_accepted("names", counts);
 }
 
 /// The checks themselves must be able to fail: a few known answers.
@@ -678,9 +697,9 @@ fn checks_know_right_from_wrong() {
     assert!(check_message("t", &"x".repeat(MAX_MESSAGE_BYTES + 1)).is_err());
     assert!(check_message("t", "field `x` is wrong; fix it").is_ok());
     for seed in SEEDS {
-        check_parse(seed.as_bytes(), "j").unwrap();
-        assert!(parse_spec(seed.as_bytes(), "j").is_ok(), "{seed}");
+        assert!(check_parse(seed.as_bytes(), "j").unwrap(), "{seed}");
     }
-    check_name("train-1.json").unwrap();
-    check_name("../x.json").unwrap();
+    assert!(check_name("train-1").unwrap());
+    assert!(!check_name("../x.json").unwrap());
+    assert!(!check_parse(b"{\"version\": 1}", "j").unwrap());
 }

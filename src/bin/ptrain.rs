@@ -66,6 +66,12 @@ enum Command {
     List {
         #[arg(long)]
         json: bool,
+        /// Every job in the history, not only the active ones and the recent ends.
+        #[arg(long)]
+        all: bool,
+        /// How many recently ended jobs to show besides the active ones.
+        #[arg(long, default_value_t = 50)]
+        recent: u32,
     },
     /// Show one job.
     Status {
@@ -102,6 +108,16 @@ enum Command {
         json: bool,
         #[command(subcommand)]
         action: Option<NotificationsAction>,
+    },
+    /// Write the man pages and shell completions (`make docs`).
+    #[command(hide = true)]
+    Generate {
+        /// Directory for ptrain.1 and ptrain-COMMAND.1.
+        #[arg(long)]
+        man: Option<PathBuf>,
+        /// Directory for ptrain.bash, _ptrain (zsh) and ptrain.fish.
+        #[arg(long)]
+        completions: Option<PathBuf>,
     },
 }
 
@@ -221,8 +237,14 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             }
             wait_for_jobs(&proxy, changes, &expanded).await
         }
-        Command::List { json } => {
-            let jobs: Vec<JobView> = parse(&proxy().await?.list().await.map_err(from_bus)?)?;
+        Command::List { json, all, recent } => {
+            let proxy = proxy().await?;
+            let reply = if all {
+                proxy.list().await
+            } else {
+                proxy.list_recent(recent).await
+            };
+            let jobs: Vec<JobView> = parse(&reply.map_err(from_bus)?)?;
             if json {
                 print_json(&jobs);
             } else {
@@ -302,6 +324,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
         Command::Notifications { json, action } => notifications(json, action).await,
+        Command::Generate { man, completions } => generate(man, completions),
     }
 }
 
@@ -744,6 +767,45 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
         println!(
             "{dead} dead: fix the cause, then `ptrain notifications retry KEY` or `--all-dead`"
         );
+    }
+    Ok(0)
+}
+
+fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Result<u8, Failure> {
+    let io = |what: &str, dir: &Path, e: std::io::Error| {
+        fail(
+            EXIT_FAILURE,
+            format!("cannot write {what} into {}: {e}", dir.display()),
+        )
+    };
+    let cmd = <Cli as clap::CommandFactory>::command();
+    if let Some(dir) = &man {
+        let extra = ptrain::docgen::ManExtra {
+            section: "1",
+            files: &[
+                (
+                    DEFAULT_CONFIG_PATH,
+                    "ptraind's configuration; ptrain reads spool_dir from it.",
+                ),
+                (
+                    "/var/spool/ptrain",
+                    "The spool: ptrain submit drops job files here (mode 1733).",
+                ),
+            ],
+            see_also: &["ptraind(8)", "systemctl(1)", "journalctl(1)"],
+        };
+        for path in ptrain::docgen::write_man_pages(cmd.clone(), &extra, dir)
+            .map_err(|e| io("man pages", dir, e))?
+        {
+            println!("{}", path.display());
+        }
+    }
+    if let Some(dir) = &completions {
+        for path in ptrain::docgen::write_completions(cmd, dir)
+            .map_err(|e| io("completions", dir, e))?
+        {
+            println!("{}", path.display());
+        }
     }
     Ok(0)
 }

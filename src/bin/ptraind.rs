@@ -29,6 +29,12 @@ struct Args {
 
 #[derive(clap::Subcommand)]
 enum Sub {
+    /// Write the man page ptraind.8 into DIR (`make docs`).
+    #[command(hide = true)]
+    Generate {
+        #[arg(long)]
+        man: PathBuf,
+    },
     /// Record a job unit's exit (run by systemd as the unit's ExecStopPost;
     /// reads SERVICE_RESULT, EXIT_CODE, EXIT_STATUS, INVOCATION_ID).
     #[command(hide = true)]
@@ -86,6 +92,36 @@ fn record_exit(
     }
 }
 
+fn generate_man(dir: &std::path::Path) -> ExitCode {
+    let extra = ptrain::docgen::ManExtra {
+        section: "8",
+        files: &[
+            (DEFAULT_CONFIG_PATH, "The configuration, every key commented; check a change with ptraind --check-config."),
+            ("/var/spool/ptrain", "The spool: users drop job files here (root-owned, mode 1733)."),
+            ("/var/lib/ptrain", "Job records, quarantined files and the notification outbox (root only)."),
+            ("/var/log/ptrain", "Logs ptraind writes itself (root only); job output is in the journal."),
+            ("/lib/systemd/system/ptraind.service", "The service; override with systemctl edit ptraind."),
+            ("/lib/systemd/system/ptrain.slice", "The parent of every job unit; set limits for all jobs here."),
+            ("/usr/share/dbus-1/system.d/org.ptrain.Daemon1.conf", "Who may own and call the D-Bus API."),
+        ],
+        see_also: &["ptrain(1)", "systemctl(1)", "journalctl(1)", "systemd.resource-control(5)"],
+    };
+    // The crate's name otherwise: the page is ptraind.8.
+    let cmd = <Args as clap::CommandFactory>::command().name("ptraind");
+    match ptrain::docgen::write_man_pages(cmd, &extra, dir) {
+        Ok(written) => {
+            for path in written {
+                println!("{}", path.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ptraind: cannot write the man page into {}: {e}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PTRAIN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -114,6 +150,9 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Sub::Generate { man }) = &args.command {
+        return generate_man(man);
+    }
     if let Some(Sub::RecordExit {
         state_dir,
         job,

@@ -206,3 +206,35 @@ fn a_full_state_disk_keeps_files_in_the_spool_and_recovers_by_itself() {
     let log = text(&d.ptrain("root", &["list"]));
     assert!(log.contains("during"), "{log}");
 }
+
+#[test]
+fn retention_compacts_the_oldest_finished_jobs() {
+    let d = TestDaemon::start_with(
+        "retention",
+        Opts {
+            extra_config: "[retention]\nmax_ended_jobs = 3\n".into(),
+            ..Opts::default()
+        },
+    );
+    for i in 0..6 {
+        let id = format!("old{i}");
+        d.drop_job(ALICE, &format!("{id}.json"), &counted_job(&d, ""));
+        assert_eq!(d.wait_ended(&id)["status"], "succeeded");
+    }
+    wait_for("the history to be compacted", WAIT, || {
+        let records = std::fs::read_dir(d.state.join("jobs")).unwrap().count();
+        (records == 3).then_some(())
+    });
+    let history = std::fs::read_to_string(d.state.join("history.jsonl")).unwrap();
+    let compacted: Vec<serde_json::Value> =
+        history.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ids: Vec<&str> = compacted.iter().map(|j| j["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["old0", "old1", "old2"]);
+    assert!(compacted.iter().all(|j| j["status"] == "succeeded"));
+    assert!(d.status("old0").is_none());
+    assert_eq!(d.status("old5").unwrap()["status"], "succeeded");
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_slice(&d.ptrain("root", &["list", "--json", "--recent", "2"]).stdout).unwrap();
+    let listed: Vec<&str> = listed.iter().map(|j| j["id"].as_str().unwrap()).collect();
+    assert_eq!(listed, ["old4", "old5"]);
+}

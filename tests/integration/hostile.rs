@@ -439,15 +439,20 @@ fn hostile_descriptors_are_rejected_with_their_reason() {
         spec(json!({"gpu": 1})),
         &["unknown field"],
     );
-    // Dependencies do not exist yet: until `after_ok` is added (and checked
-    // for other users' jobs), naming another user's job is an unknown field.
-    // When it lands this case must become "a dependency on bob's job is
-    // rejected" with its own reason.
+    // A dependency on another user's job: alice's job must not learn from
+    // (or wait on) bob's. Before dependencies existed this was an unknown
+    // field; both refusals are accepted, running it is not.
     add(
         &d,
         "afterok.json",
         spec(json!({"after_ok": ["bob-long"]})),
-        &["unknown field"],
+        &["belongs to", "unknown field"],
+    );
+    add(
+        &d,
+        "afterany.json",
+        spec(json!({"after_any": ["bob-long"]})),
+        &["belongs to", "unknown field"],
     );
     add(
         &d,

@@ -11,3 +11,4 @@ mod foundation;
 mod gpus;
 mod hostile;
 mod limits;
+mod notifications;

@@ -1,0 +1,752 @@
+//! Per-job output archives: when a job ends its output is copied from the
+//! journal into `LOG_DIR/UID/ID.INVOCATION.log.gz` (gzip, one JSON object
+//! `{"t": µs, "m": "line"}` per line), so `ptrain logs` still works after
+//! journald rotated the job away.
+//!
+//! `LOG_DIR` and the per-user directories are ptraind's own (root, 0700);
+//! nothing in them is ever followed: directories are opened with
+//! O_NOFOLLOW and checked with fstat, archives are written to a temp file
+//! created with O_CREAT|O_EXCL|O_NOFOLLOW and renamed into place without
+//! replacing anything (renameat2 RENAME_NOREPLACE). A name that is taken
+//! by something ptraind did not put there is left alone and the archive
+//! gets the next free name.
+//!
+//! All of it runs on one archiver thread ([`spawn_archiver`]): writing,
+//! the retention policy ([`super::retention`]) and the usage figures.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tracing::{error, info, warn};
+
+use super::journal::{self, Entry, RunFilter, Selection, Start};
+use super::retention::{self, ArchiveInfo, Disk, RetentionPolicy, UserUsage};
+use crate::fsutil;
+
+pub const SUFFIX: &str = ".log.gz";
+/// Other names tried when an archive's name is taken.
+const MAX_ALTERNATES: u32 = 9;
+/// Archiving is skipped when less than this may be written.
+const MIN_BUDGET: u64 = 512 << 10;
+/// Room kept below the budget for what the compressor still holds.
+const BUDGET_MARGIN: u64 = 256 << 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("cannot {action} {path}: {source}; the log directory must be a root-only directory (mode 0700) on a writable file system")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{path} is not a root-only directory ({found}); remove it, ptraind creates it again")]
+    UnsafeDir { path: PathBuf, found: String },
+    #[error("every archive name for job {id} in {dir} is taken by entries ptraind did not write; remove them")]
+    NamesTaken { id: String, dir: PathBuf },
+    #[error("cannot read the journal for job {id}: {source}")]
+    Journal { id: String, source: io::Error },
+}
+
+/// A job whose output is to be archived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchiveJob {
+    pub id: String,
+    pub uid: u32,
+    pub selection: Selection,
+}
+
+/// One line of an archive.
+#[derive(Debug, Serialize, Deserialize)]
+struct Line {
+    t: u64,
+    m: String,
+}
+
+/// The invocation id as it appears in a file name: lowercase hex only.
+fn invocation_part(inv: Option<&str>) -> &str {
+    match inv {
+        Some(i) if !i.is_empty() && i.len() <= 64 && i.bytes().all(|b| b.is_ascii_hexdigit()) => i,
+        _ => "unknown",
+    }
+}
+
+/// The names an archive of this run may have, in the order they are tried
+/// (and looked up). A job id is one safe path component ([`crate::spec::JobId`]).
+pub fn candidate_names(id: &str, inv: Option<&str>) -> Vec<String> {
+    let inv = invocation_part(inv);
+    let mut names = vec![format!("{id}.{inv}{SUFFIX}")];
+    names.extend((1..=MAX_ALTERNATES).map(|n| format!("{id}.{inv}-{n}{SUFFIX}")));
+    names
+}
+
+fn cstr(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
+}
+
+/// Opens `LOG_DIR/UID` (creating it if asked) and checks it is a real
+/// directory, owned by root, that nobody else may enter.
+fn user_dir(log_dir: &Path, uid: u32, create: bool) -> Result<OwnedFd, ArchiveError> {
+    let path = log_dir.join(uid.to_string());
+    let io_err = |action, source| ArchiveError::Io {
+        action,
+        path: path.clone(),
+        source,
+    };
+    let base = fsutil::open_dir(log_dir).map_err(|e| ArchiveError::Io {
+        action: "open",
+        path: log_dir.to_owned(),
+        source: e,
+    })?;
+    let name = cstr(&uid.to_string()).expect("digits");
+    if create {
+        // SAFETY: mkdirat with a valid dir fd and a NUL-terminated name.
+        if unsafe { libc::mkdirat(base.as_raw_fd(), name.as_ptr(), 0o700) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(io_err("create", e));
+            }
+        }
+    }
+    // SAFETY: openat with a valid dir fd; O_NOFOLLOW refuses a symlink.
+    let fd = unsafe {
+        libc::openat(
+            base.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) {
+            return Err(ArchiveError::UnsafeDir {
+                path,
+                found: "a symbolic link or not a directory".into(),
+            });
+        }
+        return Err(io_err("open", e));
+    }
+    // SAFETY: fd is fresh and owned here.
+    let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    let id = fsutil::fstat(&dir).map_err(|e| io_err("stat", e))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if id.uid != me || id.mode & 0o077 != 0 {
+        return Err(ArchiveError::UnsafeDir {
+            path,
+            found: format!("owner uid {}, mode {:o}", id.uid, id.mode & 0o7777),
+        });
+    }
+    Ok(dir)
+}
+
+/// Counts what reaches the file, to stop at the budget.
+struct Counting<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Creates `name` in `dir` for writing: O_CREAT|O_EXCL|O_NOFOLLOW, 0600.
+fn create_excl(dir: &OwnedFd, name: &str) -> io::Result<File> {
+    let c = cstr(name)?;
+    // SAFETY: openat with a valid dir fd and a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is fresh and owned here.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+fn unlink_at(dir: &OwnedFd, name: &str) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: unlinkat on a name inside a valid dir fd; removes a symlink
+    // itself, never its target.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// renameat2(RENAME_NOREPLACE) inside one directory.
+fn rename_noreplace(dir: &OwnedFd, from: &str, to: &str) -> io::Result<()> {
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: both names NUL-terminated, relative to a valid dir fd.
+    let rc = unsafe {
+        libc::renameat2(
+            dir.as_raw_fd(),
+            f.as_ptr(),
+            dir.as_raw_fd(),
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Writes an archive of `lines` (time µs, text) for job `id` of `uid`,
+/// at most `budget` bytes (a marker line says where it was cut).
+/// Returns what was written.
+pub fn write_lines(
+    log_dir: &Path,
+    uid: u32,
+    id: &str,
+    inv: Option<&str>,
+    lines: impl IntoIterator<Item = (u64, String)>,
+    budget: u64,
+    now: u64,
+) -> Result<ArchiveInfo, ArchiveError> {
+    let dir = user_dir(log_dir, uid, true)?;
+    let dir_path = log_dir.join(uid.to_string());
+    let io_err = |action, name: &str, source| ArchiveError::Io {
+        action,
+        path: dir_path.join(name),
+        source,
+    };
+    let tmp = format!(".{id}.{}.tmp", invocation_part(inv));
+    let file = match create_excl(&dir, &tmp) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            // Left by a crash (or planted): removed, never written through.
+            unlink_at(&dir, &tmp).map_err(|e| io_err("remove", &tmp, e))?;
+            create_excl(&dir, &tmp)
+        }
+        other => other,
+    }
+    .map_err(|e| io_err("create", &tmp, e))?;
+    let result = (|| -> io::Result<u64> {
+        let mut gz = flate2::write::GzEncoder::new(
+            Counting {
+                inner: BufWriter::new(file),
+                bytes: 0,
+            },
+            flate2::Compression::default(),
+        );
+        let limit = budget.saturating_sub(BUDGET_MARGIN);
+        for (t, m) in lines {
+            if gz.get_ref().bytes >= limit {
+                let cut = Line {
+                    t: now,
+                    m: "[ptrain: output cut here: the archive reached its size limit ([logs] limits or min_free)]".into(),
+                };
+                serde_json::to_writer(&mut gz, &cut)?;
+                gz.write_all(b"\n")?;
+                break;
+            }
+            serde_json::to_writer(&mut gz, &Line { t, m })?;
+            gz.write_all(b"\n")?;
+        }
+        let counting = gz.finish()?;
+        let bytes = counting.bytes;
+        let file = counting.inner.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok(bytes)
+    })();
+    let bytes = match result {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let _ = unlink_at(&dir, &tmp);
+            return Err(io_err("write", &tmp, e));
+        }
+    };
+    for name in candidate_names(id, inv) {
+        match rename_noreplace(&dir, &tmp, &name) {
+            Ok(()) => {
+                // SAFETY: fsync on a valid dir fd makes the rename durable.
+                unsafe { libc::fsync(dir.as_raw_fd()) };
+                return Ok(ArchiveInfo {
+                    uid,
+                    name,
+                    bytes,
+                    written_at: now,
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let what = fsutil::lstat_at(&dir, &name)
+                    .map(|i| i.kind())
+                    .unwrap_or("entry");
+                error!(
+                    job = id,
+                    PTRAIN_JOB = id,
+                    path = %dir_path.join(&name).display(),
+                    "an archive path is already taken by a {what} ptraind did not write; leaving it alone and using the next name"
+                );
+            }
+            Err(e) => {
+                let _ = unlink_at(&dir, &tmp);
+                return Err(io_err("rename into place", &name, e));
+            }
+        }
+    }
+    let _ = unlink_at(&dir, &tmp);
+    Err(ArchiveError::NamesTaken {
+        id: id.to_owned(),
+        dir: dir_path,
+    })
+}
+
+/// Copies one run's output from the journal into its archive.
+pub fn archive_from_journal(
+    log_dir: &Path,
+    job: &ArchiveJob,
+    budget: u64,
+    now: u64,
+) -> Result<ArchiveInfo, ArchiveError> {
+    journal::sync_blocking();
+    let sel = &job.selection;
+    let mut child = journal::journalctl_blocking()
+        .args(journal::args(sel, &Start::Since(0), false))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|source| ArchiveError::Journal {
+            id: job.id.clone(),
+            source,
+        })?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut filter = RunFilter::new(sel);
+    let lines = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| journal::parse_entry(&l))
+        .filter(|e: &Entry| filter.accept(e))
+        .map(|e| (e.realtime, e.message));
+    let result = write_lines(
+        log_dir,
+        job.uid,
+        &job.id,
+        sel.invocation_id.as_deref(),
+        lines,
+        budget,
+        now,
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+/// Opens the archive of a run for reading, if there is one ptraind wrote:
+/// a regular, root-owned file reached without following any link.
+pub fn open(log_dir: &Path, uid: u32, id: &str, inv: Option<&str>) -> Option<File> {
+    let dir = user_dir(log_dir, uid, false).ok()?;
+    candidate_names(id, inv).into_iter().find_map(|name| {
+        let file = fsutil::open_at_nofollow(&dir, &name).ok()?;
+        let st = fsutil::fstat(&file).ok()?;
+        (st.is_regular() && st.uid == 0).then_some(file)
+    })
+}
+
+/// Writes an archive's lines to `out`: only those at or after `since`
+/// (µs, 0 for all), only the last `lines` (0 for all).
+pub fn copy_out(archive: File, since: u64, lines: u32, out: &mut impl Write) -> io::Result<()> {
+    let reader = BufReader::new(flate2::read::GzDecoder::new(archive));
+    let mut tail = super::Tail::new(lines);
+    for line in reader.lines() {
+        let line = line?;
+        let Ok(Line { t, m }) = serde_json::from_str::<Line>(&line) else {
+            continue;
+        };
+        if t < since {
+            continue;
+        }
+        if let Some(m) = tail.push(m) {
+            out.write_all(m.as_bytes())?;
+            out.write_all(b"\n")?;
+        }
+    }
+    for m in tail.drain() {
+        out.write_all(m.as_bytes())?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
+/// Every archive under `log_dir`; removes temp files a crash left.
+pub fn scan(log_dir: &Path) -> Vec<ArchiveInfo> {
+    let mut out = Vec::new();
+    let Ok(users) = std::fs::read_dir(log_dir) else {
+        return out;
+    };
+    for user in users.flatten() {
+        let Some(uid) = user.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(dir) = user_dir(log_dir, uid, false) else {
+            continue;
+        };
+        let Ok(entries) = std::fs::read_dir(user.path()) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let Ok(st) = fsutil::lstat_at(&dir, &name) else {
+                continue;
+            };
+            if name.starts_with('.') && name.ends_with(".tmp") && st.is_regular() {
+                let _ = unlink_at(&dir, &name);
+                continue;
+            }
+            if name.starts_with('.') || !name.ends_with(SUFFIX) || !st.is_regular() {
+                continue;
+            }
+            let written_at = entry
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_micros() as u64);
+            out.push(ArchiveInfo {
+                uid,
+                name,
+                bytes: st.size,
+                written_at,
+            });
+        }
+    }
+    out
+}
+
+/// statvfs of the log directory's file system.
+pub fn disk_of(path: &Path) -> Option<Disk> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs fills the zeroed struct or fails.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    Some(Disk {
+        avail_bytes: st.f_bavail as u64 * frsize,
+        total_bytes: st.f_blocks as u64 * frsize,
+    })
+}
+
+/// `ptrain du`: the policy and what the archives use.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LogUsage {
+    pub log_dir: String,
+    /// Whether ended jobs are archived at all (`[logs] archive`).
+    pub archive: bool,
+    pub policy: RetentionPolicy,
+    pub count: u64,
+    pub bytes: u64,
+    /// The log directory's file system.
+    pub disk: Option<Disk>,
+    /// Per user (only the caller's own unless root).
+    pub users: Vec<UserUsage>,
+}
+
+pub(crate) enum ArchiverCommand {
+    Archive(ArchiveJob),
+    Usage(tokio::sync::oneshot::Sender<LogUsage>),
+}
+
+/// Starts the archiver thread; it ends when every sender is dropped.
+pub(crate) fn spawn_archiver(
+    log_dir: PathBuf,
+    policy: RetentionPolicy,
+    enabled: bool,
+) -> mpsc::Sender<ArchiverCommand> {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("ptrain-archiver".into())
+        .spawn(move || {
+            let mut archiver = Archiver {
+                index: scan(&log_dir),
+                log_dir,
+                policy,
+                enabled,
+            };
+            archiver.apply_retention();
+            archiver.run(rx);
+        });
+    if let Err(e) = spawned {
+        error!(error = %e, "cannot start the log archiver thread; job output is not archived");
+    }
+    tx
+}
+
+struct Archiver {
+    log_dir: PathBuf,
+    policy: RetentionPolicy,
+    enabled: bool,
+    index: Vec<ArchiveInfo>,
+}
+
+impl Archiver {
+    fn run(&mut self, rx: mpsc::Receiver<ArchiverCommand>) {
+        loop {
+            // Sleep until the oldest archive expires, not periodically.
+            let command = match retention::next_expiry(&self.index, &self.policy) {
+                Some(at) => {
+                    let wait = at.saturating_sub(crate::now_micros()) + 1;
+                    match rx.recv_timeout(Duration::from_micros(wait)) {
+                        Ok(c) => Some(c),
+                        Err(mpsc::RecvTimeoutError::Timeout) => None,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+                None => match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                },
+            };
+            match command {
+                None => self.apply_retention(),
+                Some(ArchiverCommand::Archive(job)) => self.archive(&job),
+                Some(ArchiverCommand::Usage(reply)) => {
+                    let _ = reply.send(self.usage());
+                }
+            }
+        }
+    }
+
+    fn archive(&mut self, job: &ArchiveJob) {
+        if !self.enabled {
+            return;
+        }
+        let names = candidate_names(&job.id, job.selection.invocation_id.as_deref());
+        if self
+            .index
+            .iter()
+            .any(|a| a.uid == job.uid && names.contains(&a.name))
+        {
+            return;
+        }
+        // Room first: expired and over-limit archives go before the disk
+        // is asked how much may be written.
+        self.apply_retention();
+        let budget = retention::write_budget(&self.policy, disk_of(&self.log_dir));
+        if budget < MIN_BUDGET {
+            warn!(
+                job = %job.id,
+                PTRAIN_JOB = %job.id,
+                log_dir = %self.log_dir.display(),
+                "not archiving the job's output: the log directory's file system is at its min_free floor (or a [logs] size limit is tiny)"
+            );
+            return;
+        }
+        match archive_from_journal(&self.log_dir, job, budget, crate::now_micros()) {
+            Ok(info) => {
+                info!(job = %job.id, PTRAIN_JOB = %job.id, archive = %info.name, bytes = info.bytes, "job output archived");
+                self.index.push(info);
+                self.apply_retention();
+            }
+            Err(e) => {
+                error!(job = %job.id, PTRAIN_JOB = %job.id, error = %e, "cannot archive the job's output: {e}");
+            }
+        }
+    }
+
+    fn apply_retention(&mut self) {
+        let doomed = retention::to_delete(
+            crate::now_micros(),
+            &self.index,
+            &self.policy,
+            disk_of(&self.log_dir),
+        );
+        if doomed.is_empty() {
+            return;
+        }
+        let mut removed = vec![false; self.index.len()];
+        for i in doomed {
+            let a = &self.index[i];
+            let gone = user_dir(&self.log_dir, a.uid, false)
+                .map_err(|e| e.to_string())
+                .and_then(|dir| match unlink_at(&dir, &a.name) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                });
+            match gone {
+                Ok(()) => {
+                    info!(uid = a.uid, archive = %a.name, "removed an old job output archive ([logs] retention)");
+                    removed[i] = true;
+                }
+                Err(e) => warn!(uid = a.uid, archive = %a.name, error = %e, "cannot remove an old archive"),
+            }
+        }
+        let mut i = 0;
+        self.index.retain(|_| {
+            i += 1;
+            !removed[i - 1]
+        });
+    }
+
+    fn usage(&self) -> LogUsage {
+        let mut users = retention::usage(&self.index);
+        for u in &mut users {
+            u.user = crate::users::owner_of_uid(u.uid).map(|o| o.name);
+        }
+        LogUsage {
+            log_dir: self.log_dir.display().to_string(),
+            archive: self.enabled,
+            policy: self.policy.clone(),
+            count: self.index.len() as u64,
+            bytes: self.index.iter().map(|a| a.bytes).sum(),
+            disk: disk_of(&self.log_dir),
+            users,
+        }
+    }
+}
+
+/// Reads an archive back as (time, line) pairs, for tests and tools.
+pub fn read_lines(archive: File) -> io::Result<Vec<(u64, String)>> {
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(archive).read_to_string(&mut text)?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
+        .map(|l| (l.t, l.m))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn log_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        d
+    }
+
+    fn lines(n: u64) -> Vec<(u64, String)> {
+        (1..=n).map(|i| (i * 10, format!("line {i}"))).collect()
+    }
+
+    const INV: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn written_archive_reads_back_with_since_and_tail() {
+        let d = log_dir();
+        let info = write_lines(d.path(), 1000, "job-1", Some(INV), lines(5), u64::MAX, 7).unwrap();
+        assert_eq!(info.name, format!("job-1.{INV}.log.gz"));
+        let path = d.path().join("1000").join(&info.name);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(meta.len(), info.bytes);
+        assert_eq!(
+            std::fs::metadata(d.path().join("1000")).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let read = |since, tail| {
+            let mut out = Vec::new();
+            copy_out(open(d.path(), 1000, "job-1", Some(INV)).unwrap(), since, tail, &mut out)
+                .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(read(0, 0), "line 1\nline 2\nline 3\nline 4\nline 5\n");
+        assert_eq!(read(0, 2), "line 4\nline 5\n");
+        assert_eq!(read(30, 0), "line 3\nline 4\nline 5\n");
+        assert_eq!(read(30, 1), "line 5\n");
+        assert!(open(d.path(), 1000, "job-2", Some(INV)).is_none());
+        assert!(open(d.path(), 1001, "job-1", Some(INV)).is_none());
+        let all = scan(d.path());
+        assert_eq!(all.len(), 1);
+        assert_eq!((all[0].uid, all[0].bytes), (1000, info.bytes));
+    }
+
+    #[test]
+    fn planted_symlink_is_not_followed_and_the_archive_takes_the_next_name() {
+        let d = log_dir();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::fs::create_dir(d.path().join("1000")).unwrap();
+        std::fs::set_permissions(d.path().join("1000"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        let names = candidate_names("j", Some(INV));
+        std::os::unix::fs::symlink(&victim, d.path().join("1000").join(&names[0])).unwrap();
+        // A temp file name planted as a link is removed, not written through.
+        std::os::unix::fs::symlink(&victim, d.path().join("1000").join(format!(".j.{INV}.tmp")))
+            .unwrap();
+        let info = write_lines(d.path(), 1000, "j", Some(INV), lines(2), u64::MAX, 1).unwrap();
+        assert_eq!(info.name, names[1]);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(d.path().join("1000").join(&names[0]))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // Reading skips the link and finds the real archive.
+        let file = open(d.path(), 1000, "j", Some(INV)).unwrap();
+        assert_eq!(read_lines(file).unwrap(), lines(2));
+        // scan lists only the real archive.
+        let all = scan(d.path());
+        assert_eq!(all.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), [names[1].as_str()]);
+    }
+
+    #[test]
+    fn unsafe_user_dir_is_refused() {
+        let d = log_dir();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), d.path().join("1000")).unwrap();
+        let e = write_lines(d.path(), 1000, "j", None, lines(1), u64::MAX, 1).unwrap_err();
+        assert!(matches!(e, ArchiveError::UnsafeDir { .. }), "{e}");
+        assert!(e.to_string().contains("root-only"), "{e}");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+        std::fs::create_dir(d.path().join("1001")).unwrap();
+        std::fs::set_permissions(d.path().join("1001"), std::fs::Permissions::from_mode(0o777))
+            .unwrap();
+        let e = write_lines(d.path(), 1001, "j", None, lines(1), u64::MAX, 1).unwrap_err();
+        assert!(e.to_string().contains("mode 777"), "{e}");
+    }
+
+    #[test]
+    fn budget_cuts_the_archive_with_a_marker() {
+        let d = log_dir();
+        // Incompressible lines, far more than the budget.
+        let mut rng = 0x1234_5678_u64;
+        let noisy = (0..20_000u64).map(move |i| {
+            let s: String = (0..64)
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    char::from(b'!' + (rng % 90) as u8)
+                })
+                .collect();
+            (i, s)
+        });
+        let budget = 600 << 10;
+        let info = write_lines(d.path(), 7, "big", None, noisy, budget, 1).unwrap();
+        assert!(info.bytes <= budget, "{} > {budget}", info.bytes);
+        assert_eq!(info.name, "big.unknown.log.gz");
+        let read = read_lines(open(d.path(), 7, "big", None).unwrap()).unwrap();
+        assert!(read.len() < 20_000);
+        assert!(read.last().unwrap().1.contains("output cut here"));
+    }
+
+    #[test]
+    fn names_are_safe_components() {
+        assert_eq!(candidate_names("a.b", Some("../x"))[0], "a.b.unknown.log.gz");
+        assert_eq!(candidate_names("a", Some(INV))[3], format!("a.{INV}-3.log.gz"));
+        assert_eq!(candidate_names("a", None).len(), 1 + MAX_ALTERNATES as usize);
+    }
+}

@@ -1,0 +1,386 @@
+//! Which archives to remove: the retention policy (`[logs]`) applied to a
+//! list of archives at an injected time. Pure: the archiver lists the
+//! directory, asks [`to_delete`], and unlinks.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One archive on disk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveInfo {
+    /// The owner of the job (the archive's directory is named after it).
+    pub uid: u32,
+    /// File name inside `LOG_DIR/UID/`.
+    pub name: String,
+    pub bytes: u64,
+    /// When it was written, µs since the epoch (the job's end, give or take).
+    pub written_at: u64,
+}
+
+/// The space an archive may never eat into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MinFree {
+    Bytes(u64),
+    /// Percent of the file system's size.
+    Percent(u8),
+}
+
+impl MinFree {
+    pub fn bytes_of(self, disk: &Disk) -> u64 {
+        match self {
+            MinFree::Bytes(b) => b,
+            MinFree::Percent(p) => disk.total_bytes / 100 * u64::from(p),
+        }
+    }
+}
+
+/// `[logs]`: limits on the archives. `None` is no limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionPolicy {
+    pub max_age_secs: Option<u64>,
+    pub max_total_bytes: Option<u64>,
+    pub max_count: Option<u64>,
+    pub user_max_total_bytes: Option<u64>,
+    pub user_max_count: Option<u64>,
+    pub min_free: MinFree,
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        RetentionPolicy {
+            max_age_secs: Some(30 * 24 * 3600),
+            max_total_bytes: None,
+            max_count: None,
+            user_max_total_bytes: None,
+            user_max_count: None,
+            min_free: MinFree::Percent(10),
+        }
+    }
+}
+
+/// What `statvfs` says about the log directory's file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disk {
+    /// Free to unprivileged writers (f_bavail): what stays for the rest of
+    /// the system once ptraind stops at its floor.
+    pub avail_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// Indexes into `archives` to remove, oldest first: past `max_age`, then
+/// the oldest of each user over their count or size, then the oldest of
+/// all over the totals, then the oldest until `min_free` is free again.
+pub fn to_delete(
+    now: u64,
+    archives: &[ArchiveInfo],
+    policy: &RetentionPolicy,
+    disk: Option<Disk>,
+) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..archives.len()).collect();
+    order.sort_by_key(|&i| (archives[i].written_at, archives[i].uid, &archives[i].name));
+    let mut gone = vec![false; archives.len()];
+    if let Some(max_age) = policy.max_age_secs {
+        let cutoff = now.saturating_sub(max_age.saturating_mul(1_000_000));
+        for &i in &order {
+            if archives[i].written_at < cutoff {
+                gone[i] = true;
+            }
+        }
+    }
+    // Per user: walk each user's archives newest first, keep while within
+    // the limits; everything older than the first that does not fit goes.
+    let mut by_user: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for &i in order.iter().rev() {
+        if !gone[i] {
+            by_user.entry(archives[i].uid).or_default().push(i);
+        }
+    }
+    for newest_first in by_user.values() {
+        evict_beyond(
+            newest_first,
+            archives,
+            policy.user_max_count,
+            policy.user_max_total_bytes,
+            &mut gone,
+        );
+    }
+    let newest_first: Vec<usize> = order.iter().rev().copied().filter(|&i| !gone[i]).collect();
+    evict_beyond(
+        &newest_first,
+        archives,
+        policy.max_count,
+        policy.max_total_bytes,
+        &mut gone,
+    );
+    if let Some(disk) = disk {
+        let floor = policy.min_free.bytes_of(&disk);
+        let mut avail = disk.avail_bytes;
+        for &i in &order {
+            if avail >= floor {
+                break;
+            }
+            if !gone[i] {
+                gone[i] = true;
+                avail = avail.saturating_add(archives[i].bytes);
+            }
+        }
+        // What was already going frees space too, but deciding that first
+        // would only ever remove more.
+    }
+    order.into_iter().filter(|&i| gone[i]).collect()
+}
+
+/// Marks as gone every archive after the first (newest first) that would
+/// take the kept ones past `max_count` or `max_bytes`.
+fn evict_beyond(
+    newest_first: &[usize],
+    archives: &[ArchiveInfo],
+    max_count: Option<u64>,
+    max_bytes: Option<u64>,
+    gone: &mut [bool],
+) {
+    let (mut count, mut bytes) = (0u64, 0u64);
+    let mut full = false;
+    for &i in newest_first {
+        if !full {
+            let fits_count = max_count.is_none_or(|m| count < m);
+            let fits_bytes = max_bytes.is_none_or(|m| bytes + archives[i].bytes <= m);
+            if fits_count && fits_bytes {
+                count += 1;
+                bytes += archives[i].bytes;
+                continue;
+            }
+            full = true;
+        }
+        gone[i] = true;
+    }
+}
+
+/// When the oldest kept archive passes `max_age` (µs), so the archiver
+/// can sleep until exactly then instead of looking periodically.
+pub fn next_expiry(archives: &[ArchiveInfo], policy: &RetentionPolicy) -> Option<u64> {
+    let max_age = policy.max_age_secs?;
+    archives
+        .iter()
+        .map(|a| a.written_at)
+        .min()
+        .map(|oldest| oldest.saturating_add(max_age.saturating_mul(1_000_000)))
+}
+
+/// The largest archive that may be written now: what the disk has above
+/// its floor, and no more than one archive may ever keep (the totals).
+pub fn write_budget(policy: &RetentionPolicy, disk: Option<Disk>) -> u64 {
+    let mut budget = u64::MAX;
+    if let Some(disk) = disk {
+        budget = disk.avail_bytes.saturating_sub(policy.min_free.bytes_of(&disk));
+    }
+    for cap in [policy.max_total_bytes, policy.user_max_total_bytes]
+        .into_iter()
+        .flatten()
+    {
+        budget = budget.min(cap);
+    }
+    budget
+}
+
+/// One user's archives, for `ptrain du`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserUsage {
+    pub uid: u32,
+    #[serde(default)]
+    pub user: Option<String>,
+    pub count: u64,
+    pub bytes: u64,
+    /// The oldest archive's time, µs.
+    pub oldest: Option<u64>,
+}
+
+/// Count, size and oldest archive per user, by uid.
+pub fn usage(archives: &[ArchiveInfo]) -> Vec<UserUsage> {
+    let mut by_uid: BTreeMap<u32, UserUsage> = BTreeMap::new();
+    for a in archives {
+        let u = by_uid.entry(a.uid).or_insert_with(|| UserUsage {
+            uid: a.uid,
+            ..UserUsage::default()
+        });
+        u.count += 1;
+        u.bytes += a.bytes;
+        u.oldest = Some(u.oldest.map_or(a.written_at, |o| o.min(a.written_at)));
+    }
+    by_uid.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: u64 = 24 * 3600 * 1_000_000;
+
+    fn a(uid: u32, name: &str, bytes: u64, written_at: u64) -> ArchiveInfo {
+        ArchiveInfo {
+            uid,
+            name: name.into(),
+            bytes,
+            written_at,
+        }
+    }
+
+    fn none() -> RetentionPolicy {
+        RetentionPolicy {
+            max_age_secs: None,
+            max_total_bytes: None,
+            max_count: None,
+            user_max_total_bytes: None,
+            user_max_count: None,
+            min_free: MinFree::Bytes(0),
+        }
+    }
+
+    fn names(archives: &[ArchiveInfo], idx: Vec<usize>) -> Vec<&str> {
+        idx.into_iter().map(|i| archives[i].name.as_str()).collect()
+    }
+
+    #[test]
+    fn nothing_goes_without_limits() {
+        let list = vec![a(1, "x", 10, 0), a(2, "y", 10, DAY)];
+        assert!(to_delete(100 * DAY, &list, &none(), None).is_empty());
+    }
+
+    #[test]
+    fn age_removes_only_the_expired_at_the_injected_time() {
+        let policy = RetentionPolicy {
+            max_age_secs: Some(7 * 24 * 3600),
+            ..none()
+        };
+        let list = vec![
+            a(1, "new", 1, 10 * DAY),
+            a(1, "old", 1, 2 * DAY),
+            a(2, "edge", 1, 3 * DAY),
+        ];
+        // 7 days after "edge": it is exactly at the limit and stays.
+        assert_eq!(names(&list, to_delete(10 * DAY, &list, &policy, None)), ["old"]);
+        assert_eq!(
+            names(&list, to_delete(10 * DAY + 1, &list, &policy, None)),
+            ["old", "edge"]
+        );
+        assert!(to_delete(9 * DAY, &list, &policy, None).is_empty());
+        assert_eq!(next_expiry(&list, &policy), Some(9 * DAY));
+        assert_eq!(next_expiry(&list, &none()), None);
+    }
+
+    #[test]
+    fn per_user_count_and_size_remove_that_users_oldest() {
+        let list = vec![
+            a(1, "a1", 100, 1),
+            a(1, "a2", 100, 2),
+            a(1, "a3", 100, 3),
+            a(2, "b1", 100, 0),
+        ];
+        let by_count = RetentionPolicy {
+            user_max_count: Some(2),
+            ..none()
+        };
+        assert_eq!(names(&list, to_delete(10, &list, &by_count, None)), ["a1"]);
+        let by_size = RetentionPolicy {
+            user_max_total_bytes: Some(150),
+            ..none()
+        };
+        // bob's single archive fits; alice keeps only her newest.
+        assert_eq!(
+            names(&list, to_delete(10, &list, &by_size, None)),
+            ["a1", "a2"]
+        );
+    }
+
+    #[test]
+    fn totals_remove_the_oldest_of_everyone() {
+        let list = vec![
+            a(1, "a1", 100, 1),
+            a(2, "b1", 100, 0),
+            a(1, "a2", 100, 5),
+            a(2, "b2", 100, 4),
+        ];
+        let by_count = RetentionPolicy {
+            max_count: Some(3),
+            ..none()
+        };
+        assert_eq!(names(&list, to_delete(10, &list, &by_count, None)), ["b1"]);
+        let by_size = RetentionPolicy {
+            max_total_bytes: Some(250),
+            ..none()
+        };
+        assert_eq!(
+            names(&list, to_delete(10, &list, &by_size, None)),
+            ["b1", "a1"]
+        );
+    }
+
+    #[test]
+    fn an_archive_larger_than_a_limit_goes_with_everything_older() {
+        let list = vec![a(1, "small-old", 10, 1), a(1, "huge", 1000, 2), a(1, "new", 10, 3)];
+        let policy = RetentionPolicy {
+            user_max_total_bytes: Some(500),
+            ..none()
+        };
+        assert_eq!(
+            names(&list, to_delete(10, &list, &policy, None)),
+            ["small-old", "huge"]
+        );
+    }
+
+    #[test]
+    fn low_disk_removes_oldest_until_the_floor_is_free() {
+        let list = vec![a(1, "a1", 30, 1), a(1, "a2", 30, 2), a(2, "b1", 30, 3)];
+        let policy = RetentionPolicy {
+            min_free: MinFree::Percent(10),
+            ..none()
+        };
+        let disk = |avail| Disk {
+            avail_bytes: avail,
+            total_bytes: 1000,
+        };
+        assert!(to_delete(10, &list, &policy, Some(disk(100))).is_empty());
+        assert_eq!(
+            names(&list, to_delete(10, &list, &policy, Some(disk(50)))),
+            ["a1", "a2"]
+        );
+        // Even removing everything cannot reach the floor: all go.
+        assert_eq!(to_delete(10, &list, &policy, Some(disk(0))).len(), 3);
+    }
+
+    #[test]
+    fn write_budget_keeps_the_floor_and_the_caps() {
+        let disk = Disk {
+            avail_bytes: 1000,
+            total_bytes: 2000,
+        };
+        let policy = RetentionPolicy {
+            min_free: MinFree::Percent(10),
+            ..none()
+        };
+        assert_eq!(write_budget(&policy, Some(disk)), 800);
+        assert_eq!(write_budget(&policy, None), u64::MAX);
+        let capped = RetentionPolicy {
+            user_max_total_bytes: Some(300),
+            max_total_bytes: Some(500),
+            ..policy
+        };
+        assert_eq!(write_budget(&capped, Some(disk)), 300);
+        let full = Disk {
+            avail_bytes: 100,
+            total_bytes: 2000,
+        };
+        assert_eq!(write_budget(&capped, Some(full)), 0);
+    }
+
+    #[test]
+    fn usage_sums_per_user() {
+        let list = vec![a(2, "b", 5, 9), a(1, "a1", 10, 4), a(1, "a2", 20, 3)];
+        let u = usage(&list);
+        assert_eq!(u.len(), 2);
+        assert_eq!((u[0].uid, u[0].count, u[0].bytes, u[0].oldest), (1, 2, 30, Some(3)));
+        assert_eq!((u[1].uid, u[1].count, u[1].bytes), (2, 1, 5));
+    }
+}
