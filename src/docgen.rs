@@ -35,14 +35,16 @@ pub fn write_man_pages(
     // Gives subcommands their display names ("ptrain-submit").
     cmd.build();
     let root = cmd.get_name().to_owned();
+    // Every page's footer names the package: "ptrain 0.1.0".
+    let source = format!("{root} {}", cmd.get_version().unwrap_or_default());
     let mut written = Vec::new();
-    let page = render_page(&cmd, extra, None)?;
+    let page = render_page(&cmd, extra, &source, None)?;
     written.push(write_file(dir, &format!("{root}.{}", extra.section), &page)?);
     let mut stack: Vec<clap::Command> = visible_subcommands(&cmd);
     while let Some(sub) = stack.pop() {
         stack.extend(visible_subcommands(&sub));
         let name = sub.get_display_name().unwrap_or(sub.get_name()).to_owned();
-        let page = render_page(&sub, extra, Some(&root))?;
+        let page = render_page(&sub, extra, &source, Some(&root))?;
         written.push(write_file(dir, &format!("{name}.{}", extra.section), &page)?);
     }
     written.sort();
@@ -66,9 +68,12 @@ fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> 
 fn render_page(
     cmd: &clap::Command,
     extra: &ManExtra,
+    source: &str,
     parent: Option<&str>,
 ) -> std::io::Result<Vec<u8>> {
-    let mut man = clap_mangen::Man::new(cmd.clone()).section(extra.section);
+    let mut man = clap_mangen::Man::new(cmd.clone())
+        .section(extra.section)
+        .source(source);
     if let Some(date) = source_date() {
         man = man.date(date);
     }
@@ -257,12 +262,12 @@ mod tests {
             "hidden subcommands get no page"
         );
         let root = std::fs::read_to_string(dir.path().join("demo.1")).unwrap();
-        assert!(root.starts_with(".TH demo 1"), "{root}");
+        assert!(root.contains("\n.TH demo 1 "), "{root}");
         for section in [".SH NAME", ".SH SYNOPSIS", ".SH OPTIONS", ".SH SUBCOMMANDS"] {
             assert!(root.contains(section), "{section} in {root}");
         }
         assert!(
-            root.contains(".SH \"EXAMPLES\"\n.nf\n  demo run \\&.hidden") || root.contains("demo run .hidden"),
+            root.contains(".SH \"EXAMPLES\"\n.nf\n  demo run .hidden    run it\n"),
             "{root}"
         );
         assert!(root.contains(".SH \"EXIT STATUS\"\n.nf\nExit codes: 0 fine,\n3 not fine.\n.fi"), "{root}");
@@ -271,7 +276,7 @@ mod tests {
         assert!(root.contains(".SH \"SEE ALSO\"\n.BR journalctl (1)\n"), "{root}");
         assert!(!root.contains("generate"), "hidden subcommand listed: {root}");
         let sub = std::fs::read_to_string(dir.path().join("demo-run.1")).unwrap();
-        assert!(sub.starts_with(".TH demo-run 1"), "{sub}");
+        assert!(sub.contains("\n.TH demo-run 1  \"demo 1.2.3\""), "{sub}");
         assert!(sub.contains(".BR demo (1) ,\n.BR journalctl (1)\n"), "{sub}");
         assert!(!sub.contains(".SH FILES"), "{sub}");
     }

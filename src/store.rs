@@ -70,6 +70,11 @@ pub enum Outcome {
         signal: i32,
     },
     Timeout,
+    /// Stopped by ptraind after writing no output for `idle_secs`
+    /// (its `idle_timeout`).
+    IdleTimeout {
+        idle_secs: u64,
+    },
     Stopped {
         by_uid: u32,
     },
@@ -91,6 +96,7 @@ impl Outcome {
             Outcome::Failed { .. } => "failed",
             Outcome::Killed { .. } => "killed",
             Outcome::Timeout => "timeout",
+            Outcome::IdleTimeout { .. } => "idle-timeout",
             Outcome::Stopped { .. } => "stopped",
             Outcome::LaunchFailed { .. } => "launch-failed",
             Outcome::DependencyFailed { .. } => "dependency-failed",
@@ -103,6 +109,10 @@ impl Outcome {
             Outcome::Failed { exit_code } => format!("failed with exit code {exit_code}"),
             Outcome::Killed { signal } => format!("killed by signal {}", signal_name(*signal)),
             Outcome::Timeout => "timed out (stopped at its timeout)".into(),
+            Outcome::IdleTimeout { idle_secs } => format!(
+                "stopped after {} without output (its idle_timeout)",
+                humantime::format_duration(std::time::Duration::from_secs(*idle_secs))
+            ),
             Outcome::Stopped { by_uid } => format!("stopped by uid {by_uid}"),
             Outcome::LaunchFailed { reason } => format!("could not be launched: {reason}"),
             Outcome::DependencyFailed { reason, .. } => format!("never ran: {reason}"),
@@ -177,6 +187,10 @@ pub struct JobRecord {
     pub systemd_result: Option<String>,
     #[serde(default)]
     pub stop_requested_by: Option<u32>,
+    /// Set (to the idle timeout, seconds) before ptraind stops a job that
+    /// wrote nothing for that long: its end is then `idle-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_hit: Option<u64>,
     /// The cgroup limits the unit gets, fixed at submission.
     #[serde(default)]
     pub limits: crate::resources::EffectiveLimits,
@@ -214,6 +228,7 @@ impl JobRecord {
             outcome: None,
             systemd_result: None,
             stop_requested_by: None,
+            idle_timeout_hit: None,
             limits: Default::default(),
             group: None,
             params: BTreeMap::new(),

@@ -72,6 +72,9 @@ enum Command {
         /// How many recently ended jobs to show besides the active ones.
         #[arg(long, default_value_t = 50)]
         recent: u32,
+        /// Show chains as a tree: each job under the jobs it waits for.
+        #[arg(long, conflicts_with = "json")]
+        tree: bool,
     },
     /// Show one job.
     Status {
@@ -237,7 +240,12 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             }
             wait_for_jobs(&proxy, changes, &expanded).await
         }
-        Command::List { json, all, recent } => {
+        Command::List {
+            json,
+            all,
+            recent,
+            tree,
+        } => {
             let proxy = proxy().await?;
             let reply = if all {
                 proxy.list().await
@@ -247,6 +255,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             let jobs: Vec<JobView> = parse(&reply.map_err(from_bus)?)?;
             if json {
                 print_json(&jobs);
+            } else if tree {
+                print!("{}", render_tree(&jobs));
             } else {
                 print_table(&jobs);
             }
@@ -808,4 +818,69 @@ fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Result<u8, Fa
         }
     }
     Ok(0)
+}
+
+/// The jobs as a forest: a job appears under each job it waits for that is
+/// in the list (a sweep's dependents under its last member); jobs waiting
+/// for nothing listed are roots.
+fn render_tree(jobs: &[JobView]) -> String {
+    use std::collections::{BTreeMap, BTreeSet};
+    // A sweep id stands for its last listed member.
+    let mut last_member: BTreeMap<&str, &str> = BTreeMap::new();
+    for job in jobs {
+        if let Some(group) = job.group.as_deref() {
+            last_member.insert(group, job.id.as_str());
+        }
+    }
+    let ids: BTreeSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    let mut children: BTreeMap<&str, Vec<&JobView>> = BTreeMap::new();
+    let mut roots = Vec::new();
+    for job in jobs {
+        let parents: BTreeSet<&str> = job
+            .after_ok
+            .iter()
+            .chain(&job.after_fail)
+            .chain(&job.after_any)
+            .filter_map(|p| last_member.get(p.as_str()).copied().or(ids.get(p.as_str()).copied()))
+            .collect();
+        if parents.is_empty() {
+            roots.push(job);
+        }
+        for p in parents {
+            children.entry(p).or_default().push(job);
+        }
+    }
+    struct Tree<'a> {
+        children: BTreeMap<&'a str, Vec<&'a JobView>>,
+        out: String,
+        shown: BTreeSet<&'a str>,
+    }
+    impl<'a> Tree<'a> {
+        fn walk(&mut self, job: &'a JobView, depth: usize) {
+            let how = if job.after_fail.is_empty() { "" } else { " (after_fail)" };
+            self.out.push_str(&format!(
+                "{}{} {}{how} — {}\n",
+                "  ".repeat(depth),
+                job.id,
+                job.status,
+                job.detail
+            ));
+            // A job under two parents is expanded once.
+            if !self.shown.insert(job.id.as_str()) {
+                return;
+            }
+            for kid in self.children.get(job.id.as_str()).cloned().unwrap_or_default() {
+                self.walk(kid, depth + 1);
+            }
+        }
+    }
+    let mut tree = Tree {
+        children,
+        out: String::new(),
+        shown: BTreeSet::new(),
+    };
+    for root in roots {
+        tree.walk(root, 0);
+    }
+    tree.out
 }

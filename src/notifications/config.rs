@@ -6,6 +6,39 @@
 //! `password_file`) are read by ptraind when the notifier starts
 //! ([`super::transport`]), and must be root-only. Debug output of every
 //! type here shows URLs without their query or credentials.
+//!
+//! ```toml
+//! [notify]
+//! initial_backoff = "5s"      # first retry after 2.5 to 5 s, doubling...
+//! max_backoff = "10m"         # ...up to this
+//! lifetime = "24h"            # then dead-lettered (`ptrain notifications`)
+//! attempt_timeout = "10s"
+//! default_channels = ["ops-wecom"]   # for jobs without "notify"
+//! owner_email = { alice = "alice@example.com" }
+//!
+//! [channels.ops-wecom]
+//! kind = "wecom"
+//! url = "https://qyapi.weixin.qq.com/cgi-bin/webhook/send"
+//! key_file = "/etc/ptrain/ops-wecom.key"   # root-only, mode 600
+//! format = "markdown"                       # or "text"
+//!
+//! [channels.hook]
+//! kind = "webhook"
+//! url = "https://hooks.example.com/ptrain"
+//! secret_file = "/etc/ptrain/hook.secret"   # X-Ptrain-Signature: sha256=HMAC
+//! token_file = "/etc/ptrain/hook.token"     # Authorization: Bearer
+//! ca_file = "/etc/ptrain/internal-ca.pem"
+//!
+//! [channels.owner-mail]
+//! kind = "email"
+//! smtp_host = "smtp.example.com"
+//! tls = "starttls"                          # or "tls", "none"
+//! username = "ptrain"
+//! password_file = "/etc/ptrain/smtp.password"
+//! from = "ptrain <ptrain@example.com>"
+//! to_owner = true                           # via [notify] owner_email
+//! to = ["ml-ops@example.com"]
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

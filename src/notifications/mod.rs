@@ -414,6 +414,163 @@ mod tests {
         assert!(!NotifyEvent::ENDS.contains(&NotifyEvent::Started));
     }
 
+    fn config() -> NotificationsConfig {
+        let text = r#"
+            [notify]
+            host = "gpu01"
+            default_channels = ["ops"]
+            owner_email = { alice = "alice@example.com" }
+            [channels.ops]
+            kind = "webhook"
+            url = "https://hooks.example.com/ops"
+            [channels.hook]
+            kind = "webhook"
+            url = "https://hooks.example.com/x"
+            [channels.mail]
+            kind = "email"
+            smtp_host = "smtp.example.com"
+            from = "ptrain@example.com"
+            to_owner = true
+        "#;
+        crate::config::Config::from_toml(std::path::Path::new("/etc/ptrain/ptrain.toml"), text)
+            .unwrap()
+            .notifications
+    }
+
+    fn record(json: &str, owner: &str) -> JobRecord {
+        let spec = crate::spec::parse_spec(json.as_bytes(), "job1").unwrap();
+        let owner = crate::users::Owner {
+            uid: 1000,
+            gid: 1000,
+            name: owner.into(),
+            home: "/home/x".into(),
+            groups: Vec::new(),
+        };
+        let source = crate::store::SpoolSource {
+            file: "job1.json".into(),
+            dev: 0,
+            ino: 0,
+            ctime_ns: 0,
+            size: 0,
+        };
+        JobRecord::new(spec, owner, source, 1)
+    }
+
+    fn keys(intents: &[Intent]) -> Vec<&str> {
+        intents.iter().map(|i| i.key.as_str()).collect()
+    }
+
+    #[test]
+    fn descriptor_fields_are_validated() {
+        let parse = |extra: &str| {
+            crate::spec::parse_spec(
+                format!(r#"{{"version": 1, "command": ["true"]{extra}}}"#).as_bytes(),
+                "j",
+            )
+        };
+        let spec =
+            parse(r#", "notify": ["ops", "alice_mail"], "notify_on": ["started", "idle-timeout"]"#)
+                .unwrap();
+        assert_eq!(
+            spec.notify.as_deref(),
+            Some(&["ops".to_owned(), "alice_mail".to_owned()][..])
+        );
+        assert_eq!(
+            spec.notify_on.as_deref(),
+            Some(&[NotifyEvent::Started, NotifyEvent::IdleTimeout][..])
+        );
+        assert_eq!(parse("").unwrap().notify, None);
+        let cases = [
+            (r#", "notify": "ops""#, "array of channel names"),
+            (r#", "notify": [1]"#, "`notify[0]` must be a string"),
+            (r#", "notify": ["https://evil.example/x"]"#, "never a URL"),
+            (r#", "notify": ["a@b.c"]"#, "never a URL or an address"),
+            (r#", "notify": ["ops", "ops"]"#, "twice"),
+            (r#", "notify_on": ["ended"]"#, "\"dependency-failed\""),
+            (r#", "notify_on": "failed""#, "array of events"),
+            (r#", "notify_on": ["failed", "failed"]"#, "twice"),
+        ];
+        for (extra, want) in cases {
+            let e = parse(extra).unwrap_err().to_string();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        let many: Vec<String> = (0..=MAX_JOB_CHANNELS)
+            .map(|i| format!("\"c{i}\""))
+            .collect();
+        let e = parse(&format!(r#", "notify": [{}]"#, many.join(","))).unwrap_err();
+        assert!(e.to_string().contains("limit of 16"), "{e}");
+        // A record written before the fields existed still loads.
+        let mut old =
+            serde_json::to_value(record(r#"{"version": 1, "command": ["true"]}"#, "alice"))
+                .unwrap();
+        old.as_object_mut().unwrap().remove("notifications");
+        old["spec"].as_object_mut().unwrap().remove("notify");
+        let back: JobRecord = serde_json::from_value(old).unwrap();
+        assert!(back.notifications.is_empty() && back.spec.notify_on.is_none());
+    }
+
+    #[test]
+    fn intents_follow_the_job_choice_or_the_admin_default() {
+        let c = config();
+        // No `notify`: the default channel, on every end, not on start.
+        let mut r = record(r#"{"version": 1, "command": ["true"]}"#, "alice");
+        assert!(intents_for(&c, &r, NotifyEvent::Started, 5).is_empty());
+        r.outcome = Some(Outcome::Failed { exit_code: 3 });
+        let i = intents_for(&c, &r, NotifyEvent::Failed, 5);
+        assert_eq!(keys(&i), ["job1.failed.ops"]);
+        assert_eq!(i[0].created_at, 5);
+        assert_eq!(i[0].notice.host, "gpu01");
+        assert_eq!(i[0].notice.exit_code, Some(3));
+        // Already recorded (a save tried again): not added twice.
+        r.notifications = i;
+        assert!(intents_for(&c, &r, NotifyEvent::Failed, 6).is_empty());
+
+        let r = record(
+            r#"{"version": 1, "command": ["true"], "notify": ["hook", "mail"], "notify_on": ["started", "timeout"]}"#,
+            "alice",
+        );
+        assert_eq!(
+            keys(&intents_for(&c, &r, NotifyEvent::Started, 1)),
+            ["job1.started.hook", "job1.started.mail"]
+        );
+        assert!(intents_for(&c, &r, NotifyEvent::Succeeded, 1).is_empty());
+        // An explicit empty list opts out of the defaults.
+        let r = record(
+            r#"{"version": 1, "command": ["true"], "notify": []}"#,
+            "alice",
+        );
+        assert!(intents_for(&c, &r, NotifyEvent::Failed, 1).is_empty());
+        // Bob has no address: the mail channel is skipped for him.
+        let r = record(
+            r#"{"version": 1, "command": ["true"], "notify": ["mail", "hook"]}"#,
+            "bob",
+        );
+        assert_eq!(
+            keys(&intents_for(&c, &r, NotifyEvent::Stopped, 1)),
+            ["job1.stopped.hook"]
+        );
+    }
+
+    #[test]
+    fn ingestion_rejects_unknown_or_unreachable_channels() {
+        let c = config();
+        assert!(check_job(&c, None, "bob").is_ok());
+        assert!(check_job(&c, Some(&["hook".into(), "mail".into()]), "alice").is_ok());
+        let e = check_job(&c, Some(&["nope".into()]), "alice").unwrap_err();
+        assert!(
+            e.contains("\"nope\"") && e.contains("\"hook\", \"mail\", \"ops\""),
+            "{e}"
+        );
+        let e = check_job(&c, Some(&["mail".into()]), "bob").unwrap_err();
+        assert!(
+            e.contains("[notify.owner_email]") && e.contains("\"bob\""),
+            "{e}"
+        );
+        let none = NotificationsConfig::default();
+        let e = check_job(&none, Some(&["hook".into()]), "alice").unwrap_err();
+        assert!(e.contains("none are configured"), "{e}");
+    }
+
     #[test]
     fn channel_names_are_one_dotless_component() {
         for ok in ["hook", "ops-wecom", "alice_mail", "A1"] {

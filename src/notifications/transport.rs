@@ -224,6 +224,10 @@ fn http_client(
     attempt_timeout: Duration,
     ca_file: Option<&Path>,
 ) -> Result<reqwest::Client, String> {
+    // reqwest is built without a default crypto provider (lettre brings its
+    // own): install ring's. Installing twice is harmless (the second call
+    // returns Err).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut builder = reqwest::Client::builder()
         .timeout(attempt_timeout)
         .connect_timeout(attempt_timeout)
@@ -575,9 +579,6 @@ impl Transport for Broken {
 /// One transport per configured channel. Problems are logged and the
 /// channel's notifications dead-lettered with the reason.
 pub fn build_all(config: &NotificationsConfig) -> HashMap<String, Arc<dyn Transport>> {
-    // reqwest is built without a default crypto provider; lettre brings its
-    // own. Installing twice is harmless (the second call returns Err).
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut out: HashMap<String, Arc<dyn Transport>> = HashMap::new();
     for (name, channel) in &config.channels {
         let built: Result<Arc<dyn Transport>, String> = match &channel.kind {
@@ -635,6 +636,37 @@ mod tests {
         assert!(e.contains("root-only file"), "{e}");
         std::fs::write(&path, "\n").unwrap();
         assert!(read_secret_file("k", &path).unwrap_err().contains("empty"));
+    }
+
+    #[test]
+    fn a_key_in_the_url_needs_a_root_only_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("ptrain.toml");
+        std::fs::write(&config, "").unwrap();
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let cfg = WeComConfig {
+            url: "https://qyapi.example.com/send?key=topsecret"
+                .parse()
+                .unwrap(),
+            key_file: None,
+            ca_file: None,
+            format: WeComFormat::Markdown,
+            per_minute: 20,
+        };
+        let e = WeCom::new("ops", &cfg, Duration::from_secs(1), &config)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("channels.ops.url") && e.contains("key_file"),
+            "{e}"
+        );
+        assert!(!e.contains("topsecret"), "{e}");
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let ok = WeCom::new("ops", &cfg, Duration::from_secs(1), &config).unwrap();
+            assert_eq!(ok.redact.clean("key=topsecret"), "key=[redacted]");
+        }
     }
 
     #[test]

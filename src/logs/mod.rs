@@ -1,0 +1,675 @@
+//! Job output: reading and following it, the idle-output watchdog, and
+//! per-job archives that outlive the journal.
+//!
+//! A job's stdout and stderr go to journald (`ptrain-job@ID.service`).
+//! Users cannot read the system journal, so ptraind serves it:
+//! `ptrain logs` calls `OpenLogs` and gets the read end of a pipe that
+//! [`serve`] fills from the journal (or the archive) as root, following a
+//! running job until it ends. Which entries are one run is decided in
+//! [`journal`].
+//!
+//! The daemon's state task talks to this module through [`Logs`] only:
+//! [`Logs::job_changed`] on every state change (start watching for idle
+//! output, archive at the end, wake followers) and an `on_idle` callback
+//! when a job wrote nothing for its `idle_timeout` ([`idle`]). Archives
+//! and their retention live on their own thread ([`archive`],
+//! [`retention`]); nothing here blocks the state task.
+
+pub mod archive;
+pub mod idle;
+pub mod journal;
+pub mod retention;
+mod serve;
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::{broadcast, mpsc};
+use tracing::{error, warn};
+
+use crate::api::{ApiError, ApiRequest, JobView};
+use crate::gpu::GpuInfo;
+use crate::store::{JobRecord, JobState, Outcome};
+use archive::{ArchiveJob, ArchiverCommand, LogUsage};
+use idle::IdleCommand;
+use journal::Selection;
+use retention::{MinFree, RetentionPolicy};
+
+/// Longest accepted `idle_timeout` (as for `timeout`).
+pub const MAX_IDLE_TIMEOUT: Duration = crate::spec::MAX_TIMEOUT;
+/// `ptrain logs` readers one user may have open at once, and all users.
+const MAX_READERS_PER_USER: usize = 16;
+const MAX_READERS: usize = 256;
+/// Most bytes the string-returning `Logs` call returns.
+const MAX_STRING_BYTES: usize = 8 << 20;
+/// A GPU above this utilization (percent) is busy: with
+/// `idle_requires_gpu_idle` its silent job is left running.
+pub const GPU_BUSY_PCT: u32 = 5;
+
+/// `[logs]` as written in ptrain.toml.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLogsConfig {
+    archive: Option<bool>,
+    max_age: Option<String>,
+    max_total_size: Option<SizeValue>,
+    max_count: Option<u64>,
+    user_max_total_size: Option<SizeValue>,
+    user_max_count: Option<u64>,
+    min_free: Option<SizeValue>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+/// `[logs]`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogsConfig {
+    /// Copy each ended job's output into `log_dir`.
+    pub archive: bool,
+    pub retention: RetentionPolicy,
+}
+
+impl Default for LogsConfig {
+    fn default() -> Self {
+        LogsConfig {
+            archive: true,
+            retention: RetentionPolicy::default(),
+        }
+    }
+}
+
+impl RawLogsConfig {
+    /// Errors are (key, message with the fix).
+    pub fn validate(self) -> Result<LogsConfig, (String, String)> {
+        let bad = |key: &str, message: String| (format!("logs.{key}"), message);
+        let size = |key: &str, v: Option<SizeValue>| -> Result<Option<u64>, (String, String)> {
+            match v {
+                None => Ok(None),
+                Some(SizeValue::Bytes(b)) => Ok(Some(b)),
+                Some(SizeValue::Text(t)) => crate::resources::parse_size(&t)
+                    .map(Some)
+                    .map_err(|m| bad(key, m)),
+            }
+        };
+        let defaults = RetentionPolicy::default();
+        let max_age_secs = match self.max_age.as_deref().map(str::trim) {
+            None => defaults.max_age_secs,
+            Some("off" | "none") => None,
+            Some(t) => Some(
+                humantime::parse_duration(t)
+                    .map_err(|e| {
+                        bad(
+                            "max_age",
+                            format!("{t:?} is not a duration ({e}); write e.g. \"30d\", or \"off\""),
+                        )
+                    })?
+                    .as_secs()
+                    .max(1),
+            ),
+        };
+        let min_free = match self.min_free {
+            None => defaults.min_free,
+            Some(SizeValue::Text(t)) if t.trim().ends_with('%') => {
+                let pct = t.trim().trim_end_matches('%').trim();
+                match pct.parse::<u8>() {
+                    Ok(p) if p <= 90 => MinFree::Percent(p),
+                    _ => {
+                        return Err(bad(
+                            "min_free",
+                            format!("{t:?} is not a percentage from 0% to 90%; write e.g. \"10%\" or \"5G\""),
+                        ))
+                    }
+                }
+            }
+            other => MinFree::Bytes(size("min_free", other)?.unwrap_or(0)),
+        };
+        Ok(LogsConfig {
+            archive: self.archive.unwrap_or(true),
+            retention: RetentionPolicy {
+                max_age_secs,
+                max_total_bytes: size("max_total_size", self.max_total_size)?,
+                max_count: self.max_count,
+                user_max_total_bytes: size("user_max_total_size", self.user_max_total_size)?,
+                user_max_count: self.user_max_count,
+                min_free,
+            },
+        })
+    }
+}
+
+/// Parses an `idle_timeout` (descriptor or `[jobs]`): a duration string
+/// or whole seconds, more than 0 and at most [`MAX_IDLE_TIMEOUT`]. The
+/// message says what is wrong and how to write it.
+pub fn validate_idle_timeout(v: &Value) -> Result<Duration, String> {
+    let d = match v {
+        Value::String(s) => humantime::parse_duration(s.trim()).map_err(|e| {
+            format!("{s:?} is not a duration ({e}); write e.g. \"30m\", \"2h\" or a whole number of seconds")
+        })?,
+        Value::Number(n) => n.as_u64().map(Duration::from_secs).ok_or_else(|| {
+            format!("{n} is not a whole, non-negative number of seconds; write e.g. \"30m\" or 1800")
+        })?,
+        other => {
+            return Err(format!(
+                "must be a duration string or a number of seconds, not {}; write e.g. \"30m\"",
+                match other {
+                    Value::Bool(_) => "a boolean",
+                    Value::Array(_) => "an array",
+                    Value::Object(_) => "an object",
+                    _ => "null",
+                }
+            ))
+        }
+    };
+    if d.is_zero() || d > MAX_IDLE_TIMEOUT {
+        return Err(format!(
+            "must be more than 0 and at most 365 days, not {v}; pick a duration in that range or omit the field"
+        ));
+    }
+    Ok(d)
+}
+
+/// The end a job gets when ptraind stopped it for silence: whatever
+/// systemd reports for the stop (a signal, an exit code, even success if
+/// the job exits cleanly on SIGTERM) is the idle timeout. A runtime
+/// `timeout` that struck first stays a timeout.
+pub fn idle_outcome(idle_timeout_hit: Option<u64>, outcome: Outcome) -> Outcome {
+    match (idle_timeout_hit, &outcome) {
+        (
+            Some(idle_secs),
+            Outcome::Succeeded
+            | Outcome::Failed { .. }
+            | Outcome::Killed { .. }
+            | Outcome::Stopped { .. },
+        ) => Outcome::IdleTimeout { idle_secs },
+        _ => outcome,
+    }
+}
+
+/// The job's GPUs that are busy (utilization above [`GPU_BUSY_PCT`]);
+/// a GPU whose utilization is unknown is not proof of work.
+pub fn busy_gpus(gpus: &[u32], snapshot: &[GpuInfo]) -> Vec<u32> {
+    snapshot
+        .iter()
+        .filter(|g| gpus.contains(&g.index))
+        .filter(|g| g.utilization_pct.is_some_and(|u| u > GPU_BUSY_PCT))
+        .map(|g| g.index)
+        .collect()
+}
+
+/// `ptrain logs --since`: a duration ago ("10m", "2h") or a time
+/// ("2026-05-01T12:00:00Z", "2026-05-01 12:00:00" in UTC); µs.
+pub fn parse_since(text: &str, now_us: u64) -> Result<u64, String> {
+    let t = text.trim();
+    if let Ok(d) = humantime::parse_duration(t) {
+        return Ok(now_us.saturating_sub(d.as_micros() as u64));
+    }
+    humantime::parse_rfc3339_weak(t)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_micros() as u64)
+        .ok_or_else(|| {
+            format!("--since {text:?} is neither a duration like \"10m\" nor a UTC time like \"2026-05-01 12:00:00\"")
+        })
+}
+
+/// What a reader asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Only the last N lines (0: all).
+    pub lines: u32,
+    /// Only lines at or after this time, µs (0: all).
+    pub since_us: u64,
+    /// Keep streaming until the job ends.
+    pub follow: bool,
+}
+
+/// A job as its output readers need it; broadcast on every change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobOutput {
+    pub id: String,
+    pub uid: u32,
+    pub unit: String,
+    pub invocation_id: Option<String>,
+    pub started_at: Option<u64>,
+    /// No more output will come.
+    pub ended: bool,
+}
+
+impl JobOutput {
+    pub fn of_view(v: &JobView) -> JobOutput {
+        JobOutput {
+            id: v.id.clone(),
+            uid: v.uid,
+            unit: v.unit.clone(),
+            invocation_id: v.invocation_id.clone(),
+            started_at: v.started_at,
+            ended: !matches!(v.status.as_str(), "queued" | "launching" | "running"),
+        }
+    }
+
+    pub fn of_record(r: &JobRecord) -> JobOutput {
+        JobOutput {
+            id: r.id.to_string(),
+            uid: r.owner.uid,
+            unit: r.unit.clone(),
+            invocation_id: r.invocation_id.clone(),
+            started_at: r.started_at,
+            ended: r.state == JobState::Ended,
+        }
+    }
+
+    /// The journal entries of this run; None if it never started.
+    pub fn selection(&self) -> Option<Selection> {
+        Some(Selection {
+            unit: self.unit.clone(),
+            invocation_id: self.invocation_id.clone(),
+            started_at: self.started_at?,
+        })
+    }
+}
+
+/// Keeps the last `n` items; with `n == 0` passes every item through.
+pub(crate) struct Tail {
+    n: usize,
+    kept: VecDeque<String>,
+}
+
+impl Tail {
+    pub(crate) fn new(n: u32) -> Tail {
+        Tail {
+            n: n as usize,
+            kept: VecDeque::new(),
+        }
+    }
+
+    /// Returns the item back when it is to be written at once.
+    pub(crate) fn push(&mut self, item: String) -> Option<String> {
+        if self.n == 0 {
+            return Some(item);
+        }
+        if self.kept.len() == self.n {
+            self.kept.pop_front();
+        }
+        self.kept.push_back(item);
+        None
+    }
+
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = String> + '_ {
+        self.kept.drain(..)
+    }
+}
+
+/// The daemon's handle on everything here. Cheap to clone.
+#[derive(Clone)]
+pub struct Logs {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    log_dir: PathBuf,
+    default_idle_timeout: Option<Duration>,
+    changes: broadcast::Sender<JobOutput>,
+    idle: mpsc::UnboundedSender<IdleCommand>,
+    archiver: Option<std::sync::mpsc::Sender<ArchiverCommand>>,
+    readers: Mutex<HashMap<u32, usize>>,
+}
+
+/// One open reader, counted against its user's limit until dropped.
+struct ReaderSlot {
+    inner: Arc<Inner>,
+    uid: u32,
+}
+
+impl Drop for ReaderSlot {
+    fn drop(&mut self) {
+        let mut readers = self.inner.readers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = readers.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                readers.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Creates the log directory (root, 0700) or checks the one there.
+fn prepare_log_dir(path: &std::path::Path) -> Result<(), String> {
+    crate::fsutil::ensure_dir(path, 0o700).map_err(|e| e.to_string())?;
+    let dir = crate::fsutil::open_dir(path).map_err(|e| e.to_string())?;
+    let st = crate::fsutil::fstat(&dir).map_err(|e| e.to_string())?;
+    // SAFETY: geteuid has no preconditions.
+    if st.uid != unsafe { libc::geteuid() } {
+        return Err(format!("it belongs to uid {}, not to ptraind", st.uid));
+    }
+    if st.mode & 0o077 != 0 {
+        use std::os::fd::AsRawFd;
+        // Ours, only too open: close it (it holds other users' output).
+        // SAFETY: fchmod on a valid fd.
+        if unsafe { libc::fchmod(dir.as_raw_fd(), 0o700) } != 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        warn!(log_dir = %path.display(), "log directory was open to others; set it to 0700");
+    }
+    Ok(())
+}
+
+impl Logs {
+    /// Prepares the log directory and starts the archiver thread and the
+    /// idle-output watchdog; `on_idle` gets the unit of each job silent
+    /// for its whole `idle_timeout`. Must run inside the tokio runtime.
+    pub fn start(config: &crate::config::Config, on_idle: impl Fn(String) + Send + 'static) -> Logs {
+        let archiver = match prepare_log_dir(&config.log_dir) {
+            Ok(()) => Some(archive::spawn_archiver(
+                config.log_dir.clone(),
+                config.logs.retention.clone(),
+                config.logs.archive,
+            )),
+            Err(e) => {
+                error!(log_dir = %config.log_dir.display(), error = %e,
+                    "cannot use the log directory: {e}; job output is not archived (make it a root-only directory, or set log_dir)");
+                None
+            }
+        };
+        let (idle_tx, idle_rx) = mpsc::unbounded_channel();
+        tokio::spawn(idle::run(config.slice.clone(), idle_rx, on_idle));
+        let (changes, _) = broadcast::channel(1024);
+        Logs {
+            inner: Arc::new(Inner {
+                log_dir: config.log_dir.clone(),
+                default_idle_timeout: config.idle_timeout,
+                changes,
+                idle: idle_tx,
+                archiver,
+                readers: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The idle timeout that applies to a job: its own, else the default.
+    pub fn idle_timeout_of(&self, record: &JobRecord) -> Option<Duration> {
+        record.spec.idle_timeout.or(self.inner.default_idle_timeout)
+    }
+
+    /// Every state change of a job (from the state task; never blocks).
+    pub fn job_changed(&self, record: &JobRecord) {
+        let _ = self.inner.changes.send(JobOutput::of_record(record));
+        match record.state {
+            JobState::Running => self.watch(record),
+            JobState::Ended => {
+                let _ = self.inner.idle.send(IdleCommand::Untrack {
+                    unit: record.unit.clone(),
+                });
+                let output = JobOutput::of_record(record);
+                if let (Some(selection), Some(archiver)) = (output.selection(), &self.inner.archiver) {
+                    let _ = archiver.send(ArchiverCommand::Archive(ArchiveJob {
+                        id: output.id,
+                        uid: output.uid,
+                        selection,
+                    }));
+                }
+            }
+            JobState::Queued | JobState::Launching => {}
+        }
+    }
+
+    /// Jobs found running at start: watched again from now on.
+    pub fn restored<'a>(&self, records: impl IntoIterator<Item = &'a JobRecord>) {
+        for r in records {
+            if r.state == JobState::Running {
+                self.watch(r);
+            }
+        }
+    }
+
+    fn watch(&self, record: &JobRecord) {
+        if let Some(timeout) = self.idle_timeout_of(record) {
+            self.rearm(&record.unit, timeout);
+        }
+    }
+
+    /// Watches a unit for a new idle window starting now (after a reprieve).
+    pub fn rearm(&self, unit: &str, timeout: Duration) {
+        let _ = self.inner.idle.send(IdleCommand::Track {
+            unit: unit.to_owned(),
+            timeout,
+        });
+    }
+
+    /// Subscribe before looking a job up, so no change falls in between.
+    pub fn subscribe(&self) -> broadcast::Receiver<JobOutput> {
+        self.inner.changes.subscribe()
+    }
+
+    fn reader_slot(&self, uid: u32) -> Result<ReaderSlot, ApiError> {
+        let mut readers = self.inner.readers.lock().unwrap_or_else(|e| e.into_inner());
+        let total: usize = readers.values().sum();
+        let mine = readers.get(&uid).copied().unwrap_or(0);
+        if mine >= MAX_READERS_PER_USER || total >= MAX_READERS {
+            return Err(ApiError::Failed(format!(
+                "too many `ptrain logs` readers open (at most {MAX_READERS_PER_USER} per user, {MAX_READERS} in all); end some and try again"
+            )));
+        }
+        *readers.entry(uid).or_default() += 1;
+        Ok(ReaderSlot {
+            inner: self.inner.clone(),
+            uid,
+        })
+    }
+
+    /// Starts serving a job's output; returns the pipe's read end for the
+    /// caller. Access is checked by the caller (owner or root).
+    pub fn open(
+        &self,
+        job: &JobView,
+        caller_uid: u32,
+        opts: ReadOptions,
+        changes: broadcast::Receiver<JobOutput>,
+        requests: mpsc::UnboundedSender<ApiRequest>,
+    ) -> Result<OwnedFd, ApiError> {
+        let slot = self.reader_slot(caller_uid)?;
+        let (read_end, write_end) = pipe()
+            .map_err(|e| ApiError::Failed(format!("cannot create a pipe for the output: {e}")))?;
+        let log_dir = self.inner.log_dir.clone();
+        let job = JobOutput::of_view(job);
+        tokio::spawn(async move {
+            serve::serve(log_dir, job, opts, changes, requests, write_end).await;
+            drop(slot);
+        });
+        Ok(read_end)
+    }
+
+    /// The output as one string (at most 8 MiB), for the older `Logs` call.
+    pub async fn read_to_string(
+        &self,
+        job: &JobView,
+        caller_uid: u32,
+        lines: u32,
+        requests: mpsc::UnboundedSender<ApiRequest>,
+    ) -> Result<String, ApiError> {
+        use tokio::io::AsyncReadExt;
+        let opts = ReadOptions {
+            lines,
+            ..ReadOptions::default()
+        };
+        let fd = self.open(job, caller_uid, opts, self.subscribe(), requests)?;
+        let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+            .map_err(|e| ApiError::Failed(e.to_string()))?;
+        let mut out = Vec::new();
+        reader
+            .take(MAX_STRING_BYTES as u64)
+            .read_to_end(&mut out)
+            .await
+            .map_err(|e| ApiError::Failed(format!("cannot read the output: {e}")))?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// The retention policy and archive usage; a user sees only their own
+    /// row besides the totals.
+    pub async fn usage(&self, caller_uid: u32) -> Result<LogUsage, ApiError> {
+        let unavailable = || {
+            ApiError::Failed(format!(
+                "the log archive is not available ({} could not be set up; see `journalctl -u ptraind`)",
+                self.inner.log_dir.display()
+            ))
+        };
+        let archiver = self.inner.archiver.as_ref().ok_or_else(unavailable)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        archiver
+            .send(ArchiverCommand::Usage(tx))
+            .map_err(|_| unavailable())?;
+        let mut usage = rx.await.map_err(|_| unavailable())?;
+        if caller_uid != 0 {
+            usage.users.retain(|u| u.uid == caller_uid);
+        }
+        Ok(usage)
+    }
+}
+
+/// A pipe with both ends blocking and close-on-exec.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fds or fails.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds are fresh and owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn raw(text: &str) -> Result<LogsConfig, (String, String)> {
+        toml::from_str::<RawLogsConfig>(text).unwrap().validate()
+    }
+
+    #[test]
+    fn logs_config_defaults_and_values() {
+        let c = raw("").unwrap();
+        assert!(c.archive);
+        assert_eq!(c.retention, RetentionPolicy::default());
+        let c = raw(
+            "archive = false\nmax_age = \"7d\"\nmax_total_size = \"10G\"\nmax_count = 100\n\
+             user_max_total_size = 1048576\nuser_max_count = 5\nmin_free = \"5%\"\n",
+        )
+        .unwrap();
+        assert!(!c.archive);
+        let r = c.retention;
+        assert_eq!(r.max_age_secs, Some(7 * 86400));
+        assert_eq!(r.max_total_bytes, Some(10 << 30));
+        assert_eq!((r.max_count, r.user_max_count), (Some(100), Some(5)));
+        assert_eq!(r.user_max_total_bytes, Some(1 << 20));
+        assert_eq!(r.min_free, MinFree::Percent(5));
+        assert_eq!(raw("min_free = \"2G\"").unwrap().retention.min_free, MinFree::Bytes(2 << 30));
+        assert_eq!(raw("max_age = \"off\"").unwrap().retention.max_age_secs, None);
+    }
+
+    #[test]
+    fn logs_config_errors_name_the_key() {
+        for (text, key) in [
+            ("max_age = \"soon\"", "logs.max_age"),
+            ("min_free = \"95%\"", "logs.min_free"),
+            ("max_total_size = \"10Q\"", "logs.max_total_size"),
+        ] {
+            let (k, m) = raw(text).unwrap_err();
+            assert_eq!(k, key, "{m}");
+            assert!(m.contains("write") || m.contains("use"), "{m}");
+        }
+        assert!(toml::from_str::<RawLogsConfig>("max_ages = 1").is_err());
+    }
+
+    #[test]
+    fn idle_timeout_values() {
+        assert_eq!(validate_idle_timeout(&json!("30m")), Ok(Duration::from_secs(1800)));
+        assert_eq!(validate_idle_timeout(&json!(90)), Ok(Duration::from_secs(90)));
+        for bad in [json!("0s"), json!(0), json!("400d"), json!(-1), json!(1.5), json!("soon"), json!(true)] {
+            let e = validate_idle_timeout(&bad).unwrap_err();
+            assert!(e.contains("write") || e.contains("pick"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn descriptor_accepts_idle_timeout() {
+        let spec = crate::spec::parse_spec(
+            br#"{"version": 1, "command": ["x"], "idle_timeout": "2s"}"#,
+            "j",
+        )
+        .unwrap();
+        assert_eq!(spec.idle_timeout, Some(Duration::from_secs(2)));
+        let e = crate::spec::parse_spec(br#"{"version": 1, "command": ["x"], "idle_timeout": "x"}"#, "j")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("field `idle_timeout`"), "{e}");
+        let none = crate::spec::parse_spec(br#"{"version": 1, "command": ["x"]}"#, "j").unwrap();
+        assert_eq!(none.idle_timeout, None);
+        let back: crate::spec::JobSpec =
+            serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn idle_stop_becomes_the_outcome_unless_a_timeout_came_first() {
+        let idle = Outcome::IdleTimeout { idle_secs: 60 };
+        for o in [
+            Outcome::Killed { signal: 15 },
+            Outcome::Failed { exit_code: 143 },
+            Outcome::Succeeded,
+            Outcome::Stopped { by_uid: 0 },
+        ] {
+            assert_eq!(idle_outcome(Some(60), o), idle);
+        }
+        assert_eq!(idle_outcome(Some(60), Outcome::Timeout), Outcome::Timeout);
+        assert_eq!(idle_outcome(None, Outcome::Succeeded), Outcome::Succeeded);
+        assert_eq!(idle.status(), "idle-timeout");
+        assert!(idle.describe().contains("1m"), "{}", idle.describe());
+    }
+
+    #[test]
+    fn only_known_busy_gpus_of_the_job_count() {
+        let gpu = |index: u32, util: Option<u32>| -> GpuInfo {
+            serde_json::from_value(json!({
+                "index": index, "uuid": format!("GPU-{index}"), "name": "t",
+                "pci_bus_id": null, "memory_total_mib": 1, "memory_used_mib": null,
+                "utilization_pct": util, "temperature_c": null,
+                "device": format!("/dev/nvidia{index}"), "processes": []
+            }))
+            .unwrap()
+        };
+        let snap = [gpu(0, Some(90)), gpu(1, Some(2)), gpu(2, None), gpu(3, Some(80))];
+        assert_eq!(busy_gpus(&[0, 1, 2], &snap), [0]);
+        assert!(busy_gpus(&[1, 2], &snap).is_empty());
+    }
+
+    #[test]
+    fn since_is_a_duration_ago_or_a_utc_time() {
+        let now = 1_000_000 * 1_000_000;
+        assert_eq!(parse_since("10m", now), Ok(now - 600 * 1_000_000));
+        assert_eq!(parse_since("1970-01-01 00:01:00", now), Ok(60 * 1_000_000));
+        assert_eq!(parse_since("1970-01-01T00:01:00Z", now), Ok(60 * 1_000_000));
+        assert!(parse_since("yesterday-ish", now).unwrap_err().contains("--since"));
+    }
+
+    #[test]
+    fn tail_keeps_the_last_n() {
+        let mut t = Tail::new(2);
+        for s in ["a", "b", "c"] {
+            assert!(t.push(s.into()).is_none());
+        }
+        assert_eq!(t.drain().collect::<Vec<_>>(), ["b", "c"]);
+        let mut all = Tail::new(0);
+        assert_eq!(all.push("x".into()), Some("x".into()));
+    }
+}
