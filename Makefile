@@ -7,19 +7,52 @@
 #   make gpu-check              packaging/gpu-check.sh: NVML inventory and a real
 #                               allocation on this machine's NVIDIA GPUs (exits 0
 #                               with a message where there is no driver)
-#   make install DESTDIR=/stage install the built binaries, units and config
+#   make docs                   man pages and bash/zsh/fish completions, generated
+#                               from the built binaries (BINDIR) into GENDIR
+#   make deb                    build, then the Debian package in target/debian/
+#                               (packaging/build-deb.sh; any BINDIR: build-deb.sh BINDIR)
+#   make install DESTDIR=/stage install the built binaries, units, config, man
+#                               pages, completions and docs (BINDIR, GENDIR, and
+#                               UNITDIR, MANDIR, *COMPDIR, DOCDIR for other layouts)
 #   make clean
 
 CARGO   ?= cargo
 INSTALL ?= install
 DESTDIR ?=
+# Where install and docs take the built binaries and the generated pages from.
+BINDIR  ?= target/release
+GENDIR  ?= $(BINDIR)/generated
+DEBDIR  ?= target/debian
+UNITDIR ?= /lib/systemd/system
+MANDIR  ?= /usr/share/man
+BASHCOMPDIR ?= /usr/share/bash-completion/completions
+ZSHCOMPDIR  ?= /usr/share/zsh/vendor-completions
+FISHCOMPDIR ?= /usr/share/fish/vendor_completions.d
+DOCDIR  ?= /usr/share/doc/ptrain
+# Man page dates from the last commit, so that rebuilds are identical.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
+export SOURCE_DATE_EPOCH
 
-.PHONY: all build test demo gpu-check install clean
+.PHONY: all build docs deb test demo gpu-check install clean
 
 all: build
 
 build:
 	$(CARGO) build --release
+	$(MAKE) --no-print-directory docs BINDIR=target/release GENDIR=target/release/generated
+
+# Man pages and completions come from the binaries' own clap definitions
+# (hidden `generate` subcommands), so they always match --help.
+docs:
+	@for b in ptraind ptrain; do \
+	    [ -x $(BINDIR)/$$b ] || { echo "make docs: $(BINDIR)/$$b is missing; run make build first" >&2; exit 1; }; \
+	done
+	rm -rf $(GENDIR)/man $(GENDIR)/completions
+	$(BINDIR)/ptrain generate --man $(GENDIR)/man --completions $(GENDIR)/completions >/dev/null
+	$(BINDIR)/ptraind generate --man $(GENDIR)/man >/dev/null
+
+deb: build
+	packaging/build-deb.sh target/release $(DEBDIR)
 
 test:
 	@[ "$$(id -u)" = 0 ] || echo "make test: warning: not root; the integration tests need root" >&2
@@ -33,18 +66,33 @@ demo:
 gpu-check:
 	packaging/gpu-check.sh
 
-# Installs what `make build` built; it does not build (often run as root).
-install:
+# Installs what `make build` built; it does not build (often run as root),
+# only regenerates the man pages and completions from the binaries.
+install: docs
 	@for b in ptraind ptrain; do \
-	    [ -x target/release/$$b ] || { echo "make install: target/release/$$b is missing; run make build first" >&2; exit 1; }; \
+	    [ -x $(BINDIR)/$$b ] || { echo "make install: $(BINDIR)/$$b is missing; run make build first" >&2; exit 1; }; \
 	done
-	$(INSTALL) -D -m 0755 target/release/ptraind $(DESTDIR)/usr/sbin/ptraind
-	$(INSTALL) -D -m 0755 target/release/ptrain $(DESTDIR)/usr/bin/ptrain
-	$(INSTALL) -d $(DESTDIR)/lib/systemd/system
-	$(INSTALL) -m 0644 units/*.service units/*.slice $(DESTDIR)/lib/systemd/system/
+	$(INSTALL) -D -m 0755 $(BINDIR)/ptraind $(DESTDIR)/usr/sbin/ptraind
+	$(INSTALL) -D -m 0755 $(BINDIR)/ptrain $(DESTDIR)/usr/bin/ptrain
+	$(INSTALL) -d $(DESTDIR)$(UNITDIR)
+	$(INSTALL) -m 0644 units/*.service units/*.slice $(DESTDIR)$(UNITDIR)/
 	$(INSTALL) -d $(DESTDIR)/usr/share/dbus-1/system.d
 	$(INSTALL) -m 0644 packaging/dbus/*.conf $(DESTDIR)/usr/share/dbus-1/system.d/
 	$(INSTALL) -D -m 0644 packaging/tmpfiles.d/ptrain.conf $(DESTDIR)/usr/lib/tmpfiles.d/ptrain.conf
+	$(INSTALL) -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8
+	@# gzip -n: no name or time stamp inside, so rebuilds are identical
+	for page in $(GENDIR)/man/*.[18]; do \
+	    dest=$(DESTDIR)$(MANDIR)/man$${page##*.}/$${page##*/}.gz; \
+	    gzip -9n -c $$page > $$dest && chmod 0644 $$dest || exit 1; \
+	done
+	$(INSTALL) -D -m 0644 $(GENDIR)/completions/ptrain.bash $(DESTDIR)$(BASHCOMPDIR)/ptrain
+	$(INSTALL) -D -m 0644 $(GENDIR)/completions/_ptrain $(DESTDIR)$(ZSHCOMPDIR)/_ptrain
+	$(INSTALL) -D -m 0644 $(GENDIR)/completions/ptrain.fish $(DESTDIR)$(FISHCOMPDIR)/ptrain.fish
+	$(INSTALL) -D -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	$(INSTALL) -D -m 0644 packaging/grafana-dashboard.json $(DESTDIR)$(DOCDIR)/grafana-dashboard.json
+	$(INSTALL) -d $(DESTDIR)$(DOCDIR)/examples/pipeline
+	$(INSTALL) -m 0644 spool-examples/*.json spool-examples/README.md $(DESTDIR)$(DOCDIR)/examples/
+	$(INSTALL) -m 0644 spool-examples/pipeline/*.json $(DESTDIR)$(DOCDIR)/examples/pipeline/
 	@# the config is the admin's once installed: never overwrite it
 	@if [ -e $(DESTDIR)/etc/ptrain/ptrain.toml ]; then \
 	    echo "keeping existing $(DESTDIR)/etc/ptrain/ptrain.toml (new default: packaging/ptrain.toml)"; \

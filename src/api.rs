@@ -216,9 +216,25 @@ pub enum ApiRequest {
 /// The object served at [`crate::DBUS_PATH`].
 pub struct DaemonApi {
     pub requests: mpsc::UnboundedSender<ApiRequest>,
+    /// Serves job output ([`crate::logs`]).
+    pub logs: crate::logs::Logs,
 }
 
 impl DaemonApi {
+    /// The job whose output `caller_uid` asks for: theirs, or any for root.
+    async fn output_of(&self, id: String, caller_uid: u32) -> zbus::fdo::Result<JobView> {
+        let job = self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await??;
+        if caller_uid != 0 && caller_uid != job.uid {
+            return Err(ApiError::NotYours {
+                id,
+                owner: job.owner,
+                action: "read the output of",
+            }
+            .into());
+        }
+        Ok(job)
+    }
+
     async fn ask<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<T>) -> ApiRequest,
@@ -241,41 +257,6 @@ async fn caller_uid(
         .ok_or_else(|| zbus::fdo::Error::AccessDenied("caller has no bus name".into()))?;
     let dbus = zbus::fdo::DBusProxy::new(conn).await?;
     dbus.get_connection_unix_user(sender.clone().into()).await
-}
-
-/// Most output one Logs call returns; `journalctl` itself has no limit.
-const MAX_LOG_BYTES: usize = 8 << 20;
-
-/// journalctl arguments selecting one job's output: by invocation id when
-/// known, so a re-used unit name never mixes runs.
-pub fn journal_match(job: &JobView) -> String {
-    match &job.invocation_id {
-        Some(inv) => format!("_SYSTEMD_INVOCATION_ID={inv}"),
-        None => format!("_SYSTEMD_UNIT={}", job.unit),
-    }
-}
-
-async fn read_journal(job: &JobView, lines: u32) -> std::io::Result<String> {
-    use tokio::io::AsyncReadExt;
-    let mut cmd = tokio::process::Command::new("journalctl");
-    cmd.args(["--no-pager", "-q", "-o", "cat"])
-        .arg(journal_match(job));
-    if lines > 0 {
-        cmd.arg(format!("--lines={lines}"));
-    }
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut out = Vec::new();
-    let stdout = child.stdout.take().expect("piped");
-    stdout
-        .take(MAX_LOG_BYTES as u64)
-        .read_to_end(&mut out)
-        .await?;
-    let _ = child.kill().await;
-    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 fn to_json<T: Serialize>(value: &T) -> String {
@@ -343,18 +324,54 @@ impl DaemonApi {
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
         let caller_uid = caller_uid(conn, &header).await?;
-        let job = self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await??;
-        if caller_uid != 0 && caller_uid != job.uid {
-            return Err(ApiError::NotYours {
-                id,
-                owner: job.owner,
-                action: "read the output of",
-            }
-            .into());
-        }
-        read_journal(&job, lines)
-            .await
-            .map_err(|e| zbus::fdo::Error::Failed(format!("cannot read the journal: {e}")))
+        let job = self.output_of(id, caller_uid).await?;
+        Ok(self
+            .logs
+            .read_to_string(&job, caller_uid, lines, self.requests.clone())
+            .await?)
+    }
+
+    /// A job's output as the read end of a pipe (a unix fd), for its
+    /// owner or root; read it to EOF. From the journal, or from the job's
+    /// archive once it ended and the journal may have rotated it away.
+    /// `lines`: only the last N (0: all); `since_usec`: only lines written
+    /// at or after that time (µs since the epoch, 0: all); `follow`: keep
+    /// the pipe open and stream new output until the job ends (a queued
+    /// job is waited for).
+    async fn open_logs(
+        &self,
+        id: String,
+        lines: u32,
+        since_usec: u64,
+        follow: bool,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<zbus::OwnedFd> {
+        let caller_uid = caller_uid(conn, &header).await?;
+        // Subscribed before the job is looked up, so no change falls in
+        // between.
+        let changes = self.logs.subscribe();
+        let job = self.output_of(id, caller_uid).await?;
+        let opts = crate::logs::ReadOptions {
+            lines,
+            since_us: since_usec,
+            follow,
+        };
+        let fd = self
+            .logs
+            .open(&job, caller_uid, opts, changes, self.requests.clone())?;
+        Ok(fd.into())
+    }
+
+    /// The log archive's retention policy and usage (`ptrain du`), JSON
+    /// LogUsage; a user's own row only, root sees every user.
+    async fn log_usage(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller_uid = caller_uid(conn, &header).await?;
+        Ok(to_json(&self.logs.usage(caller_uid).await?))
     }
 
     /// The GPU inventory and which job holds each GPU, JSON.
@@ -421,6 +438,14 @@ pub trait Daemon1 {
     fn rejected(&self) -> zbus::Result<String>;
     fn gpus(&self) -> zbus::Result<String>;
     fn logs(&self, id: &str, lines: u32) -> zbus::Result<String>;
+    fn open_logs(
+        &self,
+        id: &str,
+        lines: u32,
+        since_usec: u64,
+        follow: bool,
+    ) -> zbus::Result<zbus::OwnedFd>;
+    fn log_usage(&self) -> zbus::Result<String>;
     fn notifications(&self) -> zbus::Result<String>;
     fn retry_notifications(&self, key: &str, all_dead: bool) -> zbus::Result<String>;
     #[zbus(signal)]

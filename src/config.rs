@@ -40,6 +40,7 @@ struct RawConfig {
     jobs: Option<RawJobs>,
     limits: Option<crate::resources::LimitsConfig>,
     retention: Option<RawRetention>,
+    logs: Option<crate::logs::RawLogsConfig>,
     policy: Option<crate::policy::PolicyConfig>,
     notify: Option<crate::notifications::config::RawNotify>,
     metrics: Option<crate::metrics::RawMetrics>,
@@ -50,6 +51,9 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawJobs {
     read_write_paths: Option<Vec<PathBuf>>,
+    /// "30m" or seconds; checked by [`crate::logs::validate_idle_timeout`].
+    idle_timeout: Option<serde_json::Value>,
+    idle_requires_gpu_idle: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -83,6 +87,13 @@ pub struct Config {
     pub limits: crate::resources::LimitsConfig,
     /// How much finished-job history ptraind keeps as full records.
     pub retention: Retention,
+    /// `[jobs] idle_timeout`: the default for jobs that set none.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// `[jobs] idle_requires_gpu_idle`: a silent job is stopped only if
+    /// its GPUs are idle too (NVML utilization).
+    pub idle_requires_gpu_idle: bool,
+    /// `[logs]`: output archives and their retention.
+    pub logs: crate::logs::LogsConfig,
     /// Which GPUs users and groups may use, and how many at once (`[policy]`).
     pub policy: crate::policy::PolicyConfig,
     /// Notification channels, retry timing, defaults (`[notify]`, `[channels.NAME]`).
@@ -187,6 +198,24 @@ impl Config {
         limits
             .validate()
             .map_err(|(key, message)| invalid(&key, message))?;
+        let idle_timeout = raw
+            .jobs
+            .as_ref()
+            .and_then(|j| j.idle_timeout.as_ref())
+            .map(|v| {
+                crate::logs::validate_idle_timeout(v).map_err(|m| invalid("jobs.idle_timeout", m))
+            })
+            .transpose()?;
+        let idle_requires_gpu_idle = raw
+            .jobs
+            .as_ref()
+            .and_then(|j| j.idle_requires_gpu_idle)
+            .unwrap_or(false);
+        let logs = raw
+            .logs
+            .unwrap_or_default()
+            .validate()
+            .map_err(|(key, message)| invalid(&key, message))?;
         let read_write_paths = raw
             .jobs
             .and_then(|j| j.read_write_paths)
@@ -210,6 +239,9 @@ impl Config {
             read_write_paths,
             limits,
             retention,
+            idle_timeout,
+            idle_requires_gpu_idle,
+            logs,
             policy,
             notifications,
             metrics,
@@ -262,6 +294,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("max_gpu"), "{e}");
+    }
+
+    #[test]
+    fn idle_timeout_and_logs_sections_load() {
+        let c = load("[jobs]\nidle_timeout = \"30m\"\nidle_requires_gpu_idle = true\n[logs]\nuser_max_count = 3\n")
+            .unwrap();
+        assert_eq!(c.idle_timeout, Some(std::time::Duration::from_secs(1800)));
+        assert!(c.idle_requires_gpu_idle);
+        assert_eq!(c.logs.retention.user_max_count, Some(3));
+        let d = load("").unwrap();
+        assert_eq!((d.idle_timeout, d.idle_requires_gpu_idle), (None, false));
+        let e = load("[jobs]\nidle_timeout = \"0s\"\n").unwrap_err().to_string();
+        assert!(e.contains("`jobs.idle_timeout`"), "{e}");
+        let e = load("[logs]\nmin_free = \"99%\"\n").unwrap_err().to_string();
+        assert!(e.contains("`logs.min_free`"), "{e}");
     }
 
     #[test]

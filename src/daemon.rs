@@ -78,6 +78,8 @@ pub enum Event {
     Spool(SpoolEvent),
     Unit(UnitSignal),
     Api(ApiRequest),
+    /// The unit wrote no output for its job's idle timeout ([`crate::logs`]).
+    Idle(String),
 }
 
 pub struct Daemon {
@@ -117,6 +119,8 @@ pub struct Daemon {
     notifier: crate::notifications::Notifier,
     /// What the Prometheus endpoint reports; updated as jobs move.
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Output readers, the idle-output watchdog and archives.
+    logs: crate::logs::Logs,
 }
 
 /// Most events applied before the loop plans and looks at other work.
@@ -175,7 +179,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         .await?;
 
     let notifier = crate::notifications::Notifier::start(&config.notifications, &config.state_dir)?;
+    let idle_tx = tx.clone();
+    let logs = crate::logs::Logs::start(&config, move |unit| {
+        let _ = idle_tx.send(Event::Idle(unit));
+    });
     let mut daemon = Daemon {
+        logs,
         notifier,
         config,
         store,
@@ -200,6 +209,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     };
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
+    daemon.logs.restored(daemon.jobs.values());
     daemon.prune_history();
 
     // The API comes up after the state is restored, so no caller ever sees
@@ -208,7 +218,13 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     let conn = daemon.systemd.connection().clone();
     let metrics_api = api_tx.clone();
     conn.object_server()
-        .at(DBUS_PATH, DaemonApi { requests: api_tx })
+        .at(
+            DBUS_PATH,
+            DaemonApi {
+                requests: api_tx,
+                logs: daemon.logs.clone(),
+            },
+        )
         .await
         .map_err(DaemonError::Api)?;
     conn.request_name(DBUS_NAME)
@@ -298,6 +314,60 @@ impl Daemon {
             Event::Spool(SpoolEvent::Rescan) => self.rescan().await,
             Event::Unit(signal) => self.on_unit_signal(signal).await,
             Event::Api(request) => self.on_api(request).await,
+            Event::Idle(unit) => self.on_idle(&unit).await,
+        }
+    }
+
+    /// A running job wrote nothing for its idle timeout: stop it, and it
+    /// ends as `idle-timeout` (see [`crate::logs::idle_outcome`]). With
+    /// `idle_requires_gpu_idle`, a job whose GPUs still work is left alone
+    /// for another window.
+    async fn on_idle(&mut self, unit: &str) {
+        let Some(id) = self.by_unit.get(unit).cloned() else {
+            return;
+        };
+        let Some(record) = self.jobs.get(&id) else {
+            return;
+        };
+        let Some(limit) = self.logs.idle_timeout_of(record) else {
+            return;
+        };
+        if record.state != JobState::Running
+            || record.stop_requested_by.is_some()
+            || record.idle_timeout_hit.is_some()
+        {
+            return;
+        }
+        if self.config.idle_requires_gpu_idle && !record.gpus.is_empty() {
+            let gpus: Vec<u32> = record.gpus.iter().map(|g| g.index).collect();
+            let busy = self
+                .inventory
+                .snapshot()
+                .map(|snapshot| crate::logs::busy_gpus(&gpus, &snapshot))
+                .unwrap_or_default();
+            if !busy.is_empty() {
+                info!(job = %id, PTRAIN_JOB = %id, unit, gpus = ?busy, "job wrote no output for its idle_timeout but its GPUs are busy; letting it run");
+                self.logs.rearm(unit, limit);
+                return;
+            }
+        }
+        let record = self.jobs.get_mut(&id).expect("looked up above");
+        record.idle_timeout_hit = Some(limit.as_secs());
+        if let Err(e) = self.store.save(record) {
+            error!(job = %id, error = %e, "cannot record the idle stop; trying again after another idle window");
+            record.idle_timeout_hit = None;
+            self.logs.rearm(unit, limit);
+            return;
+        }
+        warn!(
+            job = %id,
+            PTRAIN_JOB = %id,
+            unit,
+            "job wrote no output for {}; stopping it (idle_timeout)",
+            humantime::format_duration(limit)
+        );
+        if let Err(e) = self.systemd.stop_unit(unit).await {
+            error!(job = %id, unit, error = %e, "cannot stop an idle job");
         }
     }
 
@@ -1100,6 +1170,7 @@ impl Daemon {
         let Some(current) = self.jobs.get(id) else {
             return;
         };
+        let outcome = crate::logs::idle_outcome(current.idle_timeout_hit, outcome);
         // Changed on a copy: memory says "ended" only once the disk does.
         let mut record = current.clone();
         let was_queued = record.state == JobState::Queued;
@@ -1310,6 +1381,19 @@ impl Daemon {
 
     async fn stop(&mut self, id: &str, caller_uid: u32) -> Result<String, ApiError> {
         let job_id = JobId::parse(id).map_err(|_| ApiError::NotFound(id.to_owned()))?;
+        if let Some(members) = self.groups.get(&job_id).cloned() {
+            // A sweep id stops every member still queued or running.
+            let mut lines = Vec::new();
+            for member in members {
+                if self.jobs.get(&member).is_some_and(|r| r.state != JobState::Ended) {
+                    lines.push(Box::pin(self.stop(member.as_str(), caller_uid)).await?);
+                }
+            }
+            if lines.is_empty() {
+                return Ok(format!("every job of sweep {id} already ended"));
+            }
+            return Ok(lines.join("\n"));
+        }
         let record = self
             .jobs
             .get_mut(&job_id)
@@ -1349,6 +1433,7 @@ impl Daemon {
             return;
         };
         let conn = self.systemd.connection().clone();
+        self.logs.job_changed(record);
         let id = id.to_string();
         let status = record.status().to_string();
         // Fire and forget: a slow listener must not hold up the state task.

@@ -39,13 +39,21 @@ pub fn write_man_pages(
     let source = format!("{root} {}", cmd.get_version().unwrap_or_default());
     let mut written = Vec::new();
     let page = render_page(&cmd, extra, &source, None)?;
-    written.push(write_file(dir, &format!("{root}.{}", extra.section), &page)?);
+    written.push(write_file(
+        dir,
+        &format!("{root}.{}", extra.section),
+        &page,
+    )?);
     let mut stack: Vec<clap::Command> = visible_subcommands(&cmd);
     while let Some(sub) = stack.pop() {
         stack.extend(visible_subcommands(&sub));
         let name = sub.get_display_name().unwrap_or(sub.get_name()).to_owned();
         let page = render_page(&sub, extra, &source, Some(&root))?;
-        written.push(write_file(dir, &format!("{name}.{}", extra.section), &page)?);
+        written.push(write_file(
+            dir,
+            &format!("{name}.{}", extra.section),
+            &page,
+        )?);
     }
     written.sort();
     Ok(written)
@@ -191,7 +199,11 @@ pub fn write_completions(cmd: clap::Command, dir: &Path) -> std::io::Result<Vec<
 fn without_hidden(cmd: &clap::Command) -> clap::Command {
     let mut out = clap::Command::new(cmd.get_name().to_owned())
         .about(cmd.get_about().cloned().unwrap_or_default())
-        .visible_aliases(cmd.get_visible_aliases().map(str::to_owned).collect::<Vec<_>>());
+        .visible_aliases(
+            cmd.get_visible_aliases()
+                .map(str::to_owned)
+                .collect::<Vec<_>>(),
+        );
     if let Some(version) = cmd.get_version() {
         out = out.version(version.to_owned());
     }
@@ -227,9 +239,8 @@ mod tests {
 
     #[test]
     fn splits_examples_from_exit_codes() {
-        let (examples, exit) = split_after_help(
-            "Examples:\n  a   does a\n  b\n\nExit codes: 0 ok,\n1 not.",
-        );
+        let (examples, exit) =
+            split_after_help("Examples:\n  a   does a\n  b\n\nExit codes: 0 ok,\n1 not.");
         assert_eq!(examples, "  a   does a\n  b");
         assert_eq!(exit.as_deref(), Some("Exit codes: 0 ok,\n1 not."));
         let (examples, exit) = split_after_help("Examples:\n  x");
@@ -270,14 +281,29 @@ mod tests {
             root.contains(".SH \"EXAMPLES\"\n.nf\n  demo run .hidden    run it\n"),
             "{root}"
         );
-        assert!(root.contains(".SH \"EXIT STATUS\"\n.nf\nExit codes: 0 fine,\n3 not fine.\n.fi"), "{root}");
+        assert!(
+            root.contains(".SH \"EXIT STATUS\"\n.nf\nExit codes: 0 fine,\n3 not fine.\n.fi"),
+            "{root}"
+        );
         assert!(root.contains("demo \\-x a\\eb"), "{root}");
-        assert!(root.contains(".SH FILES\n.TP\n.I /etc/demo.toml\nThe config."), "{root}");
-        assert!(root.contains(".SH \"SEE ALSO\"\n.BR journalctl (1)\n"), "{root}");
-        assert!(!root.contains("generate"), "hidden subcommand listed: {root}");
+        assert!(
+            root.contains(".SH FILES\n.TP\n.I /etc/demo.toml\nThe config."),
+            "{root}"
+        );
+        assert!(
+            root.contains(".SH \"SEE ALSO\"\n.BR journalctl (1)\n"),
+            "{root}"
+        );
+        assert!(
+            !root.contains("generate"),
+            "hidden subcommand listed: {root}"
+        );
         let sub = std::fs::read_to_string(dir.path().join("demo-run.1")).unwrap();
         assert!(sub.contains("\n.TH demo-run 1  \"demo 1.2.3\""), "{sub}");
-        assert!(sub.contains(".BR demo (1) ,\n.BR journalctl (1)\n"), "{sub}");
+        assert!(
+            sub.contains(".BR demo (1) ,\n.BR journalctl (1)\n"),
+            "{sub}"
+        );
         assert!(!sub.contains(".SH FILES"), "{sub}");
     }
 
@@ -291,7 +317,10 @@ mod tests {
             .collect();
         assert_eq!(names, ["demo.bash", "_demo", "demo.fish"]);
         let bash = std::fs::read_to_string(dir.path().join("demo.bash")).unwrap();
-        assert!(bash.contains("queue") && bash.contains("--config"), "{bash}");
+        assert!(
+            bash.contains("queue") && bash.contains("--config"),
+            "{bash}"
+        );
         let fish = std::fs::read_to_string(dir.path().join("demo.fish")).unwrap();
         assert!(!fish.contains("generate"), "{fish}");
         let bash_and_zsh = bash + &std::fs::read_to_string(dir.path().join("_demo")).unwrap();

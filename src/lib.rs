@@ -31,6 +31,9 @@
 //!    admin's channels (email, WeCom robot, webhook) from an outbox written
 //!    with the state change, by a sender task that retries and never holds
 //!    up the state task.
+//! 9. [`logs`]: a job's output, read from the journal (or its archive)
+//!    and served to its owner; the idle-output watchdog; per-job archives
+//!    and their retention.
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
 //! the durable-write and safe-open primitives; [`users`] resolves uids;
@@ -43,6 +46,7 @@ pub mod daemon;
 pub mod docgen;
 pub mod fsutil;
 pub mod gpu;
+pub mod logs;
 pub mod metrics;
 pub mod notifications;
 pub mod policy;

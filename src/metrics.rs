@@ -164,7 +164,11 @@ impl Default for Metrics {
 impl Metrics {
     /// The gauges: how many jobs are in each status, how many GPUs ptrain
     /// jobs hold. Called after every batch of events.
-    pub fn set_jobs(&self, statuses: impl IntoIterator<Item = &'static str>, gpus_allocated: usize) {
+    pub fn set_jobs(
+        &self,
+        statuses: impl IntoIterator<Item = &'static str>,
+        gpus_allocated: usize,
+    ) {
         let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
         for status in statuses {
             *counts.entry(status).or_default() += 1;
@@ -243,7 +247,11 @@ pub fn render(m: &Metrics, scrape: &Scrape) -> String {
     );
     for (status, n) in with_known_statuses(&finished) {
         if !matches!(status, "queued" | "launching" | "running") {
-            out.sample("ptrain_jobs_finished_total", &[("status", status)], n as f64);
+            out.sample(
+                "ptrain_jobs_finished_total",
+                &[("status", status)],
+                n as f64,
+            );
         }
     }
     out.histogram(
@@ -323,11 +331,7 @@ pub fn render(m: &Metrics, scrape: &Scrape) -> String {
 }
 
 fn render_gpus(out: &mut Exposition, view: &GpusView) {
-    out.family(
-        "ptrain_gpus",
-        "gauge",
-        "GPUs in the inventory, by backend.",
-    );
+    out.family("ptrain_gpus", "gauge", "GPUs in the inventory, by backend.");
     out.sample(
         "ptrain_gpus",
         &[("backend", &view.backend)],
@@ -363,11 +367,9 @@ fn render_gpus(out: &mut Exposition, view: &GpusView) {
     }
     type Field = fn(&crate::gpu::GpuInfo) -> Option<f64>;
     let per_gpu: [(&str, &str, Field); 4] = [
-        (
-            "ptrain_gpu_memory_total_bytes",
-            "A GPU's memory.",
-            |g| (g.memory_total_mib > 0).then(|| g.memory_total_mib as f64 * 1048576.0),
-        ),
+        ("ptrain_gpu_memory_total_bytes", "A GPU's memory.", |g| {
+            (g.memory_total_mib > 0).then(|| g.memory_total_mib as f64 * 1048576.0)
+        }),
         (
             "ptrain_gpu_memory_used_bytes",
             "A GPU's memory in use, by any program (NVML only).",
@@ -685,8 +687,7 @@ mod tests {
         assert_eq!(c.listen, Some("127.0.0.1:9464".parse().unwrap()));
         assert!(config("[metrics]\nlisten = \"[::1]:9464\"").is_ok());
         for remote in ["0.0.0.0:9464", "192.0.2.7:9464", "[::]:9464"] {
-            let (key, message) =
-                config(&format!("[metrics]\nlisten = \"{remote}\"")).unwrap_err();
+            let (key, message) = config(&format!("[metrics]\nlisten = \"{remote}\"")).unwrap_err();
             assert_eq!(key, "metrics.listen");
             assert!(message.contains("allow_remote = true"), "{message}");
         }
@@ -745,7 +746,10 @@ mod tests {
         m.file_rejected();
         let gpus = GpusView {
             backend: "declared".into(),
-            gpus: vec![gpu(0, "held", Some(512), Some(75)), gpu(1, "free", None, None)],
+            gpus: vec![
+                gpu(0, "held", Some(512), Some(75)),
+                gpu(1, "free", None, None),
+            ],
         };
         let text = render(
             &m,
@@ -757,11 +761,17 @@ mod tests {
         let s = samples(&text);
         assert_eq!(s["ptrain_jobs{status=\"running\"}"], 2.0);
         assert_eq!(s["ptrain_jobs{status=\"queued\"}"], 1.0);
-        assert_eq!(s["ptrain_jobs{status=\"failed\"}"], 0.0, "known statuses are always there");
+        assert_eq!(
+            s["ptrain_jobs{status=\"failed\"}"], 0.0,
+            "known statuses are always there"
+        );
         assert_eq!(s["ptrain_gpus_allocated"], 3.0);
         assert_eq!(s["ptrain_rejected_files_total"], 2.0);
         assert_eq!(s["ptrain_jobs_finished_total{status=\"succeeded\"}"], 1.0);
-        assert_eq!(s["ptrain_jobs_finished_total{status=\"dependency-failed\"}"], 1.0);
+        assert_eq!(
+            s["ptrain_jobs_finished_total{status=\"dependency-failed\"}"],
+            1.0
+        );
         assert!(!s.contains_key("ptrain_jobs_finished_total{status=\"running\"}"));
         // Histograms: cumulative buckets, +Inf equal to _count.
         assert_eq!(s["ptrain_job_queue_wait_seconds_bucket{le=\"1\"}"], 0.0);
@@ -779,17 +789,35 @@ mod tests {
             s["ptrain_gpu_info{gpu=\"0\",uuid=\"GPU-0\",name=\"Test \\\"GPU\\\"\"}"],
             1.0
         );
-        assert_eq!(s["ptrain_gpu_state{gpu=\"0\",uuid=\"GPU-0\",state=\"held\"}"], 1.0);
-        assert_eq!(s["ptrain_gpu_state{gpu=\"1\",uuid=\"GPU-1\",state=\"held\"}"], 0.0);
-        assert_eq!(s["ptrain_gpu_state{gpu=\"1\",uuid=\"GPU-1\",state=\"free\"}"], 1.0);
+        assert_eq!(
+            s["ptrain_gpu_state{gpu=\"0\",uuid=\"GPU-0\",state=\"held\"}"],
+            1.0
+        );
+        assert_eq!(
+            s["ptrain_gpu_state{gpu=\"1\",uuid=\"GPU-1\",state=\"held\"}"],
+            0.0
+        );
+        assert_eq!(
+            s["ptrain_gpu_state{gpu=\"1\",uuid=\"GPU-1\",state=\"free\"}"],
+            1.0
+        );
         assert_eq!(
             s["ptrain_gpu_memory_total_bytes{gpu=\"1\",uuid=\"GPU-1\"}"],
             1073741824.0
         );
-        assert_eq!(s["ptrain_gpu_memory_used_bytes{gpu=\"0\",uuid=\"GPU-0\"}"], 536870912.0);
+        assert_eq!(
+            s["ptrain_gpu_memory_used_bytes{gpu=\"0\",uuid=\"GPU-0\"}"],
+            536870912.0
+        );
         assert!(!s.contains_key("ptrain_gpu_memory_used_bytes{gpu=\"1\",uuid=\"GPU-1\"}"));
-        assert_eq!(s["ptrain_gpu_utilization_ratio{gpu=\"0\",uuid=\"GPU-0\"}"], 0.75);
-        assert!(!text.contains("ptrain_gpu_temperature_celsius"), "no family without samples");
+        assert_eq!(
+            s["ptrain_gpu_utilization_ratio{gpu=\"0\",uuid=\"GPU-0\"}"],
+            0.75
+        );
+        assert!(
+            !text.contains("ptrain_gpu_temperature_celsius"),
+            "no family without samples"
+        );
         assert_eq!(s["ptrain_notifications{state=\"dead\"}"], 0.0);
         assert_eq!(s["ptrain_scrape_source_up{source=\"gpus\"}"], 1.0);
 
@@ -800,10 +828,7 @@ mod tests {
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let (name, kind) = rest.split_once(' ').unwrap();
-                assert!(
-                    ["gauge", "counter", "histogram"].contains(&kind),
-                    "{line}"
-                );
+                assert!(["gauge", "counter", "histogram"].contains(&kind), "{line}");
                 assert!(!families.contains(&name.to_owned()), "{name} twice");
                 families.push(name.to_owned());
                 current = Some((name.to_owned(), kind.to_owned()));
@@ -830,6 +855,54 @@ mod tests {
     }
 
     #[test]
+    fn grafana_dashboard_uses_only_exported_metrics() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/packaging/grafana-dashboard.json"
+        ))
+        .expect("packaging/grafana-dashboard.json");
+        let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        let m = Metrics::default();
+        let mut full = gpu(0, "held", Some(1), Some(1));
+        full.gpu.temperature_c = Some(40);
+        let gpus = GpusView {
+            backend: "nvml".into(),
+            gpus: vec![full],
+        };
+        let exposition = render(
+            &m,
+            &Scrape {
+                gpus: Some(&gpus),
+                notifications: Some(&[]),
+            },
+        );
+        let exported: std::collections::BTreeSet<&str> = exposition
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let mut used = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().unwrap();
+                for (i, _) in expr.match_indices("ptrain_") {
+                    let name: String = expr[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    assert!(
+                        exported.contains(name.as_str()),
+                        "panel {:?} uses {name}, which ptraind does not export",
+                        panel["title"]
+                    );
+                    used += 1;
+                }
+            }
+        }
+        assert!(used > 10, "the dashboard queries ptrain metrics");
+    }
+
+    #[test]
     fn missing_sources_are_said_not_faked() {
         let text = render(&Metrics::default(), &Scrape::default());
         let s = samples(&text);
@@ -837,7 +910,10 @@ mod tests {
         assert_eq!(s["ptrain_scrape_source_up{source=\"notifications\"}"], 0.0);
         assert!(!text.contains("ptrain_gpu_state"));
         assert!(!text.contains("ptrain_notifications{"));
-        assert_eq!(s["ptrain_job_run_duration_seconds_bucket{le=\"+Inf\"}"], 0.0);
+        assert_eq!(
+            s["ptrain_job_run_duration_seconds_bucket{le=\"+Inf\"}"],
+            0.0
+        );
     }
 
     #[test]
@@ -854,13 +930,22 @@ mod tests {
             route(b"HEAD /metrics HTTP/1.1\r\n\r\n"),
             Route::Metrics { head_only: true }
         );
-        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::Index { head_only: false });
-        assert_eq!(route(b"GET /other HTTP/1.1\r\n\r\n"), Route::Error(404, "Not Found"));
+        assert_eq!(
+            route(b"GET / HTTP/1.1\r\n\r\n"),
+            Route::Index { head_only: false }
+        );
+        assert_eq!(
+            route(b"GET /other HTTP/1.1\r\n\r\n"),
+            Route::Error(404, "Not Found")
+        );
         assert_eq!(
             route(b"POST /metrics HTTP/1.1\r\n\r\n"),
             Route::Error(405, "Method Not Allowed")
         );
-        assert_eq!(route(b"GET /metrics\r\n\r\n"), Route::Error(400, "Bad Request"));
+        assert_eq!(
+            route(b"GET /metrics\r\n\r\n"),
+            Route::Error(400, "Bad Request")
+        );
         assert_eq!(route(b""), Route::Error(400, "Bad Request"));
         assert_eq!(
             route(b"GET /metrics SPDY/3\r\n\r\n"),
@@ -912,14 +997,22 @@ mod tests {
         let reply = get("GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
         let (head, body) = reply.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
-        assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
-        assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
+        assert!(
+            head.contains("Content-Type: text/plain; version=0.0.4"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
         assert!(body.contains("ptrain_rejected_files_total 1\n"), "{body}");
         assert!(body.contains("ptrain_gpu_state{gpu=\"0\",uuid=\"GPU-0\",state=\"free\"} 1\n"));
         assert!(body.contains("ptrain_scrape_source_up{source=\"notifications\"} 1\n"));
         let reply = get("HEAD /metrics HTTP/1.1\r\n\r\n").await;
         assert!(reply.ends_with("\r\n\r\n"), "HEAD has no body: {reply}");
-        assert!(get("DELETE / HTTP/1.1\r\n\r\n").await.starts_with("HTTP/1.1 405"));
+        assert!(get("DELETE / HTTP/1.1\r\n\r\n")
+            .await
+            .starts_with("HTTP/1.1 405"));
         cancel.cancel();
     }
 
@@ -949,6 +1042,9 @@ mod tests {
         .await
         .unwrap_err()
         .to_string();
-        assert!(e.contains(&addr.to_string()) && e.contains("[metrics] listen"), "{e}");
+        assert!(
+            e.contains(&addr.to_string()) && e.contains("[metrics] listen"),
+            "{e}"
+        );
     }
 }

@@ -54,6 +54,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "env",
     "gpus",
     "timeout",
+    "idle_timeout",
     "user",
     "priority",
     "resources",
@@ -215,6 +216,9 @@ pub struct JobSpec {
     /// integer seconds are accepted on the way back in.
     #[serde(default, with = "timeout_serde")]
     pub timeout: Option<Duration>,
+    /// Stop the job when it writes no output for this long ([`crate::logs`]).
+    #[serde(default, with = "timeout_serde", skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<Duration>,
     /// If present the daemon checks it equals the file owner's name.
     #[serde(default)]
     pub user: Option<String>,
@@ -381,6 +385,10 @@ pub enum SpecError {
 
     #[error("field `timeout` must be more than 0 and at most 365 days, not {value}; pick a duration in that range or omit the field for no limit")]
     TimeoutOutOfRange { value: String },
+
+    /// The message says what is wrong and how to write it.
+    #[error("field `idle_timeout` {0}")]
+    IdleTimeout(String),
 
     #[error("field `user` {user} is not a valid user name; write your login name (as `id -un` prints it) or omit the field")]
     InvalidUser { user: String },
@@ -776,6 +784,7 @@ struct RawSpec {
     env: Option<Value>,
     gpus: Option<Value>,
     timeout: Option<Value>,
+    idle_timeout: Option<Value>,
     user: Option<Value>,
     priority: Option<Value>,
     resources: Option<Value>,
@@ -801,6 +810,7 @@ impl RawSpec {
                 "env" => &mut raw.env,
                 "gpus" => &mut raw.gpus,
                 "timeout" => &mut raw.timeout,
+                "idle_timeout" => &mut raw.idle_timeout,
                 "user" => &mut raw.user,
                 "priority" => &mut raw.priority,
                 "resources" => &mut raw.resources,
@@ -847,6 +857,10 @@ impl RawSpec {
             .transpose()?
             .unwrap_or_default();
         let timeout = self.timeout.map(|v| validate_timeout(&v)).transpose()?;
+        let idle_timeout = self
+            .idle_timeout
+            .map(|v| crate::logs::validate_idle_timeout(&v).map_err(SpecError::IdleTimeout))
+            .transpose()?;
         let user = self.user.map(validate_user).transpose()?;
         let priority = self
             .priority
@@ -899,6 +913,7 @@ impl RawSpec {
             env,
             gpus,
             timeout,
+            idle_timeout,
             user,
             priority,
             resources,

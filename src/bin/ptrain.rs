@@ -84,7 +84,8 @@ enum Command {
     },
     /// Stop a queued or running job.
     Stop { id: String },
-    /// Show a job's output from the journal.
+    /// Show a job's output (from the journal, or its archive once the
+    /// journal rotated it away).
     Logs {
         id: String,
         /// Follow the output until the job ends.
@@ -93,6 +94,16 @@ enum Command {
         /// Show only the last N lines.
         #[arg(short = 'n', long)]
         lines: Option<u32>,
+        /// Only output written since then: a duration ago ("10m", "2h") or
+        /// a UTC time ("2026-05-01 12:00:00").
+        #[arg(long)]
+        since: Option<String>,
+    },
+    /// The log archive: its retention policy and what it uses (yours; root
+    /// sees every user).
+    Du {
+        #[arg(long)]
+        json: bool,
     },
     /// Job files ptraind refused, and why (yours; root sees all).
     Rejected {
@@ -275,7 +286,13 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             println!("{}", proxy().await?.stop(&id).await.map_err(from_bus)?);
             Ok(0)
         }
-        Command::Logs { id, follow, lines } => logs(&id, follow, lines).await,
+        Command::Logs {
+            id,
+            follow,
+            lines,
+            since,
+        } => logs(&id, follow, lines, since.as_deref()).await,
+        Command::Du { json } => du(json).await,
         Command::Rejected { json } => {
             let list: Vec<RejectRecord> =
                 parse(&proxy().await?.rejected().await.map_err(from_bus)?)?;
@@ -464,7 +481,7 @@ fn print_status(j: &JobView) {
         println!("signal:    {}", signal_name(sig));
     }
     if let Some(inv) = &j.invocation_id {
-        println!("logs:      journalctl _SYSTEMD_INVOCATION_ID={inv}");
+        println!("logs:      ptrain logs {} (invocation {inv})", j.id);
     }
 }
 
@@ -631,57 +648,142 @@ fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<(), Failure
     Ok(())
 }
 
-async fn logs(id: &str, follow: bool, lines: Option<u32>) -> Result<u8, Failure> {
+/// `ptrain logs`: ptraind hands over a pipe it fills from the journal (or
+/// the job's archive) as root; users cannot read the system journal.
+async fn logs(
+    id: &str,
+    follow: bool,
+    lines: Option<u32>,
+    since: Option<&str>,
+) -> Result<u8, Failure> {
+    let since_usec = since
+        .map(|s| ptrain::logs::parse_since(s, ptrain::now_micros()))
+        .transpose()
+        .map_err(|e| fail(EXIT_USAGE, e))?
+        .unwrap_or(0);
     let proxy = proxy().await?;
-    let mut job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
-    let mut changes = proxy.receive_job_changed().await.map_err(from_bus)?;
-    let ended = |j: &JobView| !matches!(j.status.as_str(), "queued" | "launching" | "running");
+    let job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
+    let fd = proxy
+        .open_logs(id, lines.unwrap_or(0), since_usec, follow)
+        .await
+        .map_err(from_bus)?;
+    let mut output = std::fs::File::from(std::os::fd::OwnedFd::from(fd));
+    // Someone else's output on a terminal: escape sequences in it could
+    // rewrite the screen, so control characters are shown escaped.
+    // SAFETY: geteuid has no preconditions.
+    let foreign = job.uid != unsafe { libc::geteuid() };
+    let escape = foreign && std::io::stdout().is_terminal();
+    let copied = copy_output(&mut output, escape);
+    match copied {
+        Ok(()) => {}
+        // `ptrain logs ID | head`: the reader is done.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
+        Err(e) => return Err(fail(EXIT_FAILURE, format!("cannot copy the output: {e}"))),
+    }
     if follow {
-        // Wait for a queued job to start, so its invocation id is known.
-        while job.invocation_id.is_none() && !ended(&job) {
-            let Some(_) = changes.next().await else { break };
-            job = parse(&proxy.status(id).await.map_err(from_bus)?)?;
+        // The pipe closes when the job ended; earlier means ptraind went away.
+        let job: Option<JobView> = proxy
+            .status(id)
+            .await
+            .ok()
+            .and_then(|j| serde_json::from_str(&j).ok());
+        if !job.is_some_and(|j| is_final(&j.status)) {
+            return Err(fail(
+                EXIT_NO_DAEMON,
+                format!("the output stopped before job {id} ended (was ptraind restarted?); run `ptrain logs -f {id}` again"),
+            ));
         }
     }
-    // SAFETY: geteuid has no preconditions.
-    let is_root = unsafe { libc::geteuid() } == 0;
-    if !follow && !is_root {
-        // ptraind reads the journal for the job's owner, who often may not.
-        print!(
-            "{}",
-            proxy.logs(id, lines.unwrap_or(0)).await.map_err(from_bus)?
-        );
+    Ok(0)
+}
+
+/// Copies the pipe to stdout as it arrives; with `escape`, control
+/// characters other than tab and newline are written as `\xNN`.
+fn copy_output(input: &mut impl Read, escape: bool) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if escape {
+            let mut shown = Vec::with_capacity(n);
+            for &b in &buf[..n] {
+                if (b < 0x20 && b != b'\t' && b != b'\n') || b == 0x7f {
+                    shown.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+                } else {
+                    shown.push(b);
+                }
+            }
+            stdout.write_all(&shown)?;
+        } else {
+            stdout.write_all(&buf[..n])?;
+        }
+        // Followers want each line as it comes, not when a buffer fills.
+        stdout.flush()?;
+    }
+    Ok(())
+}
+
+/// `ptrain du`: the archive's retention policy and what it uses.
+async fn du(json: bool) -> Result<u8, Failure> {
+    let usage: ptrain::logs::archive::LogUsage =
+        parse(&proxy().await?.log_usage().await.map_err(from_bus)?)?;
+    if json {
+        print_json(&usage);
         return Ok(0);
     }
-    let mut cmd = std::process::Command::new("journalctl");
-    cmd.args(["--no-pager", "-q", "-o", "cat"])
-        .arg(ptrain::api::journal_match(&job));
-    if let Some(n) = lines {
-        cmd.arg(format!("--lines={n}"));
+    let size = |b: u64| humansize(b);
+    let p = &usage.policy;
+    let limit = |v: Option<u64>, f: &dyn Fn(u64) -> String| v.map(f).unwrap_or_else(|| "none".into());
+    println!("log archive: {} ({})", usage.log_dir, if usage.archive { "on" } else { "off: [logs] archive = false" });
+    println!(
+        "policy:      max_age {}, max_total_size {}, max_count {}, per user: max_total_size {}, max_count {}; min_free {}",
+        limit(p.max_age_secs, &|s| humantime::format_duration(Duration::from_secs(s)).to_string()),
+        limit(p.max_total_bytes, &size),
+        limit(p.max_count, &|n| n.to_string()),
+        limit(p.user_max_total_bytes, &size),
+        limit(p.user_max_count, &|n| n.to_string()),
+        match p.min_free {
+            ptrain::logs::retention::MinFree::Bytes(b) => size(b),
+            ptrain::logs::retention::MinFree::Percent(pct) => format!("{pct}%"),
+        }
+    );
+    println!("archives:    {} using {}", usage.count, size(usage.bytes));
+    if let Some(d) = usage.disk {
+        println!("disk:        {} free of {}", size(d.avail_bytes), size(d.total_bytes));
     }
-    if !follow || ended(&job) {
-        let status = cmd
-            .status()
-            .map_err(|e| fail(EXIT_FAILURE, format!("cannot run journalctl: {e}")))?;
-        return Ok(if status.success() { 0 } else { EXIT_FAILURE });
-    }
-    cmd.arg("--follow");
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| fail(EXIT_FAILURE, format!("cannot run journalctl: {e}")))?;
-    while let Some(signal) = changes.next().await {
-        if signal.args().is_ok_and(|a| {
-            a.id == id && !matches!(a.status.as_str(), "queued" | "launching" | "running")
-        }) {
-            break;
+    if !usage.users.is_empty() {
+        println!("{:<16} {:>8} {:>10}  OLDEST", "USER", "ARCHIVES", "SIZE");
+        for u in &usage.users {
+            println!(
+                "{:<16} {:>8} {:>10}  {}",
+                truncate(&u.user.clone().unwrap_or_else(|| u.uid.to_string()), 16),
+                u.count,
+                size(u.bytes),
+                u.oldest.map(format_time).unwrap_or_else(|| "-".into())
+            );
         }
     }
-    // The journal may still be writing the last lines: give journalctl a
-    // moment to print them before it is stopped.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let _ = child.kill();
-    let _ = child.wait();
     Ok(0)
+}
+
+fn humansize(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
 }
 
 const EXIT_JOB_FAILED: u8 = 4;

@@ -127,10 +127,17 @@ fn init_logging() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Under systemd (stderr connected to the journal) log structured
     // entries to journald, so `journalctl PTRAIN_JOB=ID` works; elsewhere
-    // to stderr.
+    // to stderr. Fields land under their own upper-cased names
+    // (`PTRAIN_JOB`, `JOB`, `UNIT`, `ERROR`): the layer's default "F_"
+    // prefix would make that `F_PTRAIN_JOB`. So no field may be named like
+    // a journal field with a meaning (`message_id`, `priority`, `code_*`).
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
     let journald = under_journal
-        .then(|| tracing_journald::layer().ok())
+        .then(|| {
+            tracing_journald::layer()
+                .ok()
+                .map(|l| l.with_field_prefix(None))
+        })
         .flatten();
     let stderr = journald.is_none().then(|| {
         tracing_subscriber::fmt::layer()

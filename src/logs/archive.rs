@@ -392,7 +392,11 @@ pub fn scan(log_dir: &Path) -> Vec<ArchiveInfo> {
         return out;
     };
     for user in users.flatten() {
-        let Some(uid) = user.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(uid) = user
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(dir) = user_dir(log_dir, uid, false) else {
@@ -589,7 +593,9 @@ impl Archiver {
                     info!(uid = a.uid, archive = %a.name, "removed an old job output archive ([logs] retention)");
                     removed[i] = true;
                 }
-                Err(e) => warn!(uid = a.uid, archive = %a.name, error = %e, "cannot remove an old archive"),
+                Err(e) => {
+                    warn!(uid = a.uid, archive = %a.name, error = %e, "cannot remove an old archive")
+                }
             }
         }
         let mut i = 0;
@@ -654,13 +660,22 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         assert_eq!(meta.len(), info.bytes);
         assert_eq!(
-            std::fs::metadata(d.path().join("1000")).unwrap().permissions().mode() & 0o777,
+            std::fs::metadata(d.path().join("1000"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
             0o700
         );
         let read = |since, tail| {
             let mut out = Vec::new();
-            copy_out(open(d.path(), 1000, "job-1", Some(INV)).unwrap(), since, tail, &mut out)
-                .unwrap();
+            copy_out(
+                open(d.path(), 1000, "job-1", Some(INV)).unwrap(),
+                since,
+                tail,
+                &mut out,
+            )
+            .unwrap();
             String::from_utf8(out).unwrap()
         };
         assert_eq!(read(0, 0), "line 1\nline 2\nline 3\nline 4\nline 5\n");
@@ -680,8 +695,11 @@ mod tests {
         let victim = d.path().join("victim");
         std::fs::write(&victim, "precious").unwrap();
         std::fs::create_dir(d.path().join("1000")).unwrap();
-        std::fs::set_permissions(d.path().join("1000"), std::fs::Permissions::from_mode(0o700))
-            .unwrap();
+        std::fs::set_permissions(
+            d.path().join("1000"),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
         let names = candidate_names("j", Some(INV));
         std::os::unix::fs::symlink(&victim, d.path().join("1000").join(&names[0])).unwrap();
         // A temp file name planted as a link is removed, not written through.
@@ -690,16 +708,21 @@ mod tests {
         let info = write_lines(d.path(), 1000, "j", Some(INV), lines(2), u64::MAX, 1).unwrap();
         assert_eq!(info.name, names[1]);
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-        assert!(std::fs::symlink_metadata(d.path().join("1000").join(&names[0]))
-            .unwrap()
-            .file_type()
-            .is_symlink());
+        assert!(
+            std::fs::symlink_metadata(d.path().join("1000").join(&names[0]))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
         // Reading skips the link and finds the real archive.
         let file = open(d.path(), 1000, "j", Some(INV)).unwrap();
         assert_eq!(read_lines(file).unwrap(), lines(2));
         // scan lists only the real archive.
         let all = scan(d.path());
-        assert_eq!(all.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), [names[1].as_str()]);
+        assert_eq!(
+            all.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+            [names[1].as_str()]
+        );
     }
 
     #[test]
@@ -712,8 +735,11 @@ mod tests {
         assert!(e.to_string().contains("root-only"), "{e}");
         assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
         std::fs::create_dir(d.path().join("1001")).unwrap();
-        std::fs::set_permissions(d.path().join("1001"), std::fs::Permissions::from_mode(0o777))
-            .unwrap();
+        std::fs::set_permissions(
+            d.path().join("1001"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
         let e = write_lines(d.path(), 1001, "j", None, lines(1), u64::MAX, 1).unwrap_err();
         assert!(e.to_string().contains("mode 777"), "{e}");
     }
@@ -745,8 +771,17 @@ mod tests {
 
     #[test]
     fn names_are_safe_components() {
-        assert_eq!(candidate_names("a.b", Some("../x"))[0], "a.b.unknown.log.gz");
-        assert_eq!(candidate_names("a", Some(INV))[3], format!("a.{INV}-3.log.gz"));
-        assert_eq!(candidate_names("a", None).len(), 1 + MAX_ALTERNATES as usize);
+        assert_eq!(
+            candidate_names("a.b", Some("../x"))[0],
+            "a.b.unknown.log.gz"
+        );
+        assert_eq!(
+            candidate_names("a", Some(INV))[3],
+            format!("a.{INV}-3.log.gz")
+        );
+        assert_eq!(
+            candidate_names("a", None).len(),
+            1 + MAX_ALTERNATES as usize
+        );
     }
 }

@@ -66,10 +66,7 @@ impl IdleTracker {
 
     /// The earliest time a watched unit can become idle.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.units
-            .values()
-            .map(|w| w.last_output + w.timeout)
-            .min()
+        self.units.values().map(|w| w.last_output + w.timeout).min()
     }
 
     /// Units silent for their whole timeout at `now`; they are no longer

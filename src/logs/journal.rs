@@ -108,12 +108,20 @@ pub fn journalctl_blocking() -> std::process::Command {
 /// ended may not be readable yet.
 pub async fn sync() {
     let mut cmd = journalctl();
-    cmd.arg("--sync").stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.arg("--sync")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     match tokio::time::timeout(SYNC_TIMEOUT, cmd.status()).await {
         Ok(Ok(status)) if status.success() => {}
-        Ok(Ok(status)) => tracing::warn!(%status, "journalctl --sync failed; the last lines of a job may be missing"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "cannot run journalctl --sync; the last lines of a job may be missing"),
-        Err(_) => tracing::warn!("journalctl --sync did not return in time; the last lines of a job may be missing"),
+        Ok(Ok(status)) => {
+            tracing::warn!(%status, "journalctl --sync failed; the last lines of a job may be missing")
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot run journalctl --sync; the last lines of a job may be missing")
+        }
+        Err(_) => tracing::warn!(
+            "journalctl --sync did not return in time; the last lines of a job may be missing"
+        ),
     }
 }
 
@@ -277,7 +285,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (e.realtime, e.message.as_str(), e.invocation.as_deref(), e.stream.as_deref()),
+            (
+                e.realtime,
+                e.message.as_str(),
+                e.invocation.as_deref(),
+                e.stream.as_deref()
+            ),
             (1795969940951398, "hello", Some("abc"), Some("s1"))
         );
         let e = parse_entry(
@@ -289,10 +302,16 @@ mod tests {
         let e = parse_entry(r#"{"__CURSOR":"s=3","__REALTIME_TIMESTAMP":"5","MESSAGE":["a","b"]}"#)
             .unwrap();
         assert_eq!(e.message, "a");
-        let e = parse_entry(r#"{"__CURSOR":"s=4","__REALTIME_TIMESTAMP":"5","MESSAGE":null}"#)
-            .unwrap();
+        let e =
+            parse_entry(r#"{"__CURSOR":"s=4","__REALTIME_TIMESTAMP":"5","MESSAGE":null}"#).unwrap();
         assert_eq!(e.message, "");
-        for bad in ["", "nope", "[]", r#"{"MESSAGE":"x"}"#, r#"{"__CURSOR":"c","__REALTIME_TIMESTAMP":"x"}"#] {
+        for bad in [
+            "",
+            "nope",
+            "[]",
+            r#"{"MESSAGE":"x"}"#,
+            r#"{"__CURSOR":"c","__REALTIME_TIMESTAMP":"x"}"#,
+        ] {
             assert!(parse_entry(bad).is_none(), "{bad}");
         }
     }

@@ -110,7 +110,9 @@ impl RawLogsConfig {
                     .map_err(|e| {
                         bad(
                             "max_age",
-                            format!("{t:?} is not a duration ({e}); write e.g. \"30d\", or \"off\""),
+                            format!(
+                                "{t:?} is not a duration ({e}); write e.g. \"30d\", or \"off\""
+                            ),
                         )
                     })?
                     .as_secs()
@@ -367,7 +369,10 @@ impl Logs {
     /// Prepares the log directory and starts the archiver thread and the
     /// idle-output watchdog; `on_idle` gets the unit of each job silent
     /// for its whole `idle_timeout`. Must run inside the tokio runtime.
-    pub fn start(config: &crate::config::Config, on_idle: impl Fn(String) + Send + 'static) -> Logs {
+    pub fn start(
+        config: &crate::config::Config,
+        on_idle: impl Fn(String) + Send + 'static,
+    ) -> Logs {
         let archiver = match prepare_log_dir(&config.log_dir) {
             Ok(()) => Some(archive::spawn_archiver(
                 config.log_dir.clone(),
@@ -410,7 +415,9 @@ impl Logs {
                     unit: record.unit.clone(),
                 });
                 let output = JobOutput::of_record(record);
-                if let (Some(selection), Some(archiver)) = (output.selection(), &self.inner.archiver) {
+                if let (Some(selection), Some(archiver)) =
+                    (output.selection(), &self.inner.archiver)
+                {
                     let _ = archiver.send(ArchiverCommand::Archive(ArchiveJob {
                         id: output.id,
                         uid: output.uid,
@@ -573,8 +580,14 @@ mod tests {
         assert_eq!((r.max_count, r.user_max_count), (Some(100), Some(5)));
         assert_eq!(r.user_max_total_bytes, Some(1 << 20));
         assert_eq!(r.min_free, MinFree::Percent(5));
-        assert_eq!(raw("min_free = \"2G\"").unwrap().retention.min_free, MinFree::Bytes(2 << 30));
-        assert_eq!(raw("max_age = \"off\"").unwrap().retention.max_age_secs, None);
+        assert_eq!(
+            raw("min_free = \"2G\"").unwrap().retention.min_free,
+            MinFree::Bytes(2 << 30)
+        );
+        assert_eq!(
+            raw("max_age = \"off\"").unwrap().retention.max_age_secs,
+            None
+        );
     }
 
     #[test]
@@ -593,9 +606,23 @@ mod tests {
 
     #[test]
     fn idle_timeout_values() {
-        assert_eq!(validate_idle_timeout(&json!("30m")), Ok(Duration::from_secs(1800)));
-        assert_eq!(validate_idle_timeout(&json!(90)), Ok(Duration::from_secs(90)));
-        for bad in [json!("0s"), json!(0), json!("400d"), json!(-1), json!(1.5), json!("soon"), json!(true)] {
+        assert_eq!(
+            validate_idle_timeout(&json!("30m")),
+            Ok(Duration::from_secs(1800))
+        );
+        assert_eq!(
+            validate_idle_timeout(&json!(90)),
+            Ok(Duration::from_secs(90))
+        );
+        for bad in [
+            json!("0s"),
+            json!(0),
+            json!("400d"),
+            json!(-1),
+            json!(1.5),
+            json!("soon"),
+            json!(true),
+        ] {
             let e = validate_idle_timeout(&bad).unwrap_err();
             assert!(e.contains("write") || e.contains("pick"), "{bad}: {e}");
         }
@@ -609,9 +636,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec.idle_timeout, Some(Duration::from_secs(2)));
-        let e = crate::spec::parse_spec(br#"{"version": 1, "command": ["x"], "idle_timeout": "x"}"#, "j")
-            .unwrap_err()
-            .to_string();
+        let e = crate::spec::parse_spec(
+            br#"{"version": 1, "command": ["x"], "idle_timeout": "x"}"#,
+            "j",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("field `idle_timeout`"), "{e}");
         let none = crate::spec::parse_spec(br#"{"version": 1, "command": ["x"]}"#, "j").unwrap();
         assert_eq!(none.idle_timeout, None);
@@ -648,7 +678,12 @@ mod tests {
             }))
             .unwrap()
         };
-        let snap = [gpu(0, Some(90)), gpu(1, Some(2)), gpu(2, None), gpu(3, Some(80))];
+        let snap = [
+            gpu(0, Some(90)),
+            gpu(1, Some(2)),
+            gpu(2, None),
+            gpu(3, Some(80)),
+        ];
         assert_eq!(busy_gpus(&[0, 1, 2], &snap), [0]);
         assert!(busy_gpus(&[1, 2], &snap).is_empty());
     }
@@ -659,7 +694,9 @@ mod tests {
         assert_eq!(parse_since("10m", now), Ok(now - 600 * 1_000_000));
         assert_eq!(parse_since("1970-01-01 00:01:00", now), Ok(60 * 1_000_000));
         assert_eq!(parse_since("1970-01-01T00:01:00Z", now), Ok(60 * 1_000_000));
-        assert!(parse_since("yesterday-ish", now).unwrap_err().contains("--since"));
+        assert!(parse_since("yesterday-ish", now)
+            .unwrap_err()
+            .contains("--since"));
     }
 
     #[test]

@@ -174,7 +174,9 @@ pub fn next_expiry(archives: &[ArchiveInfo], policy: &RetentionPolicy) -> Option
 pub fn write_budget(policy: &RetentionPolicy, disk: Option<Disk>) -> u64 {
     let mut budget = u64::MAX;
     if let Some(disk) = disk {
-        budget = disk.avail_bytes.saturating_sub(policy.min_free.bytes_of(&disk));
+        budget = disk
+            .avail_bytes
+            .saturating_sub(policy.min_free.bytes_of(&disk));
     }
     for cap in [policy.max_total_bytes, policy.user_max_total_bytes]
         .into_iter()
@@ -260,7 +262,10 @@ mod tests {
             a(2, "edge", 1, 3 * DAY),
         ];
         // 7 days after "edge": it is exactly at the limit and stays.
-        assert_eq!(names(&list, to_delete(10 * DAY, &list, &policy, None)), ["old"]);
+        assert_eq!(
+            names(&list, to_delete(10 * DAY, &list, &policy, None)),
+            ["old"]
+        );
         assert_eq!(
             names(&list, to_delete(10 * DAY + 1, &list, &policy, None)),
             ["old", "edge"]
@@ -319,7 +324,11 @@ mod tests {
 
     #[test]
     fn an_archive_larger_than_a_limit_goes_with_everything_older() {
-        let list = vec![a(1, "small-old", 10, 1), a(1, "huge", 1000, 2), a(1, "new", 10, 3)];
+        let list = vec![
+            a(1, "small-old", 10, 1),
+            a(1, "huge", 1000, 2),
+            a(1, "new", 10, 3),
+        ];
         let policy = RetentionPolicy {
             user_max_total_bytes: Some(500),
             ..none()
@@ -380,7 +389,10 @@ mod tests {
         let list = vec![a(2, "b", 5, 9), a(1, "a1", 10, 4), a(1, "a2", 20, 3)];
         let u = usage(&list);
         assert_eq!(u.len(), 2);
-        assert_eq!((u[0].uid, u[0].count, u[0].bytes, u[0].oldest), (1, 2, 30, Some(3)));
+        assert_eq!(
+            (u[0].uid, u[0].count, u[0].bytes, u[0].oldest),
+            (1, 2, 30, Some(3))
+        );
         assert_eq!((u[1].uid, u[1].count, u[1].bytes), (2, 1, 5));
     }
 }

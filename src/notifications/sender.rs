@@ -204,6 +204,7 @@ fn fmt_duration(d: Duration) -> String {
 
 impl Sender {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        self.resume_outbox();
         loop {
             self.dispatch(Instant::now());
             let wake = self.next_wake();
@@ -250,6 +251,25 @@ impl Sender {
             Command::Retry(target, reply) => {
                 let _ = reply.send(self.retry(target));
             }
+        }
+    }
+
+    /// Picks up every delivery a previous run left unfinished. The job
+    /// records hand their intents over too (covering a crash before the
+    /// first status file was written); this also covers jobs whose records
+    /// were compacted into the history since.
+    fn resume_outbox(&mut self) {
+        match self.outbox.list() {
+            Ok(all) => {
+                for d in all.into_iter().filter(|d| !d.state.is_final()) {
+                    self.admit(d);
+                }
+            }
+            Err(e) => error!(
+                outbox = %self.outbox.dir().display(),
+                error = %e,
+                "cannot read the outbox; unfinished notifications resume from the job records only"
+            ),
         }
     }
 
@@ -763,6 +783,25 @@ pub(crate) mod tests {
         second.deliver(vec![i.clone()]);
         wait_state(&second, &i.key, DeliveryState::Delivered).await;
         assert_eq!(fine.log.lock().unwrap()[0].1, vec![i.key.clone()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_outbox_alone_resumes_unfinished_deliveries() {
+        // A job whose record was compacted away: only its status file is left.
+        let dir = tempfile::tempdir().unwrap();
+        let i = intent("compacted", NotifyEvent::Failed, "ch");
+        let mut d = Delivery::new(i.clone());
+        d.state = DeliveryState::Retrying;
+        d.attempts = 2;
+        Outbox::open(dir.path()).unwrap().save(&d).unwrap();
+        let mut done = Delivery::new(intent("done", NotifyEvent::Failed, "ch"));
+        done.state = DeliveryState::Delivered;
+        Outbox::open(dir.path()).unwrap().save(&done).unwrap();
+        let fake = Arc::new(Fake::default());
+        let n = start(&config(1, 10, 3600), dir.path(), &fake);
+        let v = wait_state(&n, &i.key, DeliveryState::Delivered).await;
+        assert_eq!(v.attempts, 3);
+        assert_eq!(fake.log.lock().unwrap().len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

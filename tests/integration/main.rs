@@ -12,3 +12,4 @@ mod gpus;
 mod hostile;
 mod limits;
 mod notifications;
+mod package;

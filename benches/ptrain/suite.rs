@@ -1,0 +1,1696 @@
+//! The benchmark suite of issue 10: what ptraind costs on top of systemd.
+//!
+//! Every figure is measured against the project's real-systemd harness
+//! (`tests/harness/boot.sh`), with ptraind run as the Type=notify service of
+//! the integration tests' fixture (`tests/integration/daemon.rs`), and set
+//! beside a floor measured in the same run:
+//!
+//! - drop-to-active: the spool file's rename (CLOCK_REALTIME just before
+//!   rename(2)) to the unit's ExecMainStartTimestamp as ptraind recorded it
+//!   (`started_at`; ptraind releases the unit at the end, so its own record
+//!   is read rather than racing systemd's garbage collection). Floor: the
+//!   same command started by a bare StartTransientUnit loop, the call's
+//!   time to the same timestamp, one unit at a time.
+//! - throughput: N files renamed into the spool at once, to the last
+//!   JobChanged signal with a final status (sent after the end is recorded
+//!   durably). Floor: N units from the bare loop (one call in flight, as
+//!   the harness README measured), to the last UnitRemoved.
+//! - cost growth: the state dir is pre-populated with finished-job records
+//!   written with the `ptrain::store` types (far faster than running them),
+//!   ptraind restarted, and a few jobs probed one at a time.
+//! - footprint: /proc of ptraind's MainPID (found on the host through the
+//!   harness's pid namespace): RSS, CPU (schedstat, ns), context switches.
+//!
+//! The suite is shared by the `make bench` target (`benches/ptrain/main.rs`)
+//! and the integration smoke test (`tests/integration/bench_smoke.rs`), both
+//! of which have the fixture modules `daemon` and `harness` at their root.
+//! It never asserts a speed: targets are reported, never enforced.
+#![allow(dead_code)]
+
+#[path = "report.rs"]
+pub mod report;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::num::NonZeroUsize;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use ptrain::api::{Daemon1Proxy, JobView};
+use ptrain::store::{JobRecord, JobState, Outcome, SpoolSource};
+use ptrain::unit::PropValue;
+use ptrain::users::Owner;
+use serde_json::json;
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+use zbus::{Connection, OwnedVariant};
+use zbus_systemd::systemd1::ManagerProxy;
+
+use crate::daemon::{Opts, TestDaemon, ALICE};
+use crate::harness::{ensure_user, wait_for, Harness};
+use report::{percentile, Figure, Machine, Results, Target};
+
+/// Declared GPUs of the throughput daemon; GPU jobs ask one each.
+const GPUS: u32 = 4;
+/// The trivial job.
+const TRUE: &str = "/bin/true";
+/// Most StartTransientUnit jobs the bare loop leaves waiting inside
+/// systemd: past ~512, dbus-daemon's match-rule limit stops the replies.
+const BARE_MAX_PENDING: usize = 256;
+/// How long the slow notification endpoint holds each request.
+const SLOW_ENDPOINT_DELAY: Duration = Duration::from_secs(2);
+
+/// How much to run. `full` has the issue's sizes; `ci` finishes in about
+/// three minutes on two cores; `smoke` only proves the code works.
+#[derive(Clone, Debug)]
+pub struct Scale {
+    pub name: String,
+    /// Jobs dropped one at a time for the latency figures (and as many
+    /// units from the bare loop).
+    pub latency_jobs: usize,
+    /// Sizes of the "dropped at once" runs, with and without GPUs.
+    pub throughput_sizes: Vec<usize>,
+    /// The job numbers whose cost is probed ("the 1st, the 10,000th"); the
+    /// history holds number - 1 finished jobs when the probe starts.
+    pub history_marks: Vec<usize>,
+    /// Jobs probed one at a time at each mark.
+    pub probe_jobs: usize,
+    /// The mark at which the idle footprint is taken.
+    pub idle_mark: usize,
+    pub idle_window: Duration,
+    /// Jobs queued behind busy GPUs for the per-queued-job footprint.
+    pub queued_jobs: usize,
+    /// Jobs with a notification to the slow endpoint (0: skipped).
+    pub notify_jobs: usize,
+    /// Runs of each CLI command; the median is reported.
+    pub cli_runs: usize,
+}
+
+impl Scale {
+    pub fn full() -> Scale {
+        Scale {
+            name: "full".into(),
+            latency_jobs: 1000,
+            throughput_sizes: vec![1000, 10_000],
+            history_marks: vec![1, 10_000, 100_000],
+            probe_jobs: 30,
+            idle_mark: 10_000,
+            idle_window: Duration::from_secs(5),
+            queued_jobs: 1000,
+            notify_jobs: 1000,
+            cli_runs: 5,
+        }
+    }
+
+    pub fn ci() -> Scale {
+        Scale {
+            name: "ci".into(),
+            latency_jobs: 200,
+            throughput_sizes: vec![500],
+            history_marks: vec![1, 10_000],
+            probe_jobs: 20,
+            idle_mark: 10_000,
+            idle_window: Duration::from_secs(5),
+            queued_jobs: 200,
+            notify_jobs: 200,
+            cli_runs: 3,
+        }
+    }
+
+    /// Tiny: every scenario runs, no figure means anything.
+    pub fn smoke() -> Scale {
+        Scale {
+            name: "smoke".into(),
+            latency_jobs: 10,
+            throughput_sizes: vec![20],
+            history_marks: vec![1, 200],
+            probe_jobs: 3,
+            idle_mark: 200,
+            idle_window: Duration::from_secs(1),
+            queued_jobs: 20,
+            notify_jobs: 10,
+            cli_runs: 1,
+        }
+    }
+
+    /// `BENCH_SCALE`: full (default), ci or smoke.
+    pub fn from_name(name: &str) -> Result<Scale, String> {
+        match name {
+            "" | "full" => Ok(Scale::full()),
+            "ci" => Ok(Scale::ci()),
+            "smoke" => Ok(Scale::smoke()),
+            other => Err(format!(
+                "BENCH_SCALE={other:?} is not a scale; use full, ci or smoke"
+            )),
+        }
+    }
+}
+
+/// Runs every scenario and returns the figures. Panics only when the
+/// harness or ptraind cannot be set up at all; a scenario that fails is
+/// reported as a figure without a value.
+pub fn run(scale: &Scale) -> Results {
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let mut results = Results::new(&scale.name, machine());
+    let mut bench = Bench {
+        rt,
+        scale: scale.clone(),
+        results: &mut results,
+    };
+    bench.throughput_daemon();
+    bench.history_daemon();
+    results.wall_secs = started.elapsed().as_secs_f64();
+    results
+}
+
+/// Progress, on stderr: the table alone goes to stdout.
+fn say(msg: &str) {
+    eprintln!("[bench] {msg}");
+}
+
+struct Bench<'a> {
+    rt: Runtime,
+    scale: Scale,
+    results: &'a mut Results,
+}
+
+impl Bench<'_> {
+    fn push(&mut self, figure: Figure) {
+        self.results.push(figure);
+    }
+
+    fn detail(&mut self, key: &str, value: serde_json::Value) {
+        self.results.details.insert(key.into(), value);
+    }
+
+    // -----------------------------------------------------------------
+    // The throughput daemon: floors, latency, throughput, queued jobs,
+    // notifications.
+
+    fn throughput_daemon(&mut self) {
+        let endpoint = SlowEndpoint::start(SLOW_ENDPOINT_DELAY);
+        let extra = format!(
+            "max_queued_per_user = 1000000\n\
+             [channels.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n",
+            endpoint.port
+        );
+        say("booting the harness and ptraind");
+        let d = TestDaemon::start_with(
+            "bench",
+            Opts {
+                gpus: GPUS,
+                extra_config: extra,
+                ..Opts::default()
+            },
+        );
+        let dropper = Dropper::new(&d);
+
+        // The floors first, with ptraind stopped: systemd alone.
+        let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+        assert!(ok, "cannot stop ptraind for the floors: {out}");
+        let floors = self.floors(&d, &dropper);
+        d.start_service();
+        let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
+        let procs = Procs::find(&d.harness);
+
+        self.latency(&d, &tracker, &dropper, &floors);
+        for &n in &self.scale.throughput_sizes.clone() {
+            let floor = floors.throughput.get(&n).copied();
+            self.throughput(&d, &tracker, &dropper, &procs, n, false, floor);
+        }
+        for &n in &self.scale.throughput_sizes.clone() {
+            let floor = floors.throughput.get(&n).copied();
+            self.throughput(&d, &tracker, &dropper, &procs, n, true, floor);
+        }
+        self.queued_footprint(&d, &tracker, &dropper);
+        self.notifications(&d, &tracker, &dropper, &procs, &endpoint);
+        drop(tracker);
+        let root = d.root.clone();
+        drop(d);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    fn floors(&mut self, d: &TestDaemon, dropper: &Dropper) -> Floors {
+        let bus = d.harness.bus_address();
+        let bare = self.rt.block_on(Bare::connect(&bus));
+        let minimal = |add_ref| bare_properties(dropper.uid, add_ref);
+        let with_ptrain_props = PtrainProps::new(d);
+        let n = self.scale.latency_jobs;
+
+        say(&format!("floor: {n} units one at a time (bare)"));
+        let lat = self.rt.block_on(bare.latency("bench-lat", n, |_| minimal(true)));
+        say(&format!(
+            "floor: {} units one at a time (ptrain's unit properties)",
+            n / 2
+        ));
+        let lat_props = self.rt.block_on(bare.latency("bench-plat", n / 2, |i| {
+            with_ptrain_props.properties(&format!("plat-{i}"), true)
+        }));
+        let mut throughput = HashMap::new();
+        let mut throughput_props = None;
+        for &size in &self.scale.throughput_sizes {
+            say(&format!("floor: {size} units at once (bare)"));
+            let secs = self
+                .rt
+                .block_on(bare.throughput(&format!("bench-tp{size}"), size, |_| {
+                    minimal(false)
+                }));
+            throughput.insert(size, size as f64 / secs);
+            if throughput_props.is_none() {
+                say(&format!(
+                    "floor: {size} units at once (ptrain's unit properties)"
+                ));
+                let secs = self
+                    .rt
+                    .block_on(bare.throughput(&format!("bench-ptp{size}"), size, |i| {
+                        with_ptrain_props.properties(&format!("ptp-{i}"), false)
+                    }));
+                throughput_props = Some((size, size as f64 / secs));
+            }
+        }
+        self.detail(
+            "floor",
+            json!({
+                "latency_ms": summary(&lat),
+                "latency_ptrain_props_ms": summary(&lat_props),
+                "throughput_jobs_per_s": throughput.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
+                "throughput_ptrain_props": throughput_props,
+            }),
+        );
+        Floors {
+            latency: lat,
+            latency_props: lat_props,
+            throughput,
+            throughput_props,
+        }
+    }
+
+    fn latency(&mut self, d: &TestDaemon, tracker: &Tracker, dropper: &Dropper, floors: &Floors) {
+        let n = self.scale.latency_jobs;
+        say(&format!("ptraind: {n} jobs dropped one at a time"));
+        let samples = self.sequential(tracker, dropper, "lat", n, "");
+        let active: Vec<f64> = samples.iter().filter_map(|s| s.to_active_ms()).collect();
+        let claim: Vec<f64> = samples.iter().filter_map(|s| s.to_claim_ms()).collect();
+        let failed = samples.iter().filter(|s| s.status != "succeeded").count();
+        let note = if failed > 0 {
+            format!("{failed} of {n} jobs did not succeed")
+        } else {
+            String::new()
+        };
+        let bare = "bare StartTransientUnit loop";
+        for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
+            let mut f = Figure::new(
+                &format!("latency.{name}"),
+                &format!("drop-to-active {name}, {n} jobs one at a time"),
+                "ms",
+                percentile(&active, q),
+            )
+            .floor(percentile(&floors.latency, q), bare)
+            .note(note.clone());
+            if name == "p99" {
+                f = f.target(Target::MaxRatio(1.5));
+            }
+            self.push(f);
+        }
+        self.push(Figure::new(
+            "latency.claim.p50",
+            "  of which drop-to-claim p50 (claimed durably)",
+            "ms",
+            percentile(&claim, 0.5),
+        ));
+        for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
+            self.push(
+                Figure::new(
+                    &format!("floor.props.latency.{name}"),
+                    &format!("  bare loop with ptrain's unit properties, {name}"),
+                    "ms",
+                    percentile(&floors.latency_props, q),
+                )
+                .floor(percentile(&floors.latency, q), "bare"),
+            );
+        }
+        self.detail(
+            "latency",
+            json!({"drop_to_active_ms": summary(&active), "drop_to_claim_ms": summary(&claim), "failed": failed}),
+        );
+    }
+
+    /// Drops `n` jobs one at a time, each after the previous one ended.
+    fn sequential(
+        &mut self,
+        tracker: &Tracker,
+        dropper: &Dropper,
+        prefix: &str,
+        n: usize,
+        extra: &str,
+    ) -> Vec<Probe> {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let id = format!("{prefix}-{i}");
+            dropper.stage(&id, &job_json(extra));
+            let mark = tracker.mark();
+            let dropped_at = dropper.publish(&id);
+            let ids = [id.clone()];
+            let waited = self.rt.block_on(tracker.wait(
+                mark,
+                &ids,
+                is_final,
+                Duration::from_secs(60),
+            ));
+            if let Err(e) = waited {
+                say(&format!("job {id}: {e}"));
+            }
+            let view = self.rt.block_on(tracker.status(&id));
+            out.push(Probe {
+                dropped_at,
+                submitted_at: view.as_ref().map(|v| v.submitted_at),
+                started_at: view.as_ref().and_then(|v| v.started_at),
+                status: view.map(|v| v.status).unwrap_or_else(|| "unknown".into()),
+            });
+        }
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn throughput(
+        &mut self,
+        d: &TestDaemon,
+        tracker: &Tracker,
+        dropper: &Dropper,
+        procs: &Procs,
+        n: usize,
+        gpus: bool,
+        floor: Option<f64>,
+    ) {
+        let _ = d;
+        let (tag, extra, label) = if gpus {
+            (
+                format!("tpg{n}"),
+                ",\"gpus\":1",
+                format!("throughput, {n} jobs at once, 1 of {GPUS} GPUs each"),
+            )
+        } else {
+            (
+                format!("tp{n}"),
+                "",
+                format!("throughput, {n} trivial jobs at once"),
+            )
+        };
+        say(&format!("ptraind: {label}"));
+        let run = self.burst(tracker, dropper, procs, &tag, n, extra);
+        let key = if gpus {
+            format!("throughput.gpu.{n}")
+        } else {
+            format!("throughput.{n}")
+        };
+        self.push(
+            Figure::new(&key, &label, "jobs/s", run.jobs_per_s())
+                .floor(floor, "bare loop")
+                .target(Target::MinRatio(0.8))
+                .note(run.note()),
+        );
+        self.push(Figure::new(
+            &format!("cpu.ptraind.{tag}"),
+            "  ptraind CPU per job",
+            "ms",
+            run.cpu.per_job("ptraind", n),
+        ));
+        self.detail(&key, run.to_json(n));
+    }
+
+    /// Renames `n` staged files into the spool at once and waits until
+    /// every job has ended and been recorded.
+    fn burst(
+        &mut self,
+        tracker: &Tracker,
+        dropper: &Dropper,
+        procs: &Procs,
+        tag: &str,
+        n: usize,
+        extra: &str,
+    ) -> Burst {
+        let ids: Vec<String> = (0..n).map(|i| format!("{tag}-{i}")).collect();
+        for id in &ids {
+            dropper.stage(id, &job_json(extra));
+        }
+        let cpu0 = procs.cpu();
+        let mark = tracker.mark();
+        let t0 = Instant::now();
+        for id in &ids {
+            dropper.publish(id);
+        }
+        let waited = self
+            .rt
+            .block_on(tracker.wait(mark, &ids, is_final, deadline(n)));
+        let cpu = procs.cpu().since(&cpu0);
+        let (secs, error) = match waited {
+            Ok(last) => (Some(last.duration_since(t0).as_secs_f64()), None),
+            Err(e) => (None, Some(e)),
+        };
+        let failed = tracker.count_since(mark, &ids, |s| is_final(s) && s != "succeeded");
+        Burst {
+            jobs: n,
+            secs,
+            error,
+            failed,
+            cpu,
+        }
+    }
+
+    fn queued_footprint(&mut self, d: &TestDaemon, tracker: &Tracker, dropper: &Dropper) {
+        let q = self.scale.queued_jobs;
+        say(&format!("ptraind: footprint of {q} jobs queued behind busy GPUs"));
+        let pid = ptraind_pid(d);
+        let blockers: Vec<String> = (0..GPUS).map(|i| format!("hold-{i}")).collect();
+        for id in &blockers {
+            dropper.stage(
+                id,
+                &json!({"version": 1, "command": ["/bin/sleep", "3600"], "gpus": 1}).to_string(),
+            );
+        }
+        let mark = tracker.mark();
+        for id in &blockers {
+            dropper.publish(id);
+        }
+        let running = self.rt.block_on(tracker.wait(
+            mark,
+            &blockers,
+            |s| s == "running",
+            Duration::from_secs(60),
+        ));
+        if let Err(e) = running {
+            self.push(
+                Figure::new("queued.rss_per_job", "ptraind RSS per queued job", "KiB", None)
+                    .note(format!("the GPU holders did not start: {e}")),
+            );
+            return;
+        }
+        settle();
+        let before = ProcSample::read(pid);
+        let ids: Vec<String> = (0..q).map(|i| format!("queued-{i}")).collect();
+        for id in &ids {
+            dropper.stage(id, &job_json(",\"gpus\":1"));
+        }
+        let mark = tracker.mark();
+        for id in &ids {
+            dropper.publish(id);
+        }
+        let queued = self.rt.block_on(tracker.wait(
+            mark,
+            &ids,
+            |s| s == "queued",
+            deadline(q),
+        ));
+        settle();
+        let after = ProcSample::read(pid);
+        let per_job = match (&queued, before, after) {
+            (Ok(_), Some(b), Some(a)) => {
+                Some((a.rss_kib as f64 - b.rss_kib as f64) / q as f64)
+            }
+            _ => None,
+        };
+        let cpu_claim = match (before, after) {
+            (Some(b), Some(a)) => Some((a.cpu_ns - b.cpu_ns) as f64 / 1e6 / q as f64),
+            _ => None,
+        };
+        self.push(
+            Figure::new(
+                "queued.rss_per_job",
+                &format!("ptraind RSS per queued job ({q} queued)"),
+                "KiB",
+                per_job,
+            )
+            .note(queued.err().unwrap_or_default()),
+        );
+        self.push(Figure::new(
+            "queued.cpu_per_claim",
+            "  ptraind CPU per job claimed into a busy queue",
+            "ms",
+            cpu_claim,
+        ));
+        // Free the GPUs: the queue drains, and this run ends clean.
+        let mark = tracker.mark();
+        let t0 = Instant::now();
+        for id in &blockers {
+            let _ = self.rt.block_on(tracker.stop(id));
+        }
+        let drained = self.rt.block_on(tracker.wait(mark, &ids, is_final, deadline(q)));
+        let drain_rate = drained
+            .as_ref()
+            .ok()
+            .map(|last| q as f64 / last.duration_since(t0).as_secs_f64());
+        self.detail(
+            "queued",
+            json!({
+                "jobs": q,
+                "rss_kib_before": before.map(|s| s.rss_kib),
+                "rss_kib_after": after.map(|s| s.rss_kib),
+                "drain_jobs_per_s": drain_rate,
+            }),
+        );
+    }
+
+    fn notifications(
+        &mut self,
+        d: &TestDaemon,
+        tracker: &Tracker,
+        dropper: &Dropper,
+        procs: &Procs,
+        endpoint: &SlowEndpoint,
+    ) {
+        let n = self.scale.notify_jobs;
+        if n == 0 {
+            return;
+        }
+        let _ = d;
+        say(&format!(
+            "ptraind: {n} jobs without, then with a notification to a {}-s endpoint",
+            SLOW_ENDPOINT_DELAY.as_secs()
+        ));
+        let without = self.burst(tracker, dropper, procs, &format!("nn{n}"), n, "");
+        let with = self.burst(
+            tracker,
+            dropper,
+            procs,
+            &format!("ny{n}"),
+            n,
+            ",\"notify\":[\"hook\"]",
+        );
+        let requests = endpoint.requests.load(Ordering::Relaxed);
+        self.push(
+            Figure::new(
+                "notify.throughput",
+                &format!(
+                    "throughput, {n} jobs notifying a {}-s endpoint",
+                    SLOW_ENDPOINT_DELAY.as_secs()
+                ),
+                "jobs/s",
+                with.jobs_per_s(),
+            )
+            .floor(without.jobs_per_s(), "same, no notify")
+            .target(Target::MinRatio(0.9))
+            .note(with.note()),
+        );
+        self.detail(
+            "notify",
+            json!({"without": without.to_json(n), "with": with.to_json(n), "endpoint_requests_by_then": requests}),
+        );
+    }
+
+    // -----------------------------------------------------------------
+    // The history daemon: cost growth, the CLI, the idle footprint.
+
+    fn history_daemon(&mut self) {
+        say("booting a second harness for the history figures");
+        let d = TestDaemon::start_with(
+            "bench-hist",
+            Opts {
+                extra_config: "max_queued_per_user = 1000000\n".into(),
+                ..Opts::default()
+            },
+        );
+        let dropper = Dropper::new(&d);
+        let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
+        let owner = ptrain::users::owner_of_uid(dropper.uid).expect("the bench user exists");
+        // Finished jobs on record (written here or run by the probes).
+        let mut history = 0usize;
+        let mut first: Option<Growth> = None;
+        let mut last: Option<(usize, Growth)> = None;
+        for &mark in &self.scale.history_marks.clone() {
+            let want = mark.saturating_sub(1);
+            let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+            assert!(ok, "cannot stop ptraind: {out}");
+            if want > history {
+                say(&format!("writing {} finished-job records", want - history));
+                populate_history(&d.state, &owner, history..want);
+                history = want;
+            }
+            say(&format!("ptraind: starting with {history} jobs in history"));
+            let t0 = Instant::now();
+            d.start_service();
+            let start_secs = t0.elapsed().as_secs_f64();
+            let pid = ptraind_pid(&d);
+            let k = self.scale.probe_jobs;
+            say(&format!("ptraind: job #{mark}: {k} jobs one at a time"));
+            let before = ProcSample::read(pid);
+            let probes = self.sequential(&tracker, &dropper, &format!("m{mark}"), k, "");
+            let after = ProcSample::read(pid);
+            history += k;
+            let active: Vec<f64> = probes.iter().filter_map(|p| p.to_active_ms()).collect();
+            let cpu = match (before, after) {
+                (Some(b), Some(a)) => Some((a.cpu_ns - b.cpu_ns) as f64 / 1e6 / k as f64),
+                _ => None,
+            };
+            let cli = self.cli(&d, &format!("m{mark}-0"));
+            let growth = Growth {
+                latency: percentile(&active, 0.5),
+                cpu,
+                cli,
+            };
+            let floor_of = |f: fn(&Growth) -> Option<f64>| first.as_ref().and_then(f);
+            let is_first = first.is_none();
+            let floor_label = "job #1";
+            let lat = Figure::new(
+                &format!("growth.latency.{mark}"),
+                &format!("drop-to-active p50, job #{mark}"),
+                "ms",
+                growth.latency,
+            );
+            let cpu_fig = Figure::new(
+                &format!("growth.cpu.{mark}"),
+                &format!("  ptraind CPU per job, job #{mark}"),
+                "ms",
+                growth.cpu,
+            );
+            if is_first {
+                self.push(lat);
+                self.push(cpu_fig);
+            } else {
+                self.push(
+                    lat.floor(floor_of(|g| g.latency), floor_label)
+                        .target(Target::MaxRatio(1.25)),
+                );
+                self.push(
+                    cpu_fig
+                        .floor(floor_of(|g| g.cpu), floor_label)
+                        .target(Target::MaxRatio(1.25)),
+                );
+            }
+            self.push(Figure::new(
+                &format!("growth.start.{mark}"),
+                &format!("  ptraind start with {history} jobs in history", history = history - k),
+                "s",
+                Some(start_secs),
+            ));
+            if mark == self.scale.idle_mark {
+                self.idle_footprint(&d, history);
+            }
+            if is_first {
+                first = Some(growth);
+            } else {
+                last = Some((history, growth));
+            }
+        }
+        if let (Some(first), Some((history, last))) = (first, last) {
+            let cmds = [
+                ("list", "ptrain list", Some(Target::MaxRatio(1.5))),
+                ("list_all", "ptrain list --all", None),
+                ("status", "ptrain status ID", Some(Target::MaxRatio(1.5))),
+            ];
+            for (key, label, target) in cmds {
+                let now = last.cli.get(key).cloned().unwrap_or_default();
+                let then = first.cli.get(key).cloned().unwrap_or_default();
+                let mut f = Figure::new(
+                    &format!("cli.{key}"),
+                    &format!("{label}, {history} jobs in history"),
+                    "ms",
+                    now.ms,
+                )
+                .floor(then.ms, "early history")
+                .note(now.error);
+                if let Some(t) = target {
+                    f = f.target(t);
+                }
+                self.push(f);
+            }
+        }
+        drop(tracker);
+        let root = d.root.clone();
+        drop(d);
+        say("removing the history");
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// `ptrain list`, `ptrain list --all`, `ptrain status ID` as root,
+    /// inside the harness: the median wall time of each.
+    fn cli(&mut self, d: &TestDaemon, id: &str) -> HashMap<&'static str, CliTime> {
+        let mut out = HashMap::new();
+        let cmds: [(&str, Vec<&str>); 3] = [
+            ("list", vec!["list"]),
+            ("list_all", vec!["list", "--all"]),
+            ("status", vec!["status", id]),
+        ];
+        for (key, args) in cmds {
+            let mut times = Vec::new();
+            let mut error = String::new();
+            let mut bytes = 0;
+            for _ in 0..self.scale.cli_runs.max(1) {
+                let t0 = Instant::now();
+                let o = d.ptrain("root", &args);
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                if o.status.success() {
+                    times.push(ms);
+                    bytes = o.stdout.len();
+                } else {
+                    error = first_line(&crate::daemon::text(&o));
+                }
+            }
+            out.insert(
+                key,
+                CliTime {
+                    ms: percentile(&times, 0.5),
+                    bytes,
+                    error,
+                },
+            );
+        }
+        out
+    }
+
+    fn idle_footprint(&mut self, d: &TestDaemon, history: usize) {
+        let window = self.scale.idle_window;
+        say(&format!(
+            "ptraind: idle footprint over {:.0} s with {history} jobs in history",
+            window.as_secs_f64()
+        ));
+        let pid = ptraind_pid(d);
+        settle();
+        let a = ProcSample::read(pid);
+        std::thread::sleep(window);
+        let b = ProcSample::read(pid);
+        let (Some(a), Some(b)) = (a, b) else {
+            self.push(
+                Figure::new("idle.rss", "ptraind RSS, idle", "MiB", None)
+                    .note(format!("cannot read /proc/{pid}")),
+            );
+            return;
+        };
+        let secs = window.as_secs_f64();
+        self.push(
+            Figure::new(
+                "idle.rss",
+                &format!("ptraind RSS, idle, {history} jobs in history"),
+                "MiB",
+                Some(b.rss_kib as f64 / 1024.0),
+            )
+            .target(Target::MaxValue(20.0)),
+        );
+        // WatchdogSec=30s: one ping every 15 s, a couple of switches each.
+        self.push(
+            Figure::new(
+                "idle.wakeups",
+                &format!("  ptraind context switches in {secs:.0} s idle"),
+                "",
+                Some((b.switches() - a.switches()) as f64),
+            )
+            .target(Target::MaxValue(4.0))
+            .note("the watchdog ping (every 15 s) accounts for 2 to 4"),
+        );
+        self.push(Figure::new(
+            "idle.cpu",
+            &format!("  ptraind CPU in {secs:.0} s idle"),
+            "ms",
+            Some((b.cpu_ns - a.cpu_ns) as f64 / 1e6),
+        ));
+        self.detail(
+            "idle",
+            json!({"history": history, "rss_kib": b.rss_kib, "threads": b.threads,
+                   "voluntary": b.voluntary - a.voluntary, "involuntary": b.involuntary - a.involuntary,
+                   "cpu_ns": b.cpu_ns - a.cpu_ns, "window_s": secs}),
+        );
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Lets ptraind finish what an event started (GC, releases, signals)
+/// before a footprint reading.
+fn settle() {
+    std::thread::sleep(Duration::from_secs(1));
+}
+
+/// How long a run of `n` jobs may take before it counts as stuck.
+fn deadline(n: usize) -> Duration {
+    Duration::from_secs(120) + Duration::from_millis(100) * n as u32
+}
+
+fn is_final(status: &str) -> bool {
+    !matches!(status, "queued" | "launching" | "running")
+}
+
+fn job_json(extra: &str) -> String {
+    format!("{{\"version\":1,\"command\":[\"{TRUE}\"]{extra}}}")
+}
+
+fn summary(ms: &[f64]) -> serde_json::Value {
+    json!({
+        "n": ms.len(),
+        "p50": percentile(ms, 0.5),
+        "p90": percentile(ms, 0.9),
+        "p99": percentile(ms, 0.99),
+        "max": percentile(ms, 1.0),
+    })
+}
+
+struct Floors {
+    latency: Vec<f64>,
+    latency_props: Vec<f64>,
+    throughput: HashMap<usize, f64>,
+    throughput_props: Option<(usize, f64)>,
+}
+
+/// One job dropped and followed to its end.
+struct Probe {
+    /// Realtime µs just before the rename into the spool.
+    dropped_at: u64,
+    submitted_at: Option<u64>,
+    started_at: Option<u64>,
+    status: String,
+}
+
+impl Probe {
+    fn to_active_ms(&self) -> Option<f64> {
+        let started = self.started_at?;
+        Some(started as f64 / 1e3 - self.dropped_at as f64 / 1e3)
+    }
+
+    fn to_claim_ms(&self) -> Option<f64> {
+        let claimed = self.submitted_at?;
+        Some(claimed as f64 / 1e3 - self.dropped_at as f64 / 1e3)
+    }
+}
+
+struct Burst {
+    jobs: usize,
+    secs: Option<f64>,
+    error: Option<String>,
+    failed: usize,
+    cpu: CpuDelta,
+}
+
+impl Burst {
+    fn jobs_per_s(&self) -> Option<f64> {
+        let secs = self.secs?;
+        (secs > 0.0).then(|| self.jobs as f64 / secs)
+    }
+
+    fn note(&self) -> String {
+        let mut notes = Vec::new();
+        if let Some(e) = &self.error {
+            notes.push(e.clone());
+        }
+        if self.failed > 0 {
+            notes.push(format!("{} jobs did not succeed", self.failed));
+        }
+        notes.join("; ")
+    }
+
+    fn to_json(&self, n: usize) -> serde_json::Value {
+        json!({
+            "jobs": n,
+            "secs": self.secs,
+            "error": self.error,
+            "failed": self.failed,
+            "cpu_ms_per_job": self.cpu.per_job_all(n),
+        })
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Growth {
+    latency: Option<f64>,
+    cpu: Option<f64>,
+    cli: HashMap<&'static str, CliTime>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct CliTime {
+    ms: Option<f64>,
+    bytes: usize,
+    error: String,
+}
+
+// ---------------------------------------------------------------------
+// Dropping files into the spool as a user would: written elsewhere on the
+// same file system, owned by the user, renamed in.
+
+struct Dropper {
+    stage: PathBuf,
+    spool: PathBuf,
+    uid: u32,
+    gid: u32,
+}
+
+impl Dropper {
+    fn new(d: &TestDaemon) -> Dropper {
+        let (uid, gid) = ensure_user(ALICE);
+        let stage = d.root.join("stage");
+        std::fs::create_dir_all(&stage).expect("create the staging dir");
+        std::fs::set_permissions(&stage, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the staging dir");
+        Dropper {
+            stage,
+            spool: d.spool.clone(),
+            uid,
+            gid,
+        }
+    }
+
+    fn stage(&self, id: &str, json: &str) {
+        let path = self.stage.join(format!("{id}.json"));
+        std::fs::write(&path, json).expect("write a staged job file");
+        std::os::unix::fs::chown(&path, Some(self.uid), Some(self.gid))
+            .expect("chown a staged job file");
+    }
+
+    /// Renames the staged file into the spool; returns the realtime µs
+    /// just before the rename.
+    fn publish(&self, id: &str) -> u64 {
+        let name = format!("{id}.json");
+        let at = ptrain::now_micros();
+        std::fs::rename(self.stage.join(&name), self.spool.join(&name))
+            .expect("rename a job file into the spool");
+        at
+    }
+}
+
+// ---------------------------------------------------------------------
+// Following ptraind: its JobChanged signals and its API.
+
+#[derive(Default)]
+struct Seen {
+    /// Every JobChanged (id, status) in arrival order, with when.
+    log: Vec<(String, String, Instant)>,
+}
+
+struct Tracker {
+    seen: Arc<Mutex<Seen>>,
+    changed: watch::Receiver<usize>,
+    proxy: Daemon1Proxy<'static>,
+    _conn: Connection,
+}
+
+impl Tracker {
+    async fn connect(bus: &str) -> Tracker {
+        let conn = zbus::connection::Builder::address(bus)
+            .expect("the harness bus address")
+            .max_queued(NonZeroUsize::new(1 << 20).unwrap())
+            .build()
+            .await
+            .expect("connect to the harness bus");
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .interface(ptrain::DBUS_NAME)
+            .expect("interface name")
+            .member("JobChanged")
+            .expect("member name")
+            .build();
+        let mut stream =
+            zbus::MessageStream::for_match_rule(rule, &conn, NonZeroUsize::new(1 << 20))
+                .await
+                .expect("subscribe to JobChanged");
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (tx, changed) = watch::channel(0usize);
+        let sink = seen.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = stream.next().await {
+                let Ok(msg) = msg else { continue };
+                let Ok((id, status)) = msg.body().deserialize::<(String, String)>() else {
+                    continue;
+                };
+                let len = {
+                    let mut s = sink.lock().unwrap();
+                    s.log.push((id, status, Instant::now()));
+                    s.log.len()
+                };
+                let _ = tx.send(len);
+            }
+        });
+        let proxy = Daemon1Proxy::new(&conn).await.expect("a ptraind proxy");
+        Tracker {
+            seen,
+            changed,
+            proxy,
+            _conn: conn,
+        }
+    }
+
+    /// A position in the signal log: take it before dropping files, then
+    /// wait from it, so no signal is missed in between.
+    fn mark(&self) -> usize {
+        self.seen.lock().unwrap().log.len()
+    }
+
+    /// Waits until every id had a status `pred` accepts, after `mark`;
+    /// returns when the last of them arrived.
+    async fn wait(
+        &self,
+        mark: usize,
+        ids: &[String],
+        pred: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Result<Instant, String> {
+        let mut pending: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let mut cursor = mark;
+        let mut last = Instant::now();
+        let mut changed = self.changed.clone();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            {
+                let seen = self.seen.lock().unwrap();
+                for (id, status, at) in &seen.log[cursor..] {
+                    if pred(status) && pending.remove(id.as_str()) {
+                        last = *at;
+                    }
+                }
+                cursor = seen.log.len();
+            }
+            if pending.is_empty() {
+                return Ok(last);
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err("the JobChanged stream ended".into()),
+                Err(_) => {
+                    return Err(format!(
+                        "{} of {} jobs not there after {:.0} s",
+                        pending.len(),
+                        ids.len(),
+                        timeout.as_secs_f64()
+                    ))
+                }
+            }
+        }
+    }
+
+    /// How many of `ids` had a status `pred` accepts after `mark`.
+    fn count_since(&self, mark: usize, ids: &[String], pred: impl Fn(&str) -> bool) -> usize {
+        let wanted: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let seen = self.seen.lock().unwrap();
+        seen.log[mark..]
+            .iter()
+            .filter(|(id, status, _)| wanted.contains(id.as_str()) && pred(status))
+            .map(|(id, _, _)| id.as_str())
+            .collect::<HashSet<_>>()
+            .len()
+    }
+
+    async fn status(&self, id: &str) -> Option<JobView> {
+        let json = self.proxy.status(id).await.ok()?;
+        serde_json::from_str(&json).ok()
+    }
+
+    async fn stop(&self, id: &str) -> zbus::Result<String> {
+        self.proxy.stop(id).await
+    }
+}
+
+// ---------------------------------------------------------------------
+// The floor: a small client that starts units itself.
+
+#[derive(Default)]
+struct BareSeen {
+    job_removed: HashSet<String>,
+    unit_removed: HashSet<String>,
+    /// Units gone per name prefix (`PREFIX-N.service`), and when the last
+    /// went: what a throughput run waits on, without a scan per signal.
+    gone_by_prefix: HashMap<String, (usize, Instant)>,
+}
+
+struct Bare {
+    conn: Connection,
+    manager: ManagerProxy<'static>,
+    seen: Arc<Mutex<BareSeen>>,
+    changed: watch::Receiver<usize>,
+}
+
+impl Bare {
+    async fn connect(bus: &str) -> Bare {
+        let conn = zbus::connection::Builder::address(bus)
+            .expect("the harness bus address")
+            .max_queued(NonZeroUsize::new(1 << 20).unwrap())
+            .build()
+            .await
+            .expect("connect to the harness bus");
+        let manager = ManagerProxy::new(&conn).await.expect("a systemd proxy");
+        manager.subscribe().await.expect("Subscribe");
+        let seen = Arc::new(Mutex::new(BareSeen::default()));
+        let (tx, changed) = watch::channel(0usize);
+        let tx = Arc::new(tx);
+        let mut removed = manager.receive_job_removed().await.expect("JobRemoved");
+        let (sink, tx1) = (seen.clone(), tx.clone());
+        tokio::spawn(async move {
+            while let Some(signal) = removed.next().await {
+                if let Ok(args) = signal.args() {
+                    sink.lock().unwrap().job_removed.insert(args.unit.clone());
+                    tx1.send_modify(|n| *n += 1);
+                }
+            }
+        });
+        let mut gone = manager.receive_unit_removed().await.expect("UnitRemoved");
+        let sink = seen.clone();
+        tokio::spawn(async move {
+            while let Some(signal) = gone.next().await {
+                if let Ok(args) = signal.args() {
+                    let now = Instant::now();
+                    let mut s = sink.lock().unwrap();
+                    if let Some((prefix, _)) = args.unit.rsplit_once('-') {
+                        let e = s.gone_by_prefix.entry(prefix.to_string()).or_insert((0, now));
+                        *e = (e.0 + 1, now);
+                    }
+                    s.unit_removed.insert(args.unit.clone());
+                    drop(s);
+                    tx.send_modify(|n| *n += 1);
+                }
+            }
+        });
+        Bare {
+            conn,
+            manager,
+            seen,
+            changed,
+        }
+    }
+
+    async fn wait_until(&self, mut cond: impl FnMut(&BareSeen) -> bool) {
+        let mut changed = self.changed.clone();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            if cond(&self.seen.lock().unwrap()) {
+                return;
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => {}
+                _ => panic!("the bare systemd client waited 120 s for a unit signal"),
+            }
+        }
+    }
+
+    /// Starts `n` units one at a time, each after the last one is gone;
+    /// returns call-to-ExecMainStartTimestamp in ms.
+    async fn latency(
+        &self,
+        prefix: &str,
+        n: usize,
+        props: impl Fn(usize) -> Vec<(String, OwnedVariant)>,
+    ) -> Vec<f64> {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let unit = format!("{prefix}-{i}.service");
+            let called_at = ptrain::now_micros();
+            self.manager
+                .start_transient_unit(unit.clone(), "fail".into(), props(i), Vec::new())
+                .await
+                .unwrap_or_else(|e| panic!("StartTransientUnit {unit}: {e}"));
+            self.wait_until(|s| s.job_removed.contains(&unit)).await;
+            if let Some(started) = self.exec_main_start(&unit).await {
+                out.push(started as f64 / 1e3 - called_at as f64 / 1e3);
+            }
+            let _ = self.manager.unref_unit(unit.clone()).await;
+            let _ = self.manager.reset_failed_unit(unit.clone()).await;
+            self.wait_until(|s| s.unit_removed.contains(&unit)).await;
+        }
+        out
+    }
+
+    /// Starts `n` units, one call in flight, and returns the seconds until
+    /// the last is gone.
+    async fn throughput(
+        &self,
+        prefix: &str,
+        n: usize,
+        props: impl Fn(usize) -> Vec<(String, OwnedVariant)>,
+    ) -> f64 {
+        let units: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}.service")).collect();
+        let t0 = Instant::now();
+        for (i, unit) in units.iter().enumerate() {
+            if i >= BARE_MAX_PENDING {
+                let behind = &units[i - BARE_MAX_PENDING];
+                self.wait_until(|s| s.job_removed.contains(behind)).await;
+            }
+            self.manager
+                .start_transient_unit(unit.clone(), "fail".into(), props(i), Vec::new())
+                .await
+                .unwrap_or_else(|e| panic!("StartTransientUnit {unit}: {e}"));
+        }
+        let mut last = t0;
+        self.wait_until(|s| match s.gone_by_prefix.get(prefix) {
+            Some((gone, at)) if *gone >= n => {
+                last = *at;
+                true
+            }
+            _ => false,
+        })
+        .await;
+        last.duration_since(t0).as_secs_f64()
+    }
+
+    async fn exec_main_start(&self, unit: &str) -> Option<u64> {
+        let path = ptrain::systemd::unit_object_path(unit);
+        let reply = self
+            .conn
+            .call_method(
+                Some("org.freedesktop.systemd1"),
+                path.as_str(),
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &(
+                    "org.freedesktop.systemd1.Service",
+                    "ExecMainStartTimestamp",
+                ),
+            )
+            .await
+            .ok()?;
+        let value: OwnedVariant = reply.body().deserialize().ok()?;
+        u64::try_from(value).ok().filter(|t| *t > 0)
+    }
+}
+
+/// The least a unit needs: the same command, as the same user.
+fn bare_properties(uid: u32, add_ref: bool) -> Vec<(String, OwnedVariant)> {
+    let exec = vec![(TRUE.to_string(), vec![TRUE.to_string()], false)];
+    vec![
+        ("Type".into(), variant(zbus::zvariant::Value::from("exec"))),
+        ("ExecStart".into(), variant(zbus::zvariant::Value::from(exec))),
+        (
+            "User".into(),
+            variant(zbus::zvariant::Value::from(uid.to_string())),
+        ),
+        ("AddRef".into(), variant(zbus::zvariant::Value::from(add_ref))),
+    ]
+}
+
+fn variant(value: zbus::zvariant::Value<'_>) -> OwnedVariant {
+    OwnedVariant::try_from(value).expect("plain values convert")
+}
+
+/// The properties ptraind gives a job's unit (confinement, the exit
+/// recorder), from `ptrain::unit` itself: how much of a gap is the unit's.
+struct PtrainProps {
+    config: ptrain::config::Config,
+    owner: Owner,
+    recorder: PathBuf,
+}
+
+impl PtrainProps {
+    fn new(d: &TestDaemon) -> PtrainProps {
+        let mut config = ptrain::config::Config::load(&d.config).expect("the bench config loads");
+        // The recorder writes its exit files here, not into ptraind's state.
+        config.state_dir = d.root.join("floor-state");
+        ptrain::store::Store::open(&config.state_dir).expect("a state dir for the floor");
+        let (uid, _) = ensure_user(ALICE);
+        PtrainProps {
+            config,
+            owner: ptrain::users::owner_of_uid(uid).expect("the bench user exists"),
+            recorder: PathBuf::from(crate::daemon::PTRAIND),
+        }
+    }
+
+    fn properties(&self, id: &str, add_ref: bool) -> Vec<(String, OwnedVariant)> {
+        let record = history_record(id, &self.owner, 0, JobState::Queued);
+        let ctx = ptrain::unit::LaunchContext {
+            home_exists: record.owner.home.is_dir(),
+            recorder: &self.recorder,
+            parent_results: None,
+        };
+        let mut props: Vec<(String, OwnedVariant)> =
+            ptrain::unit::job_unit_properties(&record, &self.config, &ctx)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), prop_variant(&v)))
+                .collect();
+        props.push(("AddRef".into(), variant(zbus::zvariant::Value::from(add_ref))));
+        props
+    }
+}
+
+/// The same conversion `ptrain::systemd` makes (private there).
+fn prop_variant(value: &PropValue) -> OwnedVariant {
+    use zbus::zvariant::Value;
+    variant(match value {
+        PropValue::Str(s) => Value::from(s.clone()),
+        PropValue::Bool(b) => Value::from(*b),
+        PropValue::U64(n) => Value::from(*n),
+        PropValue::U32(n) => Value::from(*n),
+        PropValue::StrList(list) => Value::from(list.clone()),
+        PropValue::Exec(cmds) => Value::from(cmds.clone()),
+        PropValue::DeviceAllow(devs) => Value::from(devs.clone()),
+    })
+}
+
+// ---------------------------------------------------------------------
+// History written directly: the records ptraind would have written.
+
+fn history_record(id: &str, owner: &Owner, at: u64, state: JobState) -> JobRecord {
+    let descriptor = job_json("");
+    let spec = ptrain::spec::parse_spec(descriptor.as_bytes(), id).expect("the job file parses");
+    let source = SpoolSource {
+        file: format!("{id}.json"),
+        dev: 0,
+        ino: 0,
+        ctime_ns: 0,
+        size: descriptor.len() as u64,
+    };
+    let mut record = JobRecord::new(spec, owner.clone(), source, at);
+    record.state = state;
+    record
+}
+
+/// Writes finished jobs `hist-N` for N in `range`, one second apart,
+/// ending well before now, as `STATE/jobs/ID/{record,descriptor}.json`.
+fn populate_history(state_dir: &Path, owner: &Owner, range: std::ops::Range<usize>) {
+    ptrain::store::Store::open(state_dir).expect("the state dir opens");
+    let jobs = state_dir.join("jobs");
+    let descriptor = job_json("");
+    // Ends before any probe: history sorts before the jobs run now.
+    let base = ptrain::now_micros() - 30 * 24 * 3600 * 1_000_000;
+    for i in range {
+        let id = format!("hist-{i:06}");
+        let at = base + i as u64 * 1_000_000;
+        let mut record = history_record(&id, owner, at, JobState::Ended);
+        record.started_at = Some(at + 20_000);
+        record.ended_at = Some(at + 40_000);
+        record.outcome = Some(Outcome::Succeeded);
+        record.systemd_result = Some("success".into());
+        record.invocation_id = Some(format!("{:032x}", i as u128 * 0x9e37_79b9_7f4a_7c15));
+        record.main_pid = Some(1000 + i as u32);
+        let dir = jobs.join(&id);
+        std::fs::create_dir(&dir).expect("create a history job dir");
+        let bytes = serde_json::to_vec_pretty(&record).expect("records serialise");
+        std::fs::write(dir.join("record.json"), bytes).expect("write a history record");
+        std::fs::write(dir.join("descriptor.json"), &descriptor)
+            .expect("write a history descriptor");
+    }
+}
+
+// ---------------------------------------------------------------------
+// Processes of the harness, seen from the host.
+
+/// The pid namespace of a process, as the link text `pid:[N]`.
+fn pid_ns(pid: u32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
+/// Host pids of the processes in the harness's pid namespace, with their
+/// pid inside it and their comm.
+fn harness_processes(h: &Harness) -> Vec<(u32, u32, String)> {
+    let Some(ns) = pid_ns(h.systemd_pid()) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid_ns(pid).as_ref() != Some(&ns) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+        };
+        let inner = field("NSpid:")
+            .and_then(|v| v.split_whitespace().last().and_then(|p| p.parse().ok()))
+            .unwrap_or(0);
+        out.push((pid, inner, field("Name:").unwrap_or_default()));
+    }
+    out
+}
+
+/// ptraind's host pid, from the MainPID systemd reports inside.
+fn ptraind_pid(d: &TestDaemon) -> u32 {
+    let inner: u32 = d
+        .unit_property("ptraind.service", "MainPID")
+        .parse()
+        .expect("MainPID is a number");
+    wait_for("ptraind's host pid", Duration::from_secs(5), || {
+        harness_processes(&d.harness)
+            .into_iter()
+            .find(|(_, p, _)| *p == inner)
+            .map(|(host, _, _)| host)
+    })
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ProcSample {
+    rss_kib: u64,
+    /// On-CPU time of every thread, from schedstat (ns).
+    cpu_ns: u64,
+    /// Children reaped (systemd: the job processes), from stat (ns).
+    children_ns: u64,
+    voluntary: u64,
+    involuntary: u64,
+    threads: u64,
+}
+
+impl ProcSample {
+    fn read(pid: u32) -> Option<ProcSample> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let num = |text: &str, name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let mut s = ProcSample {
+            rss_kib: num(&status, "VmRSS:"),
+            threads: num(&status, "Threads:"),
+            ..ProcSample::default()
+        };
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+            let dir = task.path();
+            if let Ok(t) = std::fs::read_to_string(dir.join("status")) {
+                s.voluntary += num(&t, "voluntary_ctxt_switches:");
+                s.involuntary += num(&t, "nonvoluntary_ctxt_switches:");
+            }
+            if let Ok(t) = std::fs::read_to_string(dir.join("schedstat")) {
+                s.cpu_ns += t
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // Fields after the command's closing parenthesis; cutime and
+            // cstime are the 16th and 17th of the line.
+            let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            // SAFETY: sysconf has no preconditions.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+            s.children_ns = (ticks(13) + ticks(14)) * 1_000_000_000 / hz;
+        }
+        Some(s)
+    }
+
+    fn switches(&self) -> u64 {
+        self.voluntary + self.involuntary
+    }
+}
+
+/// The long-lived processes of the harness whose CPU a job costs.
+struct Procs {
+    pids: Vec<(&'static str, u32)>,
+}
+
+impl Procs {
+    fn find(h: &Harness) -> Procs {
+        let all = harness_processes(h);
+        let mut pids = Vec::new();
+        for (name, comm) in [
+            ("ptraind", "ptraind"),
+            ("dbus-daemon", "dbus-daemon"),
+            ("journald", "systemd-journal"),
+        ] {
+            if let Some((pid, _, _)) = all.iter().find(|(_, _, c)| c == comm) {
+                pids.push((name, *pid));
+            }
+        }
+        pids.push(("systemd", h.systemd_pid()));
+        Procs { pids }
+    }
+
+    fn cpu(&self) -> CpuSnapshot {
+        CpuSnapshot {
+            at: Instant::now(),
+            procs: self
+                .pids
+                .iter()
+                .map(|(name, pid)| (*name, ProcSample::read(*pid).unwrap_or_default()))
+                .collect(),
+            bench_ns: self_cpu_ns(),
+        }
+    }
+}
+
+fn self_cpu_ns() -> u64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+struct CpuSnapshot {
+    at: Instant,
+    procs: Vec<(&'static str, ProcSample)>,
+    bench_ns: u64,
+}
+
+impl CpuSnapshot {
+    fn since(&self, before: &CpuSnapshot) -> CpuDelta {
+        let mut ns = BTreeMap::new();
+        for ((name, a), (_, b)) in self.procs.iter().zip(&before.procs) {
+            ns.insert(name.to_string(), a.cpu_ns.saturating_sub(b.cpu_ns));
+            if *name == "systemd" {
+                ns.insert(
+                    "systemd children (the jobs)".into(),
+                    a.children_ns.saturating_sub(b.children_ns),
+                );
+            }
+        }
+        ns.insert("bench".into(), self.bench_ns.saturating_sub(before.bench_ns));
+        CpuDelta {
+            ns,
+            wall: self.at.duration_since(before.at),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct CpuDelta {
+    ns: BTreeMap<String, u64>,
+    wall: Duration,
+}
+
+impl CpuDelta {
+    fn per_job(&self, name: &str, n: usize) -> Option<f64> {
+        let ns = *self.ns.get(name)?;
+        (n > 0).then(|| ns as f64 / 1e6 / n as f64)
+    }
+
+    fn per_job_all(&self, n: usize) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (name, ns) in &self.ns {
+            m.insert(name.clone(), json!(*ns as f64 / 1e6 / n.max(1) as f64));
+        }
+        m.insert("wall_s".into(), json!(self.wall.as_secs_f64()));
+        serde_json::Value::Object(m)
+    }
+}
+
+// ---------------------------------------------------------------------
+// A notification endpoint that takes its time.
+
+struct SlowEndpoint {
+    port: u16,
+    requests: Arc<AtomicUsize>,
+}
+
+impl SlowEndpoint {
+    fn start(delay: Duration) -> SlowEndpoint {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().expect("its address").port();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let count = requests.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let count = count.clone();
+                std::thread::spawn(move || {
+                    if serve_slowly(conn, delay).is_ok() {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        SlowEndpoint { port, requests }
+    }
+}
+
+/// Reads one request (headers and a Content-Length body), waits, answers
+/// 200 and closes.
+fn serve_slowly(conn: TcpStream, delay: Duration) -> std::io::Result<()> {
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body)?;
+    std::thread::sleep(delay);
+    let mut conn = conn;
+    conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+}
+
+// ---------------------------------------------------------------------
+// The machine.
+
+fn machine() -> Machine {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let meminfo = read("/proc/meminfo");
+    let command = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let repo = crate::harness::repo_root();
+    let repo = repo.to_str().unwrap_or(".");
+    let mut commit = command("git", &["-C", repo, "rev-parse", "--short", "HEAD"]);
+    if !command("git", &["-C", repo, "status", "--porcelain"]).is_empty() {
+        commit.push_str("-dirty");
+    }
+    Machine {
+        nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model: cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default(),
+        mem_total_mib: meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+            / 1024,
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+        systemd: command("systemctl", &["--version"])
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string(),
+        date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        git_commit: commit,
+    }
+}
