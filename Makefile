@@ -14,6 +14,10 @@
 #   make install DESTDIR=/stage install the built binaries, units, config, man
 #                               pages, completions and docs (BINDIR, GENDIR, and
 #                               UNITDIR, MANDIR, *COMPDIR, DOCDIR for other layouts)
+#   make bench [BENCH_SCALE=ci] benchmarks against a real systemd harness (root):
+#                               one table, each figure beside its floor, and
+#                               target/bench/results.json (full: the issue's
+#                               sizes, tens of minutes; ci: about 3 minutes)
 #   make clean
 
 CARGO   ?= cargo
@@ -33,7 +37,7 @@ DOCDIR  ?= /usr/share/doc/ptrain
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
 export SOURCE_DATE_EPOCH
 
-.PHONY: all build docs deb test demo gpu-check install clean
+.PHONY: all build docs deb test demo gpu-check install clean bench
 
 all: build
 
@@ -62,6 +66,11 @@ test:
 
 demo:
 	packaging/demo.sh
+
+BENCH_SCALE ?= full
+bench:
+	@[ "$$(id -u)" = 0 ] || { echo "make bench: must run as root: it boots a real systemd (tests/harness/boot.sh)" >&2; exit 1; }
+	BENCH_SCALE=$(BENCH_SCALE) $(CARGO) bench --bench ptrain
 
 gpu-check:
 	packaging/gpu-check.sh

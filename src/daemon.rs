@@ -401,6 +401,10 @@ impl Daemon {
             // Intents whose outbox status is not final go out again, with
             // their keys: nothing recorded is lost to a crash.
             self.notifier.deliver(record.notifications.clone());
+            let mut record = record;
+            if record.state == JobState::Ended {
+                record.slim();
+            }
             if let Some(group) = &record.group {
                 self.groups
                     .entry(group.clone())
@@ -803,7 +807,8 @@ impl Daemon {
         let mut results = serde_json::Map::new();
         for named in record.spec.after.all() {
             for (id, _) in self.parents(named) {
-                if let Some(result) = self.jobs.get(&id).and_then(|p| p.result.clone()) {
+                let parent = self.jobs.get(&id).map(|p| self.full_record(p));
+                if let Some(result) = parent.and_then(|p| p.result.clone()) {
                     results.insert(id.to_string(), result);
                 }
             }
@@ -1240,6 +1245,24 @@ impl Daemon {
             self.systemd.release(&unit).await;
         }
         self.emit_changed(id);
+        if let Some(record) = self.jobs.get_mut(id) {
+            record.slim();
+        }
+    }
+
+    /// A job's full record: from memory, or from disk for a finished job
+    /// whose in-memory record was slimmed.
+    fn full_record<'a>(&'a self, record: &'a JobRecord) -> std::borrow::Cow<'a, JobRecord> {
+        if !record.slim {
+            return std::borrow::Cow::Borrowed(record);
+        }
+        match self.store.load(&record.id) {
+            Ok(full) => std::borrow::Cow::Owned(full),
+            Err(e) => {
+                warn!(job = %record.id, error = %e, "cannot read a finished job's record");
+                std::borrow::Cow::Borrowed(record)
+            }
+        }
     }
 
     async fn on_api(&mut self, request: ApiRequest) {
@@ -1346,7 +1369,7 @@ impl Daemon {
             if needed {
                 break;
             }
-            if let Err(e) = self.store.compact(record) {
+            if let Err(e) = self.store.compact(&self.full_record(record)) {
                 error!(job = %id, error = %e, "cannot compact a finished job; keeping it");
                 self.store_failed();
                 break;
@@ -1367,6 +1390,7 @@ impl Daemon {
 
     /// A job as the API shows it, with what a queued job waits for.
     fn view(&self, record: &JobRecord) -> JobView {
+        let record = &*self.full_record(record);
         let mut view = JobView::of(record);
         if record.state == JobState::Queued && !record.spec.after.is_empty() {
             if let crate::chain::Readiness::Waiting(ids) =

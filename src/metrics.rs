@@ -102,6 +102,7 @@ pub const JOB_STATUSES: &[&str] = &[
     "failed",
     "killed",
     "timeout",
+    "idle-timeout",
     "stopped",
     "launch-failed",
     "dependency-failed",
@@ -368,7 +369,7 @@ fn render_gpus(out: &mut Exposition, view: &GpusView) {
     type Field = fn(&crate::gpu::GpuInfo) -> Option<f64>;
     let per_gpu: [(&str, &str, Field); 4] = [
         ("ptrain_gpu_memory_total_bytes", "A GPU's memory.", |g| {
-            (g.memory_total_mib > 0).then(|| g.memory_total_mib as f64 * 1048576.0)
+            (g.memory_total_mib > 0).then_some(g.memory_total_mib as f64 * 1048576.0)
         }),
         (
             "ptrain_gpu_memory_used_bytes",

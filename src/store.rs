@@ -208,9 +208,30 @@ pub struct JobRecord {
     /// transition they announce. Delivery status is in `STATE/outbox/`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<crate::notifications::Intent>,
+    /// In memory only: the record was reduced to what scheduling needs
+    /// (see [`JobRecord::slim`]); the full one is on disk.
+    #[serde(skip)]
+    pub slim: bool,
 }
 
 impl JobRecord {
+    /// Drops what only `ptrain status` and reports need from a finished
+    /// job's in-memory record, so that memory per job of history stays
+    /// small. Kept: identity, owner uid and name, state and outcome, group,
+    /// dependencies, source (duplicate detection), times.
+    pub fn slim(&mut self) {
+        self.spec.command = Vec::new();
+        self.spec.env = BTreeMap::new();
+        self.spec.workdir = None;
+        self.owner.home = PathBuf::new();
+        self.owner.groups = Vec::new();
+        self.result = None;
+        self.notifications = Vec::new();
+        self.invocation_id = None;
+        self.systemd_result = None;
+        self.slim = true;
+    }
+
     pub fn new(spec: JobSpec, owner: Owner, source: SpoolSource, now: u64) -> JobRecord {
         JobRecord {
             id: spec.id.clone(),
@@ -235,6 +256,7 @@ impl JobRecord {
             max_parallel: None,
             result: None,
             notifications: Vec::new(),
+            slim: false,
         }
     }
 
@@ -492,6 +514,16 @@ impl Store {
     /// Forgets a sweep once its last member is compacted.
     pub fn remove_group(&self, group: &JobId) {
         let _ = std::fs::remove_file(self.groups_dir.join(format!("{group}.json")));
+    }
+
+    /// One job's full record, from disk.
+    pub fn load(&self, id: &JobId) -> Result<JobRecord, StoreError> {
+        let path = self.job_dir(id).join(RECORD);
+        let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
+        serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+            path,
+            message: e.to_string(),
+        })
     }
 
     /// The exact bytes the job was submitted with.

@@ -223,7 +223,7 @@ impl Bench<'_> {
         let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
         let procs = Procs::find(&d.harness);
 
-        self.latency(&d, &tracker, &dropper, &floors);
+        self.latency(&tracker, &dropper, &floors);
         for &n in &self.scale.throughput_sizes.clone() {
             let floor = floors.throughput.get(&n).copied();
             self.throughput(&d, &tracker, &dropper, &procs, n, false, floor);
@@ -248,7 +248,9 @@ impl Bench<'_> {
         let n = self.scale.latency_jobs;
 
         say(&format!("floor: {n} units one at a time (bare)"));
-        let lat = self.rt.block_on(bare.latency("bench-lat", n, |_| minimal(true)));
+        let lat = self
+            .rt
+            .block_on(bare.latency("bench-lat", n, |_| minimal(true)));
         say(&format!(
             "floor: {} units one at a time (ptrain's unit properties)",
             n / 2
@@ -262,19 +264,17 @@ impl Bench<'_> {
             say(&format!("floor: {size} units at once (bare)"));
             let secs = self
                 .rt
-                .block_on(bare.throughput(&format!("bench-tp{size}"), size, |_| {
-                    minimal(false)
-                }));
+                .block_on(bare.throughput(&format!("bench-tp{size}"), size, |_| minimal(false)));
             throughput.insert(size, size as f64 / secs);
             if throughput_props.is_none() {
                 say(&format!(
                     "floor: {size} units at once (ptrain's unit properties)"
                 ));
-                let secs = self
-                    .rt
-                    .block_on(bare.throughput(&format!("bench-ptp{size}"), size, |i| {
-                        with_ptrain_props.properties(&format!("ptp-{i}"), false)
-                    }));
+                let secs =
+                    self.rt
+                        .block_on(bare.throughput(&format!("bench-ptp{size}"), size, |i| {
+                            with_ptrain_props.properties(&format!("ptp-{i}"), false)
+                        }));
                 throughput_props = Some((size, size as f64 / secs));
             }
         }
@@ -295,7 +295,7 @@ impl Bench<'_> {
         }
     }
 
-    fn latency(&mut self, d: &TestDaemon, tracker: &Tracker, dropper: &Dropper, floors: &Floors) {
+    fn latency(&mut self, tracker: &Tracker, dropper: &Dropper, floors: &Floors) {
         let n = self.scale.latency_jobs;
         say(&format!("ptraind: {n} jobs dropped one at a time"));
         let samples = self.sequential(tracker, dropper, "lat", n, "");
@@ -361,12 +361,9 @@ impl Bench<'_> {
             let mark = tracker.mark();
             let dropped_at = dropper.publish(&id);
             let ids = [id.clone()];
-            let waited = self.rt.block_on(tracker.wait(
-                mark,
-                &ids,
-                is_final,
-                Duration::from_secs(60),
-            ));
+            let waited =
+                self.rt
+                    .block_on(tracker.wait(mark, &ids, is_final, Duration::from_secs(60)));
             if let Err(e) = waited {
                 say(&format!("job {id}: {e}"));
             }
@@ -469,7 +466,9 @@ impl Bench<'_> {
 
     fn queued_footprint(&mut self, d: &TestDaemon, tracker: &Tracker, dropper: &Dropper) {
         let q = self.scale.queued_jobs;
-        say(&format!("ptraind: footprint of {q} jobs queued behind busy GPUs"));
+        say(&format!(
+            "ptraind: footprint of {q} jobs queued behind busy GPUs"
+        ));
         let pid = ptraind_pid(d);
         let blockers: Vec<String> = (0..GPUS).map(|i| format!("hold-{i}")).collect();
         for id in &blockers {
@@ -490,8 +489,13 @@ impl Bench<'_> {
         ));
         if let Err(e) = running {
             self.push(
-                Figure::new("queued.rss_per_job", "ptraind RSS per queued job", "KiB", None)
-                    .note(format!("the GPU holders did not start: {e}")),
+                Figure::new(
+                    "queued.rss_per_job",
+                    "ptraind RSS per queued job",
+                    "KiB",
+                    None,
+                )
+                .note(format!("the GPU holders did not start: {e}")),
             );
             return;
         }
@@ -505,18 +509,13 @@ impl Bench<'_> {
         for id in &ids {
             dropper.publish(id);
         }
-        let queued = self.rt.block_on(tracker.wait(
-            mark,
-            &ids,
-            |s| s == "queued",
-            deadline(q),
-        ));
+        let queued = self
+            .rt
+            .block_on(tracker.wait(mark, &ids, |s| s == "queued", deadline(q)));
         settle();
         let after = ProcSample::read(pid);
         let per_job = match (&queued, before, after) {
-            (Ok(_), Some(b), Some(a)) => {
-                Some((a.rss_kib as f64 - b.rss_kib as f64) / q as f64)
-            }
+            (Ok(_), Some(b), Some(a)) => Some((a.rss_kib as f64 - b.rss_kib as f64) / q as f64),
             _ => None,
         };
         let cpu_claim = match (before, after) {
@@ -544,7 +543,9 @@ impl Bench<'_> {
         for id in &blockers {
             let _ = self.rt.block_on(tracker.stop(id));
         }
-        let drained = self.rt.block_on(tracker.wait(mark, &ids, is_final, deadline(q)));
+        let drained = self
+            .rt
+            .block_on(tracker.wait(mark, &ids, is_final, deadline(q)));
         let drain_rate = drained
             .as_ref()
             .ok()
@@ -688,7 +689,10 @@ impl Bench<'_> {
             }
             self.push(Figure::new(
                 &format!("growth.start.{mark}"),
-                &format!("  ptraind start with {history} jobs in history", history = history - k),
+                &format!(
+                    "  ptraind start with {history} jobs in history",
+                    history = history - k
+                ),
                 "s",
                 Some(start_secs),
             ));
@@ -998,7 +1002,6 @@ struct Tracker {
 impl Tracker {
     async fn connect(bus: &str) -> Tracker {
         let conn = zbus::connection::Builder::address(bus)
-            .expect("the harness bus address")
             .max_queued(NonZeroUsize::new(1 << 20).unwrap())
             .build()
             .await
@@ -1006,10 +1009,9 @@ impl Tracker {
         let rule = zbus::MatchRule::builder()
             .msg_type(zbus::message::Type::Signal)
             .interface(ptrain::DBUS_NAME)
-            .expect("interface name")
             .member("JobChanged")
-            .expect("member name")
-            .build();
+            .build()
+            .expect("a JobChanged match rule");
         let mut stream =
             zbus::MessageStream::for_match_rule(rule, &conn, NonZeroUsize::new(1 << 20))
                 .await
@@ -1132,7 +1134,6 @@ struct Bare {
 impl Bare {
     async fn connect(bus: &str) -> Bare {
         let conn = zbus::connection::Builder::address(bus)
-            .expect("the harness bus address")
             .max_queued(NonZeroUsize::new(1 << 20).unwrap())
             .build()
             .await
@@ -1159,11 +1160,14 @@ impl Bare {
                 if let Ok(args) = signal.args() {
                     let now = Instant::now();
                     let mut s = sink.lock().unwrap();
-                    if let Some((prefix, _)) = args.unit.rsplit_once('-') {
-                        let e = s.gone_by_prefix.entry(prefix.to_string()).or_insert((0, now));
+                    if let Some((prefix, _)) = args.id.rsplit_once('-') {
+                        let e = s
+                            .gone_by_prefix
+                            .entry(prefix.to_string())
+                            .or_insert((0, now));
                         *e = (e.0 + 1, now);
                     }
-                    s.unit_removed.insert(args.unit.clone());
+                    s.unit_removed.insert(args.id.clone());
                     drop(s);
                     tx.send_modify(|n| *n += 1);
                 }
@@ -1208,8 +1212,9 @@ impl Bare {
                 .await
                 .unwrap_or_else(|e| panic!("StartTransientUnit {unit}: {e}"));
             self.wait_until(|s| s.job_removed.contains(&unit)).await;
-            if let Some(started) = self.exec_main_start(&unit).await {
-                out.push(started as f64 / 1e3 - called_at as f64 / 1e3);
+            match self.exec_main_start(&unit).await {
+                Some(started) => out.push(started as f64 / 1e3 - called_at as f64 / 1e3),
+                None => say(&format!("floor unit {unit} never started")),
             }
             let _ = self.manager.unref_unit(unit.clone()).await;
             let _ = self.manager.reset_failed_unit(unit.clone()).await;
@@ -1259,10 +1264,7 @@ impl Bare {
                 path.as_str(),
                 Some("org.freedesktop.DBus.Properties"),
                 "Get",
-                &(
-                    "org.freedesktop.systemd1.Service",
-                    "ExecMainStartTimestamp",
-                ),
+                &("org.freedesktop.systemd1.Service", "ExecMainStartTimestamp"),
             )
             .await
             .ok()?;
@@ -1275,17 +1277,14 @@ impl Bare {
 fn bare_properties(uid: u32, add_ref: bool) -> Vec<(String, OwnedVariant)> {
     let exec = vec![(TRUE.to_string(), vec![TRUE.to_string()], false)];
     vec![
-        ("Type".into(), variant(zbus::zvariant::Value::from("exec"))),
-        ("ExecStart".into(), variant(zbus::zvariant::Value::from(exec))),
-        (
-            "User".into(),
-            variant(zbus::zvariant::Value::from(uid.to_string())),
-        ),
-        ("AddRef".into(), variant(zbus::zvariant::Value::from(add_ref))),
+        ("Type".into(), variant(zbus::Variant::from("exec"))),
+        ("ExecStart".into(), variant(zbus::Variant::from(exec))),
+        ("User".into(), variant(zbus::Variant::from(uid.to_string()))),
+        ("AddRef".into(), variant(zbus::Variant::from(add_ref))),
     ]
 }
 
-fn variant(value: zbus::zvariant::Value<'_>) -> OwnedVariant {
+fn variant(value: zbus::Variant<'_>) -> OwnedVariant {
     OwnedVariant::try_from(value).expect("plain values convert")
 }
 
@@ -1323,14 +1322,14 @@ impl PtrainProps {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), prop_variant(&v)))
                 .collect();
-        props.push(("AddRef".into(), variant(zbus::zvariant::Value::from(add_ref))));
+        props.push(("AddRef".into(), variant(zbus::Variant::from(add_ref))));
         props
     }
 }
 
 /// The same conversion `ptrain::systemd` makes (private there).
 fn prop_variant(value: &PropValue) -> OwnedVariant {
-    use zbus::zvariant::Value;
+    use zbus::Variant as Value;
     variant(match value {
         PropValue::Str(s) => Value::from(s.clone()),
         PropValue::Bool(b) => Value::from(*b),
@@ -1406,7 +1405,11 @@ fn harness_processes(h: &Harness) -> Vec<(u32, u32, String)> {
     };
     let mut out = Vec::new();
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid_ns(pid).as_ref() != Some(&ns) {
@@ -1469,7 +1472,10 @@ impl ProcSample {
             threads: num(&status, "Threads:"),
             ..ProcSample::default()
         };
-        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .flatten()
+        {
             let dir = task.path();
             if let Ok(t) = std::fs::read_to_string(dir.join("status")) {
                 s.voluntary += num(&t, "voluntary_ctxt_switches:");
@@ -1488,7 +1494,12 @@ impl ProcSample {
             // cstime are the 16th and 17th of the line.
             let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
             let fields: Vec<&str> = after.split_whitespace().collect();
-            let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
             // SAFETY: sysconf has no preconditions.
             let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
             s.children_ns = (ticks(13) + ticks(14)) * 1_000_000_000 / hz;
@@ -1562,7 +1573,10 @@ impl CpuSnapshot {
                 );
             }
         }
-        ns.insert("bench".into(), self.bench_ns.saturating_sub(before.bench_ns));
+        ns.insert(
+            "bench".into(),
+            self.bench_ns.saturating_sub(before.bench_ns),
+        );
         CpuDelta {
             ns,
             wall: self.at.duration_since(before.at),

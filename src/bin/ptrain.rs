@@ -118,6 +118,7 @@ enum Command {
     /// Notification deliveries: pending, retrying, delivered and dead,
     /// with the last error (root).
     Notifications {
+        /// Print the deliveries as a JSON array.
         #[arg(long)]
         json: bool,
         #[command(subcommand)]
@@ -320,19 +321,16 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             } else {
                 println!("backend: {}", view.backend);
                 println!(
-                    "{:<5} {:<24} {:>10} {:>10} {:<12} {:<16} UUID",
-                    "INDEX", "NAME", "MEM MiB", "USED MiB", "STATE", "JOB"
+                    "{:<5} {:<24} {:>9} {:>9} {:<12} {:<16} UUID",
+                    "INDEX", "NAME", "MEMORY", "USED", "STATE", "JOB"
                 );
                 for g in &view.gpus {
                     println!(
-                        "{:<5} {:<24} {:>10} {:>10} {:<12} {:<16} {}",
+                        "{:<5} {:<24} {:>9} {:>9} {:<12} {:<16} {}",
                         g.gpu.index,
                         truncate(&g.gpu.name, 24),
-                        g.gpu.memory_total_mib,
-                        g.gpu
-                            .memory_used_mib
-                            .map(|m| m.to_string())
-                            .unwrap_or("-".into()),
+                        human_mib(g.gpu.memory_total_mib),
+                        g.gpu.memory_used_mib.map(human_mib).unwrap_or("-".into()),
                         if g.state.is_empty() { "-" } else { &g.state },
                         g.held_by
                             .as_deref()
@@ -367,6 +365,40 @@ fn print_json<T: serde::Serialize>(value: &T) {
     );
 }
 
+/// The terminal's width when stdout is one; tables are then cut to fit.
+fn terminal_width() -> Option<usize> {
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    // SAFETY: TIOCGWINSZ fills a winsize; a zeroed one is a valid start.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) };
+    if rc == 0 && size.ws_col > 0 {
+        return Some(usize::from(size.ws_col));
+    }
+    std::env::var("COLUMNS").ok()?.parse().ok()
+}
+
+/// A table's last, free-length column, cut to what is left of the
+/// terminal after `used` columns (never below 12 characters). Whole when
+/// stdout is not a terminal, so pipes and scripts see everything.
+fn last_column(text: &str, used: usize, width: Option<usize>) -> String {
+    match width {
+        Some(width) => truncate(text, width.saturating_sub(used).max(12)),
+        None => text.to_owned(),
+    }
+}
+
+/// MiB in human units: "512 MiB", "80 GiB", "1.5 GiB".
+fn human_mib(mib: u64) -> String {
+    if mib < 1024 {
+        return format!("{mib} MiB");
+    }
+    let gib = mib as f64 / 1024.0;
+    let text = format!("{gib:.1}");
+    format!("{} GiB", text.strip_suffix(".0").unwrap_or(&text))
+}
+
 fn truncate(s: &str, width: usize) -> String {
     if s.chars().count() <= width {
         s.to_string()
@@ -394,6 +426,7 @@ fn duration_of(job: &JobView) -> Option<u64> {
 
 fn print_table(jobs: &[JobView]) {
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let width = terminal_width();
     println!(
         "{:<24} {:<13} {:<12} {:<6} {:<20} {:<10} DETAIL",
         "ID", "STATUS", "OWNER", "GPUS", "SUBMITTED", "RAN"
@@ -430,7 +463,8 @@ fn print_table(jobs: &[JobView]) {
             duration_of(j)
                 .map(format_duration)
                 .unwrap_or_else(|| "-".into()),
-            j.detail
+            // The columns before DETAIL and their separators.
+            last_column(&j.detail, 24 + 13 + 12 + 6 + 20 + 10 + 6, width)
         );
     }
 }
@@ -663,6 +697,9 @@ async fn logs(
         .unwrap_or(0);
     let proxy = proxy().await?;
     let job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
+    if !follow && job.started_at.is_none() && !is_final(&job.status) {
+        eprintln!("ptrain: job {id} has not started yet; `ptrain logs -f {id}` waits for it");
+    }
     let fd = proxy
         .open_logs(id, lines.unwrap_or(0), since_usec, follow)
         .await
@@ -859,6 +896,7 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
         "{:<40} {:<10} {:>8} {:<20} {:<20} LAST ERROR",
         "KEY", "STATE", "ATTEMPTS", "LAST ATTEMPT", "NEXT"
     );
+    let width = terminal_width();
     for d in &list {
         let time = |t: Option<u64>| t.map(format_time).unwrap_or_else(|| "-".into());
         println!(
@@ -868,7 +906,11 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
             d.attempts,
             time(d.last_attempt_at),
             time(d.next_attempt_at),
-            d.last_error.as_deref().unwrap_or("-")
+            last_column(
+                d.last_error.as_deref().unwrap_or("-"),
+                40 + 10 + 8 + 20 + 20 + 5,
+                width
+            )
         );
     }
     let dead = list
@@ -913,8 +955,8 @@ fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Result<u8, Fa
         }
     }
     if let Some(dir) = &completions {
-        for path in ptrain::docgen::write_completions(cmd, dir)
-            .map_err(|e| io("completions", dir, e))?
+        for path in
+            ptrain::docgen::write_completions(cmd, dir).map_err(|e| io("completions", dir, e))?
         {
             println!("{}", path.display());
         }

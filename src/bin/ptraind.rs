@@ -116,7 +116,10 @@ fn generate_man(dir: &std::path::Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("ptraind: cannot write the man page into {}: {e}", dir.display());
+            eprintln!(
+                "ptraind: cannot write the man page into {}: {e}",
+                dir.display()
+            );
             ExitCode::FAILURE
         }
     }

@@ -4,6 +4,7 @@
 mod daemon;
 mod harness;
 
+mod bench_smoke;
 mod chains;
 mod durability;
 mod examples;
@@ -11,5 +12,6 @@ mod foundation;
 mod gpus;
 mod hostile;
 mod limits;
+mod logs;
 mod notifications;
 mod package;

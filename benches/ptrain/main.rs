@@ -1,0 +1,61 @@
+//! `make bench` (`cargo bench --bench ptrain`): what ptraind costs on top
+//! of systemd, measured against the project's real-systemd harness. Prints
+//! one table (each figure, its floor, the ratio, the target) and writes
+//! `target/bench/results.json`; the previous results, if any, are kept as
+//! `results.prev.json` and shown in the table's last column.
+//!
+//! `BENCH_SCALE=full` (default: the sizes), `ci` (about three
+//! minutes on two cores) or `smoke`. Needs root, like the integration tests.
+
+#[path = "../../tests/integration/daemon.rs"]
+mod daemon;
+#[path = "../../tests/integration/harness.rs"]
+mod harness;
+mod suite;
+
+use std::path::PathBuf;
+
+use suite::report::Results;
+
+fn main() {
+    let name = std::env::var("BENCH_SCALE").unwrap_or_default();
+    let scale = match suite::Scale::from_name(&name) {
+        Ok(scale) => scale,
+        Err(e) => {
+            eprintln!("ptrain bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("ptrain bench: must run as root: it boots a real systemd (tests/harness/boot.sh); run sudo make bench");
+        std::process::exit(2);
+    }
+    let dir = results_dir();
+    let path = dir.join("results.json");
+    let previous: Option<Results> = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let results = suite::run(&scale);
+    println!();
+    print!("{}", results.table(previous.as_ref()));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("ptrain bench: cannot create {}: {e}", dir.display());
+        std::process::exit(1);
+    }
+    if previous.is_some() {
+        let _ = std::fs::rename(&path, dir.join("results.prev.json"));
+    }
+    let json = serde_json::to_vec_pretty(&results).expect("results serialise");
+    if let Err(e) = std::fs::write(&path, json) {
+        eprintln!("ptrain bench: cannot write {}: {e}", path.display());
+        std::process::exit(1);
+    }
+    println!("results: {}", path.display());
+}
+
+/// `target/bench`, wherever cargo's target dir is.
+fn results_dir() -> PathBuf {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().map_or(tmp.clone(), |t| t.join("bench"))
+}

@@ -1,0 +1,67 @@
+//! The benchmark suite (`make bench`, benches/ptrain) at a tiny scale: every
+//! scenario runs against the real harness and yields its figures. Proves the
+//! bench code works; it never judges a speed (targets live in the bench).
+
+#[path = "../../benches/ptrain/suite.rs"]
+mod suite;
+
+use suite::report::Results;
+
+#[test]
+fn every_benchmark_scenario_runs_and_reports() {
+    let results = suite::run(&suite::Scale::smoke());
+    let keys: Vec<&str> = results.figures.iter().map(|f| f.key.as_str()).collect();
+    for key in [
+        "latency.p50",
+        "latency.p99",
+        "floor.props.latency.p99",
+        "throughput.20",
+        "throughput.gpu.20",
+        "queued.rss_per_job",
+        "notify.throughput",
+        "growth.latency.1",
+        "growth.latency.200",
+        "cli.list",
+        "cli.list_all",
+        "cli.status",
+        "idle.rss",
+        "idle.wakeups",
+    ] {
+        let f = results
+            .figure(key)
+            .unwrap_or_else(|| panic!("no figure {key} among {keys:?}"));
+        let value = f
+            .value
+            .unwrap_or_else(|| panic!("figure {key} has no value: {}", f.note));
+        assert!(value.is_finite(), "figure {key} = {value}");
+    }
+    // Every job of every scenario ran to success: a figure from failed
+    // jobs would measure the wrong thing.
+    for f in &results.figures {
+        assert!(
+            f.note.is_empty() || f.key == "idle.wakeups",
+            "{}: {}",
+            f.key,
+            f.note
+        );
+    }
+    // Floors were measured in the same run and ratios follow from them.
+    let p99 = results.figure("latency.p99").unwrap();
+    assert!(p99.floor.is_some_and(|f| f > 0.0) && p99.ratio.is_some() && p99.pass.is_some());
+    let tp = results.figure("throughput.20").unwrap();
+    assert!(tp.floor.is_some_and(|f| f > 0.0) && tp.pass.is_some());
+    assert!(!results.machine.kernel.is_empty() && results.machine.nproc > 0);
+    // The JSON two runs are compared by round-trips, and the table shows
+    // every figure.
+    let json = serde_json::to_string(&results).unwrap();
+    let back: Results = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.figures.len(), results.figures.len());
+    let table = results.table(Some(&back));
+    for f in &results.figures {
+        assert!(
+            table.contains(&f.label),
+            "{} missing from\n{table}",
+            f.label
+        );
+    }
+}
