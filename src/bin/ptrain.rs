@@ -1028,3 +1028,25 @@ fn render_tree(jobs: &[JobView]) -> String {
     }
     tree.out
 }
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_in_human_units() {
+        assert_eq!(human_mib(512), "512 MiB");
+        assert_eq!(human_mib(81920), "80 GiB");
+        assert_eq!(human_mib(1536), "1.5 GiB");
+    }
+
+    #[test]
+    fn last_column_fits_the_terminal_only_on_one() {
+        let detail = "waiting for pipe-prep, pipe-train and pipe-eval to succeed";
+        assert_eq!(last_column(detail, 92, None), detail, "pipes see it whole");
+        let cut = last_column(detail, 92, Some(120));
+        assert_eq!(cut.chars().count(), 28);
+        assert!(cut.ends_with('…'), "{cut}");
+        assert_eq!(last_column(detail, 92, Some(80)).chars().count(), 12);
+    }
+}

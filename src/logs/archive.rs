@@ -310,14 +310,14 @@ pub fn write_lines(
     })
 }
 
-/// Copies one run's output from the journal into its archive.
+/// Copies one run's output from the journal into its archive. Call
+/// [`journal::sync_blocking`] first, once for a batch of jobs that ended.
 pub fn archive_from_journal(
     log_dir: &Path,
     job: &ArchiveJob,
     budget: u64,
     now: u64,
 ) -> Result<ArchiveInfo, ArchiveError> {
-    journal::sync_blocking();
     let sel = &job.selection;
     let mut child = journal::journalctl_blocking()
         .args(journal::args(sel, &Start::Since(0), false))
@@ -521,20 +521,36 @@ impl Archiver {
                     Err(_) => return,
                 },
             };
-            match command {
-                None => self.apply_retention(),
-                Some(ArchiverCommand::Archive(job)) => self.archive(&job),
-                Some(ArchiverCommand::Usage(reply)) => {
-                    let _ = reply.send(self.usage());
+            let Some(first) = command else {
+                self.apply_retention();
+                continue;
+            };
+            // Jobs that ended together are archived as one batch: one
+            // journal sync and one retention pass before and after.
+            let mut jobs = Vec::new();
+            for command in std::iter::once(first).chain(rx.try_iter()) {
+                match command {
+                    ArchiverCommand::Archive(job) => jobs.push(job),
+                    ArchiverCommand::Usage(reply) => {
+                        let _ = reply.send(self.usage());
+                    }
                 }
             }
+            if !self.enabled || jobs.is_empty() {
+                continue;
+            }
+            journal::sync_blocking();
+            // Room first: expired and over-limit archives go before the
+            // disk is asked how much may be written.
+            self.apply_retention();
+            for job in &jobs {
+                self.archive(job);
+            }
+            self.apply_retention();
         }
     }
 
     fn archive(&mut self, job: &ArchiveJob) {
-        if !self.enabled {
-            return;
-        }
         let names = candidate_names(&job.id, job.selection.invocation_id.as_deref());
         if self
             .index
@@ -543,9 +559,6 @@ impl Archiver {
         {
             return;
         }
-        // Room first: expired and over-limit archives go before the disk
-        // is asked how much may be written.
-        self.apply_retention();
         let budget = retention::write_budget(&self.policy, disk_of(&self.log_dir));
         if budget < MIN_BUDGET {
             warn!(
@@ -560,7 +573,6 @@ impl Archiver {
             Ok(info) => {
                 info!(job = %job.id, PTRAIN_JOB = %job.id, archive = %info.name, bytes = info.bytes, "job output archived");
                 self.index.push(info);
-                self.apply_retention();
             }
             Err(e) => {
                 error!(job = %job.id, PTRAIN_JOB = %job.id, error = %e, "cannot archive the job's output: {e}");
@@ -594,7 +606,10 @@ impl Archiver {
                     removed[i] = true;
                 }
                 Err(e) => {
-                    warn!(uid = a.uid, archive = %a.name, error = %e, "cannot remove an old archive")
+                    // Forgotten until the next start's scan: an archive
+                    // that cannot go must not wake the archiver forever.
+                    warn!(uid = a.uid, archive = %a.name, error = %e, "cannot remove an old archive");
+                    removed[i] = true;
                 }
             }
         }

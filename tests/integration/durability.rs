@@ -2,6 +2,7 @@
 //! stops, kill -9 at named points, and a full state disk.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::daemon::{text, Opts, TestDaemon, ALICE, WAIT};
 use crate::harness::wait_for;
@@ -237,4 +238,51 @@ fn retention_compacts_the_oldest_finished_jobs() {
         serde_json::from_slice(&d.ptrain("root", &["list", "--json", "--recent", "2"]).stdout).unwrap();
     let listed: Vec<&str> = listed.iter().map(|j| j["id"].as_str().unwrap()).collect();
     assert_eq!(listed, ["old4", "old5"]);
+}
+
+#[test]
+fn a_thousand_queued_jobs_hold_no_unit_or_process_each() {
+    let d = TestDaemon::start_with(
+        "queued",
+        Opts {
+            gpus: 1,
+            extra_config: "max_queued_per_user = 5000\n".into(),
+            ..Opts::default()
+        },
+    );
+    let work = d.workdir(ALICE);
+    let hold = serde_json::json!({"version": 1, "command": ["sleep", "600"], "gpus": 1});
+    d.drop_job(ALICE, "holder.json", &hold.to_string());
+    d.wait_running("holder");
+    // 1,000 GPU jobs published by rename, as fast as one shell can.
+    let template = work.join("tpl.json");
+    std::fs::write(&template, r#"{"version": 1, "command": ["true"], "gpus": 1}"#).unwrap();
+    crate::daemon::chown(&template, ALICE);
+    let script = format!(
+        "for i in $(seq 1 1000); do cp {tpl} {spool}/.q$i.tmp && mv {spool}/.q$i.tmp {spool}/q$i.json; done",
+        tpl = template.display(),
+        spool = d.spool.display()
+    );
+    let out = d.as_user(ALICE, "/bin/sh", &["-c", &script]);
+    assert!(out.status.success(), "{}", text(&out));
+    wait_for("1,000 jobs to be queued", Duration::from_secs(120), || {
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_slice(&d.ptrain("root", &["list", "--json", "--recent", "0"]).stdout).ok()?;
+        (listed.iter().filter(|j| j["status"] == "queued").count() == 1000).then_some(())
+    });
+    // systemd knows only the running job; ptraind did not grow a task per job.
+    let (_, units) = d.harness.systemctl(&["list-units", "--all", "--no-legend", "--plain", "ptrain-job@*"]);
+    assert_eq!(units.lines().count(), 1, "{units}");
+    let pid = d.unit_property("ptraind.service", "MainPID");
+    let out = d.harness.command("cat").arg(format!("/proc/{pid}/status")).output().unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    let threads: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap();
+    assert!(threads < 64, "ptraind runs {threads} threads with 1,000 jobs queued");
+    let (_, tasks) = d.harness.systemctl(&["show", "ptraind.service", "-p", "TasksCurrent", "--value"]);
+    assert!(tasks.trim().parse::<usize>().unwrap_or(0) < 64, "{tasks}");
+    assert!(std::fs::read_dir(&d.spool).unwrap().next().is_none(), "files left in the spool");
 }
