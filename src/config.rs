@@ -305,9 +305,13 @@ mod tests {
         assert_eq!(c.logs.retention.user_max_count, Some(3));
         let d = load("").unwrap();
         assert_eq!((d.idle_timeout, d.idle_requires_gpu_idle), (None, false));
-        let e = load("[jobs]\nidle_timeout = \"0s\"\n").unwrap_err().to_string();
+        let e = load("[jobs]\nidle_timeout = \"0s\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`jobs.idle_timeout`"), "{e}");
-        let e = load("[logs]\nmin_free = \"99%\"\n").unwrap_err().to_string();
+        let e = load("[logs]\nmin_free = \"99%\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`logs.min_free`"), "{e}");
     }
 

@@ -387,8 +387,19 @@ impl Daemon {
             );
         }
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);
+        let launching = self
+            .by_unit
+            .values()
+            .filter(|id| {
+                self.jobs
+                    .get(*id)
+                    .is_some_and(|r| r.state == JobState::Launching)
+            })
+            .count();
+        let queued = self.queue.len();
+        let running = running.saturating_sub(launching);
         self.metrics
-            .set_jobs(self.jobs.values().map(JobRecord::status), self.held.len());
+            .set_active(queued, launching, running, self.held.len());
     }
 
     /// Loads every record and re-attaches to units that were launched

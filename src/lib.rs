@@ -37,7 +37,8 @@
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
 //! the durable-write and safe-open primitives; [`users`] resolves uids;
-//! [`metrics`] is the optional Prometheus endpoint the state task feeds.
+//! [`metrics`] is the optional Prometheus endpoint the state task feeds;
+//! [`docgen`] writes the man pages and shell completions (`make docs`).
 
 pub mod api;
 pub mod chain;

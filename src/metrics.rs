@@ -92,12 +92,12 @@ pub const RUN_DURATION_BUCKETS: &[f64] = &[
     10.0, 60.0, 300.0, 900.0, 3600.0, 10800.0, 21600.0, 43200.0, 86400.0, 172800.0, 604800.0,
 ];
 
-/// Statuses always exported, 0 when no job has them, so that a series does
-/// not vanish and reappear as jobs come and go.
-pub const JOB_STATUSES: &[&str] = &[
-    "queued",
-    "launching",
-    "running",
+/// The statuses of jobs not ended, in `ptrain_jobs{status}`.
+const ACTIVE_STATUSES: [&str; 3] = ["queued", "launching", "running"];
+
+/// Outcomes always in `ptrain_jobs_finished_total`, 0 until a job ends so,
+/// so that a series does not appear out of nowhere.
+pub const OUTCOMES: &[&str] = &[
     "succeeded",
     "failed",
     "killed",
@@ -140,7 +140,8 @@ impl Histogram {
 /// What the state task keeps current. Shared with the HTTP server.
 pub struct Metrics {
     started_at: u64,
-    jobs: Mutex<BTreeMap<&'static str, u64>>,
+    /// Queued, launching, running ([`ACTIVE_STATUSES`]).
+    active: [AtomicU64; 3],
     finished: Mutex<BTreeMap<&'static str, u64>>,
     gpus_allocated: AtomicU64,
     rejected_files: AtomicU64,
@@ -152,7 +153,7 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             started_at: crate::now_micros(),
-            jobs: Mutex::default(),
+            active: Default::default(),
             finished: Mutex::default(),
             gpus_allocated: AtomicU64::new(0),
             rejected_files: AtomicU64::new(0),
@@ -163,20 +164,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The gauges: how many jobs are in each status, how many GPUs ptrain
-    /// jobs hold. Called after every batch of events.
-    pub fn set_jobs(
-        &self,
-        statuses: impl IntoIterator<Item = &'static str>,
-        gpus_allocated: usize,
-    ) {
-        let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
-        for status in statuses {
-            *counts.entry(status).or_default() += 1;
+    /// The gauges: jobs queued, launching and running, GPUs ptrain jobs
+    /// hold. Called after every batch of events, with counts the daemon
+    /// keeps anyway: its cost must not grow with the job history.
+    pub fn set_active(&self, queued: usize, launching: usize, running: usize, gpus: usize) {
+        for (gauge, n) in self.active.iter().zip([queued, launching, running]) {
+            gauge.store(n as u64, Ordering::Relaxed);
         }
-        *self.jobs.lock().unwrap_or_else(|e| e.into_inner()) = counts;
-        self.gpus_allocated
-            .store(gpus_allocated as u64, Ordering::Relaxed);
+        self.gpus_allocated.store(gpus as u64, Ordering::Relaxed);
     }
 
     /// A job left the queue for its unit after waiting this long.
@@ -231,14 +226,14 @@ pub fn render(m: &Metrics, scrape: &Scrape) -> String {
     );
     out.sample("ptrain_start_time_seconds", &[], m.started_at as f64 / 1e6);
 
-    let jobs = m.jobs.lock().unwrap_or_else(|e| e.into_inner()).clone();
     out.family(
         "ptrain_jobs",
         "gauge",
-        "Jobs ptraind knows, by status (ended jobs stay until their records are removed).",
+        "Jobs not ended, by status: waiting in the queue, being started, running.",
     );
-    for (status, n) in with_known_statuses(&jobs) {
-        out.sample("ptrain_jobs", &[("status", status)], n as f64);
+    for (status, n) in ACTIVE_STATUSES.iter().zip(&m.active) {
+        let n = n.load(Ordering::Relaxed) as f64;
+        out.sample("ptrain_jobs", &[("status", status)], n);
     }
     let finished = m.finished.lock().unwrap_or_else(|e| e.into_inner()).clone();
     out.family(
@@ -246,14 +241,12 @@ pub fn render(m: &Metrics, scrape: &Scrape) -> String {
         "counter",
         "Jobs that ended since ptraind started, by outcome.",
     );
-    for (status, n) in with_known_statuses(&finished) {
-        if !matches!(status, "queued" | "launching" | "running") {
-            out.sample(
-                "ptrain_jobs_finished_total",
-                &[("status", status)],
-                n as f64,
-            );
-        }
+    for (status, n) in with_known_outcomes(&finished) {
+        out.sample(
+            "ptrain_jobs_finished_total",
+            &[("status", status)],
+            n as f64,
+        );
     }
     out.histogram(
         "ptrain_job_queue_wait_seconds",
@@ -404,14 +397,14 @@ fn render_gpus(out: &mut Exposition, view: &GpusView) {
     }
 }
 
-/// The known statuses (0 where absent) and any other present ones.
-fn with_known_statuses(counts: &BTreeMap<&'static str, u64>) -> Vec<(&'static str, u64)> {
-    let mut all: Vec<(&'static str, u64)> = JOB_STATUSES
+/// The known outcomes (0 where absent) and any other present ones.
+fn with_known_outcomes(counts: &BTreeMap<&'static str, u64>) -> Vec<(&'static str, u64)> {
+    let mut all: Vec<(&'static str, u64)> = OUTCOMES
         .iter()
         .map(|s| (*s, counts.get(s).copied().unwrap_or(0)))
         .collect();
     for (status, n) in counts {
-        if !JOB_STATUSES.contains(status) {
+        if !OUTCOMES.contains(status) {
             all.push((status, *n));
         }
     }
@@ -738,7 +731,7 @@ mod tests {
     #[test]
     fn exposition_has_every_family_well_formed() {
         let m = Metrics::default();
-        m.set_jobs(["queued", "running", "running", "succeeded"], 3);
+        m.set_active(1, 0, 2, 3);
         m.job_launched(2_000_000); // 2 s: the le="5" bucket
         m.job_launched(7_200_000_000); // 2 h: the le="14400" bucket
         m.job_finished("succeeded", Some(30_000_000));
@@ -762,9 +755,11 @@ mod tests {
         let s = samples(&text);
         assert_eq!(s["ptrain_jobs{status=\"running\"}"], 2.0);
         assert_eq!(s["ptrain_jobs{status=\"queued\"}"], 1.0);
+        assert_eq!(s["ptrain_jobs{status=\"launching\"}"], 0.0);
+        assert!(!s.contains_key("ptrain_jobs{status=\"succeeded\"}"));
         assert_eq!(
-            s["ptrain_jobs{status=\"failed\"}"], 0.0,
-            "known statuses are always there"
+            s["ptrain_jobs_finished_total{status=\"failed\"}"], 0.0,
+            "known outcomes are always there"
         );
         assert_eq!(s["ptrain_gpus_allocated"], 3.0);
         assert_eq!(s["ptrain_rejected_files_total"], 2.0);

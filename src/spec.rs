@@ -217,7 +217,11 @@ pub struct JobSpec {
     #[serde(default, with = "timeout_serde")]
     pub timeout: Option<Duration>,
     /// Stop the job when it writes no output for this long ([`crate::logs`]).
-    #[serde(default, with = "timeout_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "timeout_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub idle_timeout: Option<Duration>,
     /// If present the daemon checks it equals the file owner's name.
     #[serde(default)]

@@ -355,12 +355,14 @@ impl Systemd {
     }
 }
 
-fn to_variant(value: &PropValue) -> OwnedVariant {
+/// One unit property as the D-Bus variant StartTransientUnit takes.
+pub fn to_variant(value: &PropValue) -> OwnedVariant {
     let variant = match value {
         PropValue::Str(s) => zbus::Variant::from(s.clone()),
         PropValue::Bool(b) => zbus::Variant::from(*b),
         PropValue::U64(n) => zbus::Variant::from(*n),
         PropValue::U32(n) => zbus::Variant::from(*n),
+        PropValue::ByteStrings(list) => zbus::Variant::from(list.clone()),
         PropValue::StrList(list) => zbus::Variant::from(list.clone()),
         PropValue::Exec(cmds) => zbus::Variant::from(cmds.clone()),
         PropValue::DeviceAllow(devs) => zbus::Variant::from(devs.clone()),

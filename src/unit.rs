@@ -19,6 +19,8 @@ pub enum PropValue {
     Bool(bool),
     U64(u64),
     U32(u32),
+    /// An array of byte strings (`aay`), e.g. LogExtraFields.
+    ByteStrings(Vec<Vec<u8>>),
     StrList(Vec<String>),
     /// ExecStartEx: (path, argv, flags).
     Exec(Vec<(String, Vec<String>, Vec<String>)>),
@@ -184,6 +186,12 @@ pub fn job_unit_properties(
         ),
         ("RuntimeDirectoryMode", PropValue::U32(0o700)),
         ("StandardOutput", PropValue::Str("journal".into())),
+        // `journalctl PTRAIN_JOB=ID` shows the job's output next to
+        // ptraind's own entries about it.
+        (
+            "LogExtraFields",
+            PropValue::ByteStrings(vec![format!("PTRAIN_JOB={}", record.id).into_bytes()]),
+        ),
         ("StandardError", PropValue::Str("journal".into())),
         ("Slice", PropValue::Str(config.slice.clone())),
         // Once we release our reference, systemd drops the unit even if it

@@ -1327,18 +1327,8 @@ impl PtrainProps {
     }
 }
 
-/// The same conversion `ptrain::systemd` makes (private there).
 fn prop_variant(value: &PropValue) -> OwnedVariant {
-    use zbus::Variant as Value;
-    variant(match value {
-        PropValue::Str(s) => Value::from(s.clone()),
-        PropValue::Bool(b) => Value::from(*b),
-        PropValue::U64(n) => Value::from(*n),
-        PropValue::U32(n) => Value::from(*n),
-        PropValue::StrList(list) => Value::from(list.clone()),
-        PropValue::Exec(cmds) => Value::from(cmds.clone()),
-        PropValue::DeviceAllow(devs) => Value::from(devs.clone()),
-    })
+    ptrain::systemd::to_variant(value)
 }
 
 // ---------------------------------------------------------------------

@@ -775,8 +775,17 @@ async fn du(json: bool) -> Result<u8, Failure> {
     }
     let size = |b: u64| humansize(b);
     let p = &usage.policy;
-    let limit = |v: Option<u64>, f: &dyn Fn(u64) -> String| v.map(f).unwrap_or_else(|| "none".into());
-    println!("log archive: {} ({})", usage.log_dir, if usage.archive { "on" } else { "off: [logs] archive = false" });
+    let limit =
+        |v: Option<u64>, f: &dyn Fn(u64) -> String| v.map(f).unwrap_or_else(|| "none".into());
+    println!(
+        "log archive: {} ({})",
+        usage.log_dir,
+        if usage.archive {
+            "on"
+        } else {
+            "off: [logs] archive = false"
+        }
+    );
     println!(
         "policy:      max_age {}, max_total_size {}, max_count {}, per user: max_total_size {}, max_count {}; min_free {}",
         limit(p.max_age_secs, &|s| humantime::format_duration(Duration::from_secs(s)).to_string()),
@@ -791,7 +800,11 @@ async fn du(json: bool) -> Result<u8, Failure> {
     );
     println!("archives:    {} using {}", usage.count, size(usage.bytes));
     if let Some(d) = usage.disk {
-        println!("disk:        {} free of {}", size(d.avail_bytes), size(d.total_bytes));
+        println!(
+            "disk:        {} free of {}",
+            size(d.avail_bytes),
+            size(d.total_bytes)
+        );
     }
     if !usage.users.is_empty() {
         println!("{:<16} {:>8} {:>10}  OLDEST", "USER", "ARCHIVES", "SIZE");

@@ -177,6 +177,8 @@ fn owner_follows_a_queued_job_live_until_it_ends() {
     for said in ["job accepted", "job running", "job ended"] {
         assert!(daemon_view.contains(said), "{said}: {daemon_view}");
     }
+    // ...next to the job's own output (the unit's LogExtraFields).
+    assert!(daemon_view.contains("second"), "{daemon_view}");
     let by_unit = d.harness.journal(&[
         "UNIT=ptrain-job@live.service",
         "_SYSTEMD_UNIT=ptraind.service",
