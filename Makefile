@@ -63,6 +63,8 @@ test:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) test -- --test-threads=2
+	@# The package test changes the host that every harness shares: alone, last.
+	$(CARGO) test --test integration -- --ignored --test-threads=1
 
 demo:
 	packaging/demo.sh

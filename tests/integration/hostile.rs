@@ -780,7 +780,7 @@ fn jobs_run_confined_as_their_owner_and_cannot_enter_other_homes() {
 
 #[test]
 fn ten_thousand_files_from_one_user_are_each_run_once_or_refused() {
-    const N: usize = 20_000;
+    const N: usize = 10_000;
     let d = TestDaemon::start_with(
         "hostile-flood",
         Opts {
