@@ -172,6 +172,12 @@ while :; do
         printf '  %5ss  %s\n' "$((SECONDS - deadline + TIMEOUT))" "${st:-not known to ptraind yet}"
         last=$st
     fi
+    if [ "$st" = running ] && [ -z "${shown_running:-}" ]; then
+        shown_running=1
+        phase "systemctl status ptrain-job@$JOB (while it runs)"
+        "${IN[@]}" systemctl --no-pager status "ptrain-job@$JOB" || true
+        printf '\n'
+    fi
     case "$st" in
         "" | queued | launching | running) ;;
         *) break;;
@@ -189,7 +195,7 @@ done
 phase "ptrain status $JOB"
 "${IN[@]}" "$PTRAIN" status "$JOB" || true
 
-phase "systemctl status ptrain-job@$JOB"
+phase "systemctl status ptrain-job@$JOB (after it ended)"
 "${IN[@]}" systemctl --no-pager status "ptrain-job@$JOB" ||
     echo "(no such unit any more: systemd drops a job's unit once ptraind has recorded its result)"
 

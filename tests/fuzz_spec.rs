@@ -181,15 +181,13 @@ fn check_accepted(input: &[u8], spec: &JobSpec) -> Result<(), String> {
 pub fn check_name(name: &str) -> Result<bool, String> {
     let stem = no_panic("spool_file_stem", || spool_file_stem(name))?;
     match stem {
-        Some(stem) => {
-            if format!("{stem}.json") != name || !file_name_matches_regex(name) {
-                return Err(format!("spool_file_stem({name:?}) = {stem:?}"));
-            }
+        Some(stem) if format!("{stem}.json") != name || !file_name_matches_regex(name) => {
+            return Err(format!("spool_file_stem({name:?}) = {stem:?}"));
         }
         None if file_name_matches_regex(name) => {
             return Err(format!("spool_file_stem refused the valid name {name:?}"));
         }
-        None => {}
+        _ => {}
     }
     let parsed = no_panic("JobId::parse", || JobId::parse(name))?;
     match parsed {

@@ -227,6 +227,13 @@ impl Bench<'_> {
         for &n in &self.scale.throughput_sizes.clone() {
             let floor = floors.throughput.get(&n).copied();
             self.throughput(&d, &tracker, &dropper, &procs, n, false, floor);
+            for (key, label, rate) in floors
+                .variants
+                .iter()
+                .filter(|v| v.0.ends_with(&format!(".{n}")))
+            {
+                self.push(Figure::new(key, label, "jobs/s", Some(*rate)).floor(floor, "bare"));
+            }
         }
         for &n in &self.scale.throughput_sizes.clone() {
             let floor = floors.throughput.get(&n).copied();
@@ -243,8 +250,9 @@ impl Bench<'_> {
     fn floors(&mut self, d: &TestDaemon, dropper: &Dropper) -> Floors {
         let bus = d.harness.bus_address();
         let bare = self.rt.block_on(Bare::connect(&bus));
+        let procs = Procs::find(&d.harness);
         let minimal = |add_ref| bare_properties(dropper.uid, add_ref);
-        let with_ptrain_props = PtrainProps::new(d);
+        let ptrain_props = PtrainProps::new(d);
         let n = self.scale.latency_jobs;
 
         say(&format!("floor: {n} units one at a time (bare)"));
@@ -256,26 +264,51 @@ impl Bench<'_> {
             n / 2
         ));
         let lat_props = self.rt.block_on(bare.latency("bench-plat", n / 2, |i| {
-            with_ptrain_props.properties(&format!("plat-{i}"), true)
+            ptrain_props.properties(&format!("plat-{i}"), true, true)
         }));
         let mut throughput = HashMap::new();
-        let mut throughput_props = None;
-        for &size in &self.scale.throughput_sizes {
+        let mut variants = Vec::new();
+        let mut cpu = serde_json::Map::new();
+        for (v, &size) in self.scale.throughput_sizes.iter().enumerate() {
             say(&format!("floor: {size} units at once (bare)"));
+            let cpu0 = procs.cpu();
             let secs = self
                 .rt
                 .block_on(bare.throughput(&format!("bench-tp{size}"), size, |_| minimal(false)));
+            cpu.insert(
+                format!("bare.{size}"),
+                procs.cpu().since(&cpu0).per_job_all(size),
+            );
             throughput.insert(size, size as f64 / secs);
-            if throughput_props.is_none() {
-                say(&format!(
-                    "floor: {size} units at once (ptrain's unit properties)"
-                ));
+            if v > 0 {
+                continue;
+            }
+            // Where the gap to the bare floor is: the unit ptraind asks
+            // for, with and without its exit recorder (ExecStopPost).
+            for (key, label, recorder) in [
+                ("props", "bare loop with ptrain's unit properties", true),
+                (
+                    "props-norec",
+                    "  the same without the exit recorder (ExecStopPost)",
+                    false,
+                ),
+            ] {
+                say(&format!("floor: {size} units at once ({key})"));
+                let cpu0 = procs.cpu();
                 let secs =
                     self.rt
-                        .block_on(bare.throughput(&format!("bench-ptp{size}"), size, |i| {
-                            with_ptrain_props.properties(&format!("ptp-{i}"), false)
+                        .block_on(bare.throughput(&format!("bench-{key}{size}"), size, |i| {
+                            ptrain_props.properties(&format!("{key}-{i}"), false, recorder)
                         }));
-                throughput_props = Some((size, size as f64 / secs));
+                cpu.insert(
+                    format!("{key}.{size}"),
+                    procs.cpu().since(&cpu0).per_job_all(size),
+                );
+                variants.push((
+                    format!("floor.{key}.throughput.{size}"),
+                    label,
+                    size as f64 / secs,
+                ));
             }
         }
         self.detail(
@@ -284,14 +317,15 @@ impl Bench<'_> {
                 "latency_ms": summary(&lat),
                 "latency_ptrain_props_ms": summary(&lat_props),
                 "throughput_jobs_per_s": throughput.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
-                "throughput_ptrain_props": throughput_props,
+                "throughput_variants": variants.iter().map(|(k, _, v)| (k.clone(), *v)).collect::<BTreeMap<_, _>>(),
+                "cpu_ms_per_job": cpu,
             }),
         );
         Floors {
             latency: lat,
             latency_props: lat_props,
             throughput,
-            throughput_props,
+            variants,
         }
     }
 
@@ -652,10 +686,28 @@ impl Bench<'_> {
                 (Some(b), Some(a)) => Some((a.cpu_ns - b.cpu_ns) as f64 / 1e6 / k as f64),
                 _ => None,
             };
+            if mark == self.scale.idle_mark {
+                self.idle_footprint(&d, history);
+            }
             let cli = self.cli(&d, &format!("m{mark}-0"));
+            if mark == self.scale.idle_mark {
+                // What one look at the whole history leaves behind.
+                settle();
+                self.push(
+                    Figure::new(
+                        "idle.rss_after_list_all",
+                        "  ptraind RSS after `ptrain list --all`",
+                        "MiB",
+                        ProcSample::read(pid).map(|s| s.rss_kib as f64 / 1024.0),
+                    )
+                    .target(Target::MaxValue(20.0)),
+                );
+            }
             let growth = Growth {
                 latency: percentile(&active, 0.5),
                 cpu,
+                rss_kib: after.map(|a| a.rss_kib),
+                history,
                 cli,
             };
             let floor_of = |f: fn(&Growth) -> Option<f64>| first.as_ref().and_then(f);
@@ -696,9 +748,6 @@ impl Bench<'_> {
                 "s",
                 Some(start_secs),
             ));
-            if mark == self.scale.idle_mark {
-                self.idle_footprint(&d, history);
-            }
             if is_first {
                 first = Some(growth);
             } else {
@@ -706,6 +755,18 @@ impl Bench<'_> {
             }
         }
         if let (Some(first), Some((history, last))) = (first, last) {
+            let per_job = match (first.rss_kib, last.rss_kib) {
+                (Some(a), Some(b)) if last.history > first.history => {
+                    Some((b as f64 - a as f64) / (last.history - first.history) as f64)
+                }
+                _ => None,
+            };
+            self.push(Figure::new(
+                "history.rss_per_job",
+                "ptraind RSS per finished job in history",
+                "KiB",
+                per_job,
+            ));
             let cmds = [
                 ("list", "ptrain list", Some(Target::MaxRatio(1.5))),
                 ("list_all", "ptrain list --all", None),
@@ -865,7 +926,8 @@ struct Floors {
     latency: Vec<f64>,
     latency_props: Vec<f64>,
     throughput: HashMap<usize, f64>,
-    throughput_props: Option<(usize, f64)>,
+    /// (key, label, jobs/s) of the diagnostic variants of the bare loop.
+    variants: Vec<(String, &'static str, f64)>,
 }
 
 /// One job dropped and followed to its end.
@@ -929,6 +991,9 @@ impl Burst {
 struct Growth {
     latency: Option<f64>,
     cpu: Option<f64>,
+    /// ptraind's RSS after the probes, and the finished jobs it held.
+    rss_kib: Option<u64>,
+    history: usize,
     cli: HashMap<&'static str, CliTime>,
 }
 
@@ -1310,7 +1375,8 @@ impl PtrainProps {
         }
     }
 
-    fn properties(&self, id: &str, add_ref: bool) -> Vec<(String, OwnedVariant)> {
+    /// Without `recorder`, the unit lacks its ExecStopPost exit recorder.
+    fn properties(&self, id: &str, add_ref: bool, recorder: bool) -> Vec<(String, OwnedVariant)> {
         let record = history_record(id, &self.owner, 0, JobState::Queued);
         let ctx = ptrain::unit::LaunchContext {
             home_exists: record.owner.home.is_dir(),
@@ -1320,6 +1386,7 @@ impl PtrainProps {
         let mut props: Vec<(String, OwnedVariant)> =
             ptrain::unit::job_unit_properties(&record, &self.config, &ctx)
                 .into_iter()
+                .filter(|(k, _)| recorder || *k != "ExecStopPostEx")
                 .map(|(k, v)| (k.to_string(), prop_variant(&v)))
                 .collect();
         props.push(("AddRef".into(), variant(zbus::Variant::from(add_ref))));

@@ -15,6 +15,8 @@ fn every_benchmark_scenario_runs_and_reports() {
         "latency.p50",
         "latency.p99",
         "floor.props.latency.p99",
+        "floor.props.throughput.20",
+        "floor.props-norec.throughput.20",
         "throughput.20",
         "throughput.gpu.20",
         "queued.rss_per_job",
@@ -26,6 +28,8 @@ fn every_benchmark_scenario_runs_and_reports() {
         "cli.status",
         "idle.rss",
         "idle.wakeups",
+        "idle.rss_after_list_all",
+        "history.rss_per_job",
     ] {
         let f = results
             .figure(key)
