@@ -109,6 +109,8 @@ pub struct Daemon {
     reserved: BTreeMap<u32, JobId>,
     /// When to plan again although nothing happened; see [`Daemon::schedule`].
     gpu_replan_at: Option<tokio::time::Instant>,
+    /// The spool queue, for rescans to feed.
+    spool_events: mpsc::UnboundedSender<Event>,
     /// Sweep id → its members, in expansion order.
     groups: BTreeMap<JobId, Vec<JobId>>,
     /// Ended jobs by end time, for the recent part of `ptrain list`.
@@ -125,6 +127,14 @@ pub struct Daemon {
 
 /// Most events applied before the loop plans and looks at other work.
 const MAX_EVENT_BATCH: usize = 256;
+/// Most spool files claimed in one go (each costs a few fsyncs).
+const MAX_SPOOL_BATCH: usize = 64;
+/// Most job units referenced at once. systemd's connection to dbus-daemon
+/// gets a match rule per client reference it tracks, and dbus-daemon cuts
+/// a connection past 512 (max_match_rules_per_connection): past that,
+/// systemd drops off the bus and forgets every reference. Jobs beyond this
+/// wait in ptraind's queue, which costs nothing.
+const MAX_TRACKED_UNITS: usize = 256;
 
 /// How long to wait before retrying after a failed state write.
 const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -169,7 +179,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     let inventory = crate::gpu::open_inventory(&config.gpus)?;
     info!(backend = inventory.backend(), "GPU inventory ready");
 
+    // Two queues: systemd, API and idle events first, spool files after
+    // them, so a flood of files never delays recording a job's end.
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let (spool_tx, mut spool_rx) = mpsc::unbounded_channel::<Event>();
     let systemd = Systemd::connect().await?;
     let unit_tx = tx.clone();
     systemd
@@ -206,6 +219,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         blocked: HashSet::new(),
         ended_order: std::collections::BTreeSet::new(),
         metrics: Default::default(),
+        spool_events: spool_tx.clone(),
     };
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
@@ -239,11 +253,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         }
     });
 
-    let spool_tx = tx.clone();
     let _watcher = spool::watch(&daemon.config.spool_dir, move |event| {
         let _ = spool_tx.send(Event::Spool(event));
     })?;
-    // Files dropped while ptraind was down (or before the watch began).
+    // Files dropped while ptraind was down (or before the watch began):
+    // queued as events, claimed by the loop after READY=1, so thousands of
+    // leftovers never hold up the start.
     daemon.rescan().await;
     daemon.schedule().await;
 
@@ -273,9 +288,23 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         let retry_at = daemon.store_failed_at.map(|t| t + STORE_RETRY_INTERVAL);
         let replan_at = daemon.gpu_replan_at;
         tokio::select! {
+            // In this order: a flood of spool files must starve neither the
+            // watchdog nor the recording of jobs that end.
+            biased;
             _ = cancel.cancelled() => break,
             _ = watchdog_tick.tick(), if watchdog.is_some() => {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+            event = rx.recv() => {
+                let Some(event) = event else { break };
+                daemon.handle(event).await;
+                for _ in 0..MAX_EVENT_BATCH {
+                    let Ok(event) = rx.try_recv() else { break };
+                    daemon.handle(event).await;
+                }
+                daemon.schedule().await;
+                daemon.prune_history();
+                daemon.notify_status();
             }
             _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if retry_at.is_some() => {
                 daemon.retry_after_store_failure().await;
@@ -286,14 +315,14 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 daemon.schedule().await;
                 daemon.notify_status();
             }
-            event = rx.recv() => {
+            event = spool_rx.recv() => {
                 let Some(event) = event else { break };
                 daemon.handle(event).await;
-                // Apply what is already waiting before planning, so a burst
-                // of files is scheduled once; bounded, so the watchdog and
-                // the API get their turn during a flood.
-                for _ in 0..MAX_EVENT_BATCH {
-                    let Ok(event) = rx.try_recv() else { break };
+                // Claim what is already waiting before planning, so a burst
+                // of files is scheduled once; bounded, so unit ends, the
+                // API and the watchdog get their turn during a flood.
+                for _ in 0..MAX_SPOOL_BATCH {
+                    let Ok(event) = spool_rx.try_recv() else { break };
                     daemon.handle(event).await;
                 }
                 daemon.schedule().await;
@@ -505,11 +534,13 @@ impl Daemon {
         }
     }
 
+    /// Queues every file in the spool for claiming, in bounded batches
+    /// through the loop (at start, and after an inotify overflow).
     async fn rescan(&mut self) {
         match spool::scan(&self.config.spool_dir) {
             Ok(names) => {
                 for name in names {
-                    self.ingest(&name).await;
+                    let _ = self.spool_events.send(Event::Spool(SpoolEvent::File(name)));
                 }
             }
             Err(e) => {
@@ -969,6 +1000,10 @@ impl Daemon {
             }
         }
         for placement in plan.placements {
+            if self.by_unit.len() >= MAX_TRACKED_UNITS {
+                // The rest start as these end (each end plans again).
+                break;
+            }
             self.launch(&placement.id, &placement.gpus, gpus).await;
         }
         let gpu_jobs_wait = self

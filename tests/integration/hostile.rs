@@ -784,18 +784,31 @@ fn ten_thousand_files_from_one_user_are_each_run_once_or_refused() {
     let d = TestDaemon::start_with(
         "hostile-flood",
         Opts {
+            gpus: 1,
             extra_config: "max_queued_per_user = 50".into(),
             ..Opts::default()
         },
     );
     start_bystander(&d);
     let alice_work = d.workdir(ALICE).display().to_string();
+    // Alice's own job holds the only GPU while the flood lands, so her
+    // queue fills up to the limit and stays there: the files beyond it are
+    // refused, whatever the speed of the machine. Released after.
+    let holder = json!({
+        "version": 1,
+        "command": ["/bin/sh", "-c", "while [ ! -e release ]; do sleep 0.1; done"],
+        "workdir": alice_work,
+        "gpus": 1,
+    });
+    d.drop_job(ALICE, "holder.json", &holder.to_string());
+    d.wait_running("holder");
     // Each job that runs appends its id to one log, so a job that ran twice
     // shows up twice. Shell builtins only: 10k files in well under a second.
     let job = json!({
         "version": 1,
         "command": ["/bin/sh", "-c", "echo $PTRAIN_JOB_ID >> ran.log"],
         "workdir": alice_work,
+        "gpus": 1,
     })
     .to_string()
     .replace('\'', "");
@@ -843,6 +856,11 @@ fn ten_thousand_files_from_one_user_are_each_run_once_or_refused() {
             let unsettled = ["queued", "launching", "running"]
                 .iter()
                 .any(|s| by_status.contains_key(*s));
+            // Claimed or refused, every one; then the holder lets the
+            // queued ones run and they must all finish.
+            if left == 0 && jobs.len() + rejected.len() >= N {
+                std::fs::write(d.workdir(ALICE).join("release"), "").unwrap();
+            }
             (left == 0 && !unsettled && jobs.len() + rejected.len() >= N)
                 .then_some((jobs, rejected))
         },
