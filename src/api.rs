@@ -274,7 +274,9 @@ impl DaemonApi {
     /// JSON array of JobView: what `ptrain list` shows without `--all`. Its
     /// cost does not grow with the history.
     async fn list_recent(&self, limit: u32) -> zbus::fdo::Result<String> {
-        Ok(to_json(&self.ask(|tx| ApiRequest::ListRecent(limit, tx)).await?))
+        Ok(to_json(
+            &self.ask(|tx| ApiRequest::ListRecent(limit, tx)).await?,
+        ))
     }
 
     /// One job, as a JSON JobView.

@@ -1315,11 +1315,20 @@ impl Daemon {
         match request {
             ApiRequest::ListRecent(limit, reply) => {
                 let active = self.queue.iter().chain(self.by_unit.values());
-                let ended = self.ended_order.iter().rev().take(limit as usize).map(|(_, id)| id);
+                let ended = self
+                    .ended_order
+                    .iter()
+                    .rev()
+                    .take(limit as usize)
+                    .map(|(_, id)| id);
                 let mut ids: Vec<&JobId> = active.chain(ended).collect();
                 ids.sort_by_key(|id| (self.jobs[*id].submitted_at, (*id).clone()));
                 ids.dedup();
-                let _ = reply.send(ids.into_iter().map(|id| self.view(&self.jobs[id])).collect());
+                let _ = reply.send(
+                    ids.into_iter()
+                        .map(|id| self.view(&self.jobs[id]))
+                        .collect(),
+                );
             }
             ApiRequest::List(reply) => {
                 let _ = reply.send(self.jobs.values().map(|r| self.view(r)).collect());
@@ -1455,7 +1464,11 @@ impl Daemon {
             // A sweep id stops every member still queued or running.
             let mut lines = Vec::new();
             for member in members {
-                if self.jobs.get(&member).is_some_and(|r| r.state != JobState::Ended) {
+                if self
+                    .jobs
+                    .get(&member)
+                    .is_some_and(|r| r.state != JobState::Ended)
+                {
                     lines.push(Box::pin(self.stop(member.as_str(), caller_uid)).await?);
                 }
             }

@@ -998,7 +998,12 @@ fn render_tree(jobs: &[JobView]) -> String {
             .iter()
             .chain(&job.after_fail)
             .chain(&job.after_any)
-            .filter_map(|p| last_member.get(p.as_str()).copied().or(ids.get(p.as_str()).copied()))
+            .filter_map(|p| {
+                last_member
+                    .get(p.as_str())
+                    .copied()
+                    .or(ids.get(p.as_str()).copied())
+            })
             .collect();
         if parents.is_empty() {
             roots.push(job);
@@ -1014,7 +1019,11 @@ fn render_tree(jobs: &[JobView]) -> String {
     }
     impl<'a> Tree<'a> {
         fn walk(&mut self, job: &'a JobView, depth: usize) {
-            let how = if job.after_fail.is_empty() { "" } else { " (after_fail)" };
+            let how = if job.after_fail.is_empty() {
+                ""
+            } else {
+                " (after_fail)"
+            };
             self.out.push_str(&format!(
                 "{}{} {}{how} — {}\n",
                 "  ".repeat(depth),
@@ -1026,7 +1035,12 @@ fn render_tree(jobs: &[JobView]) -> String {
             if !self.shown.insert(job.id.as_str()) {
                 return;
             }
-            for kid in self.children.get(job.id.as_str()).cloned().unwrap_or_default() {
+            for kid in self
+                .children
+                .get(job.id.as_str())
+                .cloned()
+                .unwrap_or_default()
+            {
                 self.walk(kid, depth + 1);
             }
         }

@@ -76,8 +76,17 @@ fn a_failed_stage_fails_its_descendants_and_runs_the_alert() {
     assert!(deploy["started_at"].is_null(), "{deploy}");
     // The chain as a tree: each stage under the one it waits for.
     let tree = text(&d.ptrain(ALICE, &["list", "--tree"]));
-    for line in ["prep succeeded", "  train failed", "    eval dependency-failed", "      deploy dependency-failed", "  alert succeeded (after_fail)"] {
-        assert!(tree.lines().any(|l| l.starts_with(line)), "no line {line:?} in\n{tree}");
+    for line in [
+        "prep succeeded",
+        "  train failed",
+        "    eval dependency-failed",
+        "      deploy dependency-failed",
+        "  alert succeeded (after_fail)",
+    ] {
+        assert!(
+            tree.lines().any(|l| l.starts_with(line)),
+            "no line {line:?} in\n{tree}"
+        );
     }
 }
 

@@ -227,15 +227,23 @@ fn retention_compacts_the_oldest_finished_jobs() {
         (records == 3).then_some(())
     });
     let history = std::fs::read_to_string(d.state.join("history.jsonl")).unwrap();
-    let compacted: Vec<serde_json::Value> =
-        history.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let ids: Vec<&str> = compacted.iter().map(|j| j["id"].as_str().unwrap()).collect();
+    let compacted: Vec<serde_json::Value> = history
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<&str> = compacted
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["old0", "old1", "old2"]);
     assert!(compacted.iter().all(|j| j["status"] == "succeeded"));
     assert!(d.status("old0").is_none());
     assert_eq!(d.status("old5").unwrap()["status"], "succeeded");
-    let listed: Vec<serde_json::Value> =
-        serde_json::from_slice(&d.ptrain("root", &["list", "--json", "--recent", "2"]).stdout).unwrap();
+    let listed: Vec<serde_json::Value> = serde_json::from_slice(
+        &d.ptrain("root", &["list", "--json", "--recent", "2"])
+            .stdout,
+    )
+    .unwrap();
     let listed: Vec<&str> = listed.iter().map(|j| j["id"].as_str().unwrap()).collect();
     assert_eq!(listed, ["old4", "old5"]);
 }
@@ -256,7 +264,11 @@ fn a_thousand_queued_jobs_hold_no_unit_or_process_each() {
     d.wait_running("holder");
     // 1,000 GPU jobs published by rename, as fast as one shell can.
     let template = work.join("tpl.json");
-    std::fs::write(&template, r#"{"version": 1, "command": ["true"], "gpus": 1}"#).unwrap();
+    std::fs::write(
+        &template,
+        r#"{"version": 1, "command": ["true"], "gpus": 1}"#,
+    )
+    .unwrap();
     crate::daemon::chown(&template, ALICE);
     let script = format!(
         "for i in $(seq 1 1000); do cp {tpl} {spool}/.q$i.tmp && mv {spool}/.q$i.tmp {spool}/q$i.json; done",
@@ -266,23 +278,45 @@ fn a_thousand_queued_jobs_hold_no_unit_or_process_each() {
     let out = d.as_user(ALICE, "/bin/sh", &["-c", &script]);
     assert!(out.status.success(), "{}", text(&out));
     wait_for("1,000 jobs to be queued", Duration::from_secs(120), || {
-        let listed: Vec<serde_json::Value> =
-            serde_json::from_slice(&d.ptrain("root", &["list", "--json", "--recent", "0"]).stdout).ok()?;
+        let listed: Vec<serde_json::Value> = serde_json::from_slice(
+            &d.ptrain("root", &["list", "--json", "--recent", "0"])
+                .stdout,
+        )
+        .ok()?;
         (listed.iter().filter(|j| j["status"] == "queued").count() == 1000).then_some(())
     });
     // systemd knows only the running job; ptraind did not grow a task per job.
-    let (_, units) = d.harness.systemctl(&["list-units", "--all", "--no-legend", "--plain", "ptrain-job@*"]);
+    let (_, units) = d.harness.systemctl(&[
+        "list-units",
+        "--all",
+        "--no-legend",
+        "--plain",
+        "ptrain-job@*",
+    ]);
     assert_eq!(units.lines().count(), 1, "{units}");
     let pid = d.unit_property("ptraind.service", "MainPID");
-    let out = d.harness.command("cat").arg(format!("/proc/{pid}/status")).output().unwrap();
+    let out = d
+        .harness
+        .command("cat")
+        .arg(format!("/proc/{pid}/status"))
+        .output()
+        .unwrap();
     let status = String::from_utf8_lossy(&out.stdout);
     let threads: usize = status
         .lines()
         .find_map(|l| l.strip_prefix("Threads:"))
         .and_then(|t| t.trim().parse().ok())
         .unwrap();
-    assert!(threads < 64, "ptraind runs {threads} threads with 1,000 jobs queued");
-    let (_, tasks) = d.harness.systemctl(&["show", "ptraind.service", "-p", "TasksCurrent", "--value"]);
+    assert!(
+        threads < 64,
+        "ptraind runs {threads} threads with 1,000 jobs queued"
+    );
+    let (_, tasks) =
+        d.harness
+            .systemctl(&["show", "ptraind.service", "-p", "TasksCurrent", "--value"]);
     assert!(tasks.trim().parse::<usize>().unwrap_or(0) < 64, "{tasks}");
-    assert!(std::fs::read_dir(&d.spool).unwrap().next().is_none(), "files left in the spool");
+    assert!(
+        std::fs::read_dir(&d.spool).unwrap().next().is_none(),
+        "files left in the spool"
+    );
 }

@@ -15,7 +15,13 @@ fn submit(d: &TestDaemon, example: &str) {
 
 #[test]
 fn spool_examples_run_as_documented() {
-    let d = TestDaemon::start_with("examples", Opts { gpus: 2, ..Opts::default() });
+    let d = TestDaemon::start_with(
+        "examples",
+        Opts {
+            gpus: 2,
+            ..Opts::default()
+        },
+    );
     for example in [
         "hello.json",
         "train-1gpu.json",
@@ -29,16 +35,32 @@ fn spool_examples_run_as_documented() {
     ] {
         submit(&d, example);
     }
-    for id in ["hello", "train-1gpu", "multi-gpu", "pipe-prep", "pipe-train", "pipe-eval"] {
+    for id in [
+        "hello",
+        "train-1gpu",
+        "multi-gpu",
+        "pipe-prep",
+        "pipe-train",
+        "pipe-eval",
+    ] {
         let s = d.wait_ended(id);
         assert_eq!(s["status"], "succeeded", "{id}: {s}");
     }
     assert_eq!(d.status("train-1gpu").unwrap()["result"]["accuracy"], 0.967);
-    assert_eq!(d.status("multi-gpu").unwrap()["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        d.status("multi-gpu").unwrap()["gpus"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     assert_eq!(d.wait_ended("pipe-alert")["status"], "dependency-failed");
     let compare = d.wait_ended("sweep-compare");
     assert_eq!(compare["status"], "succeeded", "{compare}");
-    assert_eq!(compare["result"]["best"], "lr-sweep-lr0.01-bs32", "{compare}");
+    assert_eq!(
+        compare["result"]["best"], "lr-sweep-lr0.01-bs32",
+        "{compare}"
+    );
     let sweep: Vec<serde_json::Value> =
         serde_json::from_slice(&d.ptrain("root", &["list", "--json"]).stdout).unwrap();
     assert_eq!(sweep.iter().filter(|j| j["group"] == "lr-sweep").count(), 6);
