@@ -1246,13 +1246,25 @@ impl Daemon {
         if let Some(exit) = self.store.exit_record(id) {
             record.result = exit.result;
         }
-        // The end and its notification intents are one durable write.
-        let intents = crate::notifications::intents_for(
+        // The end and its notification intents are one durable write. A job
+        // that ran and ended before ptraind saw it running is announced as
+        // started too.
+        let mut intents = Vec::new();
+        let ran_unseen = current.state == JobState::Launching && record.started_at.is_some();
+        if ran_unseen {
+            intents.extend(crate::notifications::intents_for(
+                &self.config.notifications,
+                &record,
+                crate::notifications::NotifyEvent::Started,
+                now,
+            ));
+        }
+        intents.extend(crate::notifications::intents_for(
             &self.config.notifications,
             &record,
             crate::notifications::NotifyEvent::of_outcome(&outcome),
             now,
-        );
+        ));
         record.notifications.extend(intents.iter().cloned());
         crash_point("before-record-exit");
         if let Err(e) = self.store.save(&record) {

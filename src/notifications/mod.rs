@@ -35,6 +35,7 @@ pub mod pacing;
 pub mod render;
 pub mod retry;
 pub mod sender;
+pub mod tail;
 pub mod transport;
 
 use serde::{Deserialize, Serialize};
@@ -237,6 +238,14 @@ pub struct Notice {
     /// What the job wrote to its result file, if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results: Option<serde_json::Value>,
+    /// The run's systemd invocation, to tell its output from another run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
+    /// The last lines of the job's output ([`tail`]): None until the sender
+    /// reads them, once, before the first attempt; then kept in the outbox
+    /// copy so every attempt and a restart send the same bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<Vec<String>>,
 }
 
 impl Notice {
@@ -265,6 +274,8 @@ impl Notice {
             host: host.to_owned(),
             unit: view.unit,
             results: record.result.clone(),
+            invocation_id: record.invocation_id.clone(),
+            output_tail: None,
         }
     }
 

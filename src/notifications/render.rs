@@ -13,6 +13,10 @@ use crate::store::signal_name;
 
 /// Longest piece of free text (the outcome's detail) put in a message.
 const MAX_DETAIL: usize = 160;
+/// Output lines in a WeCom message, and the bytes of each: the facts and
+/// these fit the robot's 2048 bytes of text with room to spare.
+const WECOM_TAIL_LINES: usize = 5;
+const WECOM_TAIL_LINE_MAX: usize = 120;
 /// WeCom's limits on one message's content, in bytes.
 pub const WECOM_TEXT_MAX: usize = 2048;
 pub const WECOM_MARKDOWN_MAX: usize = 4096;
@@ -30,7 +34,7 @@ fn duration(micros: u64) -> String {
 }
 
 /// Cuts text to at most `max` bytes on a character boundary.
-fn clip(s: &str, max: usize) -> String {
+pub(crate) fn clip(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();
     }
@@ -93,8 +97,21 @@ fn exit_status(n: &Notice) -> Option<String> {
     }
 }
 
-/// The facts, one per line, for email and WeCom text.
+/// The job's last output lines: the last `max_lines`, each cut to
+/// `line_max` bytes. Already escaped when they were read ([`super::tail`]).
+fn tail_lines(n: &Notice, max_lines: usize, line_max: usize) -> impl Iterator<Item = String> + '_ {
+    let lines = n.output_tail.as_deref().unwrap_or(&[]);
+    lines[lines.len().saturating_sub(max_lines)..]
+        .iter()
+        .map(move |l| clip(l, line_max))
+}
+
+/// The facts, one per line, then the last lines of output, for email.
 pub fn body_text(n: &Notice) -> String {
+    body_with_tail(n, usize::MAX, usize::MAX)
+}
+
+fn body_with_tail(n: &Notice, max_lines: usize, line_max: usize) -> String {
     let mut lines = vec![
         format!("Job {} of {} {}.", n.job_id, n.owner, outcome_words(n)),
         String::new(),
@@ -116,6 +133,12 @@ pub fn body_text(n: &Notice) -> String {
         lines.push(format!("Ran for:   {}", duration(d)));
     }
     lines.push(format!("Logs:      ptrain logs {}", n.job_id));
+    let tail: Vec<String> = tail_lines(n, max_lines, line_max).collect();
+    if !tail.is_empty() {
+        lines.push(String::new());
+        lines.push("Last lines of output:".into());
+        lines.extend(tail.into_iter().map(|l| format!("  {l}")));
+    }
     lines.join("\n") + "\n"
 }
 
@@ -160,12 +183,26 @@ pub fn wecom_markdown(n: &Notice) -> String {
         s.push_str(&format!("> ran for: {}\n", duration(d)));
     }
     s.push_str(&format!("> logs: `ptrain logs {}`", n.job_id));
+    let tail: Vec<String> = tail_lines(n, WECOM_TAIL_LINES, WECOM_TAIL_LINE_MAX).collect();
+    if !tail.is_empty() {
+        s.push_str("\n> last output:");
+        for line in tail {
+            s.push_str(&format!(
+                "\n> <font color=\"comment\">{}</font>",
+                md_safe(&line)
+            ));
+        }
+    }
     clip(&s, WECOM_MARKDOWN_MAX)
 }
 
 pub fn wecom_text(n: &Notice) -> String {
     clip(
-        &format!("[ptrain] {}\n{}", title(n), body_text(n)),
+        &format!(
+            "[ptrain] {}\n{}",
+            title(n),
+            body_with_tail(n, WECOM_TAIL_LINES, WECOM_TAIL_LINE_MAX)
+        ),
         WECOM_TEXT_MAX,
     )
 }
@@ -240,8 +277,10 @@ pub struct WebhookPayload<'a> {
     pub logs_command: String,
     /// What the job wrote to its result file (`$PTRAIN_RESULT_FILE`), or null.
     pub results: Option<&'a serde_json::Value>,
-    /// The last lines of the job's output (not collected yet: empty).
-    pub output_tail: Vec<String>,
+    /// The last lines of the job's output, oldest first: at most 20, each
+    /// at most 200 bytes with control characters escaped; empty for a
+    /// start, a job that never ran, or when the journal could not be read.
+    pub output_tail: &'a [String],
 }
 
 pub const WEBHOOK_SCHEMA: &str = "ptrain.notification/1";
@@ -271,7 +310,7 @@ pub fn webhook_payload(intent: &Intent) -> WebhookPayload<'_> {
         unit: &n.unit,
         logs_command: format!("ptrain logs {}", n.job_id),
         results: n.results.as_ref(),
-        output_tail: Vec::new(),
+        output_tail: n.output_tail.as_deref().unwrap_or(&[]),
     }
 }
 
@@ -344,6 +383,8 @@ mod tests {
             host: "gpu01".into(),
             unit: "ptrain-job@resnet-lr01.service".into(),
             results: Some(serde_json::json!({"accuracy": 0.93})),
+            invocation_id: None,
+            output_tail: None,
         }
     }
 
@@ -391,6 +432,43 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("`ptrain logs resnet-lr01`"), "{md}");
+    }
+
+    #[test]
+    fn output_lines_are_shown_within_wecom_limits() {
+        let mut n = notice(NotifyEvent::Failed);
+        assert!(!body_text(&n).contains("Last lines of output"));
+        assert!(!wecom_markdown(&n).contains("last output"));
+        let mut lines: Vec<String> = (0..19)
+            .map(|k| format!("line {k} {}", "x".repeat(190)))
+            .collect();
+        lines.push("Traceback: <@all> [x](http://evil) `rm`".into());
+        n.output_tail = Some(lines);
+        n.detail = "d".repeat(500);
+        let body = body_text(&n);
+        assert!(body.contains("Last lines of output:\n  line 0 "), "{body}");
+        assert!(
+            body.ends_with("  Traceback: <@all> [x](http://evil) `rm`\n"),
+            "{body}"
+        );
+        let text = wecom_text(&n);
+        assert!(text.len() <= WECOM_TEXT_MAX, "{}", text.len());
+        // The last lines, not cut off by the limit; the older ones left out.
+        assert!(
+            text.ends_with("Traceback: <@all> [x](http://evil) `rm`\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  line 15 ") && !text.contains("line 14 "),
+            "{text}"
+        );
+        let md = wecom_markdown(&n);
+        assert!(md.len() <= WECOM_MARKDOWN_MAX, "{}", md.len());
+        assert!(
+            md.ends_with("Traceback: ‹@all› (x)(http://evil) 'rm'</font>"),
+            "{md}"
+        );
+        assert!(md.contains("line 15 ") && !md.contains("line 14 "), "{md}");
     }
 
     #[test]
@@ -443,6 +521,11 @@ mod tests {
         assert_eq!(v["results"]["accuracy"], 0.93);
         // The same intent always gives the same bytes (and signature).
         assert_eq!(webhook_body(&intent), webhook_body(&intent.clone()));
+        let mut with_tail = intent.clone();
+        with_tail.notice.output_tail = Some(vec!["epoch 9".into(), "done".into()]);
+        let v: serde_json::Value = serde_json::from_slice(&webhook_body(&with_tail)).unwrap();
+        assert_eq!(v["output_tail"], serde_json::json!(["epoch 9", "done"]));
+        assert!(v.get("invocation_id").is_none(), "{v}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -20,8 +20,9 @@ use tracing::{error, info, warn};
 use super::outbox::{Delivery, DeliveryState, DeliveryView, Outbox};
 use super::pacing::{self, Pacer};
 use super::retry::{jitter, RetryPolicy, Verdict};
+use super::tail::{self, TailReader};
 use super::transport::{self, Transport};
-use super::{Intent, NotificationsConfig};
+use super::{Intent, Notice, NotificationsConfig, NotifyEvent};
 use crate::api::ApiError;
 use crate::now_micros;
 
@@ -67,14 +68,17 @@ impl Notifier {
             config,
             outbox,
             transport::build_all(config),
+            tail::journal_reader(),
         ))
     }
 
-    /// Starts the sender with given transports (tests use fakes).
+    /// Starts the sender with given transports and output reader (tests
+    /// use fakes).
     pub fn with_transports(
         config: &NotificationsConfig,
         outbox: Outbox,
         transports: HashMap<String, Arc<dyn Transport>>,
+        tails: TailReader,
     ) -> Notifier {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut channels = HashMap::new();
@@ -97,6 +101,9 @@ impl Notifier {
             channels,
             entries: HashMap::new(),
             attempts: JoinSet::new(),
+            tails,
+            unread: Vec::new(),
+            reads: JoinSet::new(),
         };
         tokio::spawn(sender.run(rx));
         Notifier { tx }
@@ -176,6 +183,28 @@ struct Sender {
     /// Every notification not yet delivered or dead, by key.
     entries: HashMap<String, Entry>,
     attempts: JoinSet<Attempt>,
+    tails: TailReader,
+    /// Deliveries admitted since the loop last looked that need their
+    /// output lines; read as one group, so a burst stays one burst.
+    unread: Vec<(String, Notice)>,
+    /// Output reads in flight, each giving (key, lines) for its group.
+    /// Their entries wait, off the channel queues, until the lines are in
+    /// the outbox copy.
+    reads: JoinSet<Vec<(String, Vec<String>)>>,
+}
+
+/// Output reads of one group run at the same time.
+const PARALLEL_READS: usize = 4;
+
+/// Whether `d` still needs its output lines: an end that was never tried
+/// (a dead letter re-sent by root after an attempt keeps what it had, so
+/// the receiver sees the same bytes).
+fn needs_tail(d: &Delivery) -> bool {
+    d.intent.notice.output_tail.is_none()
+        && d.state == DeliveryState::Pending
+        && d.attempts == 0
+        && d.last_attempt_at.is_none()
+        && tail::wanted(&d.intent.notice)
 }
 
 /// The tokio instant of a wall-clock time in microseconds.
@@ -206,6 +235,7 @@ impl Sender {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         self.resume_outbox();
         loop {
+            self.start_reads();
             self.dispatch(Instant::now());
             let wake = self.next_wake();
             tokio::select! {
@@ -221,6 +251,11 @@ impl Sender {
                 Some(done) = self.attempts.join_next(), if !self.attempts.is_empty() => {
                     if let Ok(attempt) = done {
                         self.finished(attempt, Instant::now());
+                    }
+                }
+                Some(done) = self.reads.join_next(), if !self.reads.is_empty() => {
+                    if let Ok(read) = done {
+                        self.tails_read(read);
                     }
                 }
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
@@ -322,8 +357,67 @@ impl Sender {
             (DeliveryState::Retrying, Some(at)) => instant_of(at, now, now_wall).max(now),
             _ => now,
         };
-        queue.due.insert((due, key.clone()));
+        if needs_tail(&delivery) {
+            // Read by the sender, not the state task, and only once: the
+            // lines become part of the message before its first attempt.
+            self.unread
+                .push((key.clone(), delivery.intent.notice.clone()));
+        } else {
+            queue.due.insert((due, key.clone()));
+        }
         self.entries.insert(key, Entry { delivery, deadline });
+    }
+
+    /// Reads the output lines of everything admitted since the last look,
+    /// once per job and event (several channels share them).
+    fn start_reads(&mut self) {
+        if self.unread.is_empty() {
+            return;
+        }
+        let unread = std::mem::take(&mut self.unread);
+        let mut runs: Vec<(String, NotifyEvent)> = Vec::new();
+        let mut reads = Vec::new();
+        for (_, n) in &unread {
+            let run = (n.job_id.clone(), n.event);
+            if !runs.contains(&run) {
+                runs.push(run);
+                reads.push(AssertUnwindSafe((self.tails)(n.clone())).catch_unwind());
+            }
+        }
+        self.reads.spawn(async move {
+            let lines: Vec<Vec<String>> = futures_util::stream::iter(reads)
+                .buffered(PARALLEL_READS)
+                .map(|read| read.unwrap_or_default())
+                .collect()
+                .await;
+            unread
+                .into_iter()
+                .map(|(key, n)| {
+                    let at = runs
+                        .iter()
+                        .position(|r| r.0 == n.job_id && r.1 == n.event)
+                        .expect("every notice has its run");
+                    (key, lines[at].clone())
+                })
+                .collect()
+        });
+    }
+
+    /// Output lines are in: each recorded in its delivery's outbox copy,
+    /// then the deliveries are queued for their first attempt, together.
+    fn tails_read(&mut self, read: Vec<(String, Vec<String>)>) {
+        let now = Instant::now();
+        for (key, lines) in read {
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            entry.delivery.intent.notice.output_tail = Some(lines);
+            let channel = entry.delivery.intent.channel.clone();
+            self.persist(&self.entries[&key].delivery);
+            if let Some(queue) = self.channels.get_mut(&channel) {
+                queue.due.insert((now, key));
+            }
+        }
     }
 
     fn bury(&mut self, mut delivery: Delivery, why: String) {
@@ -574,6 +668,8 @@ pub(crate) mod tests {
                 host: "gpu01".into(),
                 unit: format!("ptrain-job@{job}.service"),
                 results: None,
+                invocation_id: None,
+                output_tail: None,
             },
         }
     }
@@ -588,6 +684,8 @@ pub(crate) mod tests {
         max_batch: usize,
         per_minute: Option<u32>,
         sent: Option<mpsc::UnboundedSender<usize>>,
+        /// (key, output lines) of every message sent.
+        seen: Mutex<Vec<(String, Option<Vec<String>>)>>,
     }
 
     impl Transport for Arc<Fake> {
@@ -599,6 +697,11 @@ pub(crate) mod tests {
             if let Some(tx) = &self.sent {
                 let _ = tx.send(batch.len());
             }
+            self.seen.lock().unwrap().extend(
+                batch
+                    .iter()
+                    .map(|i| (i.key.clone(), i.notice.output_tail.clone())),
+            );
             let verdict = self
                 .script
                 .lock()
@@ -633,9 +736,18 @@ pub(crate) mod tests {
     }
 
     fn start(cfg: &NotificationsConfig, dir: &Path, fake: &Arc<Fake>) -> Notifier {
+        start_reading(cfg, dir, fake, Arc::new(|_| async { Vec::new() }.boxed()))
+    }
+
+    fn start_reading(
+        cfg: &NotificationsConfig,
+        dir: &Path,
+        fake: &Arc<Fake>,
+        tails: TailReader,
+    ) -> Notifier {
         let mut t: HashMap<String, Arc<dyn Transport>> = HashMap::new();
         t.insert("ch".into(), Arc::new(fake.clone()));
-        Notifier::with_transports(cfg, Outbox::open(dir).unwrap(), t)
+        Notifier::with_transports(cfg, Outbox::open(dir).unwrap(), t, tails)
     }
 
     async fn wait_state(n: &Notifier, key: &str, state: DeliveryState) -> DeliveryView {
@@ -783,6 +895,62 @@ pub(crate) mod tests {
         second.deliver(vec![i.clone()]);
         wait_state(&second, &i.key, DeliveryState::Delivered).await;
         assert_eq!(fine.log.lock().unwrap()[0].1, vec![i.key.clone()]);
+    }
+
+    /// The output lines are read once, before the first attempt, and kept
+    /// in the outbox: a retry and a restart mid-attempt send the same ones
+    /// even though a second read would give others.
+    #[tokio::test(start_paused = true)]
+    async fn output_lines_are_read_once_and_kept_across_retries_and_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let reader: TailReader = {
+            let reads = reads.clone();
+            Arc::new(move |_| {
+                let k = reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move { vec![format!("read {k}")] }.boxed()
+            })
+        };
+        let cfg = config(1, 10, 3600);
+        let hung = Arc::new(Fake {
+            hang: true,
+            ..Fake::default()
+        });
+        let first = start_reading(&cfg, dir.path(), &hung, reader.clone());
+        let i = intent("j", NotifyEvent::Failed, "ch");
+        first.deliver(vec![i.clone()]);
+        while hung.log.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(first);
+        let flaky = Arc::new(Fake {
+            script: Mutex::new([Verdict::Retry("HTTP 503".into())].into()),
+            ..Fake::default()
+        });
+        let second = start_reading(&cfg, dir.path(), &flaky, reader);
+        let started = intent("j", NotifyEvent::Started, "ch");
+        // The job record's copy, without lines, as after a restart.
+        second.deliver(vec![i.clone(), started.clone()]);
+        wait_state(&second, &i.key, DeliveryState::Delivered).await;
+        wait_state(&second, &started.key, DeliveryState::Delivered).await;
+        let want = Some(vec!["read 0".to_owned()]);
+        assert_eq!(
+            *hung.seen.lock().unwrap(),
+            vec![(i.key.clone(), want.clone())]
+        );
+        let seen = flaky.seen.lock().unwrap().clone();
+        let ends: Vec<_> = seen.iter().filter(|(k, _)| *k == i.key).collect();
+        assert_eq!(ends.len(), 2, "{seen:?}");
+        assert!(ends.iter().all(|(_, t)| *t == want), "{seen:?}");
+        // A start carries no lines and costs no read.
+        assert!(seen.contains(&(started.key.clone(), None)), "{seen:?}");
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let kept = Outbox::open(dir.path())
+            .unwrap()
+            .load(&i.key)
+            .unwrap()
+            .unwrap();
+        assert_eq!(kept.intent.notice.output_tail, want);
     }
 
     #[tokio::test(start_paused = true)]

@@ -345,6 +345,8 @@ fn notice(job: &str, event: NotifyEvent) -> Notice {
         host: "gpu01".into(),
         unit: format!("ptrain-job@{job}.service"),
         results: None,
+        invocation_id: None,
+        output_tail: None,
     }
 }
 
@@ -456,6 +458,8 @@ fn webhook_503_five_times_then_200_is_delivered_once_within_backoff_bounds() {
         assert_eq!(r.header("content-type"), Some("application/json"));
     }
     let body = requests[0].json();
+    // A job this host never ran: no lines, the same (empty) ones each time.
+    assert_eq!(body["output_tail"], serde_json::json!([]));
     assert_eq!(body["event"], "failed");
     assert_eq!(body["job_id"], "train-7");
     assert_eq!(body["exit_code"], 3);
@@ -747,11 +751,13 @@ fn a_job_end_is_posted_once_with_the_right_fields() {
         },
     );
     let work = d.workdir(ALICE);
-    // Ends (the default): one POST when it succeeds.
-    let job = serde_json::json!({"version": 1, "command": ["/bin/sh", "-c", "env > env.txt"],
+    // Ends (the default): one POST when it succeeds, with its last lines.
+    let job = serde_json::json!({"version": 1, "command": ["/bin/sh", "-c",
+            "env > env.txt; for k in $(seq 1 30); do echo \"step $k\"; done; printf 'tail\\tend\\033[0m\\n'"],
         "workdir": work, "notify": ["hook"]});
     d.drop_job(ALICE, "note-ok.json", &job.to_string());
-    // Only its start: one POST, none for its end.
+    // Only its start: one POST, none for its end. `true` usually ends
+    // before ptraind sees it active; its start is announced all the same.
     let job = serde_json::json!({"version": 1, "command": ["true"],
         "notify": ["hook"], "notify_on": ["started", "failed"]});
     d.drop_job(ALICE, "note-start.json", &job.to_string());
@@ -805,12 +811,23 @@ fn a_job_end_is_posted_once_with_the_right_fields() {
         .as_str()
         .unwrap()
         .starts_with("job note-ok succeeded"));
+    // The last 20 lines, control characters escaped.
+    let tail: Vec<&str> = body["output_tail"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{body}"))
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert_eq!(tail.len(), 20, "{tail:?}");
+    assert_eq!(tail[0], "step 12", "{tail:?}");
+    assert_eq!(tail[18..], ["step 30", "tail\\tend\\u{1b}[0m"], "{tail:?}");
     let started = requests
         .iter()
         .find(|r| r.header("idempotency-key") == Some("note-start.started.hook"))
         .unwrap()
         .json();
     assert_eq!(started["status"], "running");
+    assert_eq!(started["output_tail"], serde_json::json!([]));
 
     // Channels are the admin's names: anything else is refused at once.
     let job = serde_json::json!({"version": 1, "command": ["true"], "notify": ["nope"]});
@@ -953,7 +970,7 @@ fn kill_9_mid_delivery_resends_with_the_same_key() {
     d.drop_job(
         ALICE,
         "killed.json",
-        r#"{"version": 1, "command": ["true"], "notify": ["hook"]}"#,
+        r#"{"version": 1, "command": ["/bin/sh", "-c", "echo last-words"], "notify": ["hook"]}"#,
     );
     let first = server.wait_requests(1, WAIT);
     let pending = deliveries(&d);
@@ -983,6 +1000,11 @@ fn kill_9_mid_delivery_resends_with_the_same_key() {
     );
     assert_eq!(all[0].body, all[1].body, "the re-sent message differs");
     assert_eq!(first[0].body, all[1].body);
+    // The lines read before the first attempt went out again as they were.
+    assert_eq!(
+        all[1].json()["output_tail"],
+        serde_json::json!(["last-words"])
+    );
     assert_eq!(
         all[1].header("x-ptrain-signature"),
         Some(signature(b"kill-hmac-secret", &all[1].body).as_str())
