@@ -127,6 +127,9 @@ pub struct Daemon {
 
 /// Most events applied before the loop plans and looks at other work.
 const MAX_EVENT_BATCH: usize = 256;
+/// Most jobs one `List` reply carries (dbus-daemon's default maximum
+/// message on the system bus is 32 MiB).
+const MAX_LIST_ALL: usize = 20_000;
 /// Most spool files claimed in one go (each costs a few fsyncs).
 const MAX_SPOOL_BATCH: usize = 64;
 /// Most job units referenced at once. systemd's connection to dbus-daemon
@@ -1343,7 +1346,21 @@ impl Daemon {
                 );
             }
             ApiRequest::List(reply) => {
-                let _ = reply.send(self.jobs.values().map(|r| self.view(r)).collect());
+                // From memory only: a finished job's slim record has what a
+                // listing shows (`ptrain status ID` reads the full one). At
+                // most MAX_LIST_ALL, newest first, so the reply stays under
+                // the system bus's message size limit.
+                let active = self.queue.iter().chain(self.by_unit.values());
+                let room = MAX_LIST_ALL.saturating_sub(self.queue.len() + self.by_unit.len());
+                let ended = self.ended_order.iter().rev().take(room).map(|(_, id)| id);
+                let mut ids: Vec<&JobId> = active.chain(ended).collect();
+                ids.sort_by_key(|id| (self.jobs[*id].submitted_at, (*id).clone()));
+                ids.dedup();
+                let _ = reply.send(
+                    ids.into_iter()
+                        .map(|id| JobView::of(&self.jobs[id]))
+                        .collect(),
+                );
             }
             ApiRequest::Status(id, reply) => {
                 let view = JobId::parse(&id)

@@ -66,7 +66,8 @@ enum Command {
     List {
         #[arg(long)]
         json: bool,
-        /// Every job in the history, not only the active ones and the recent ends.
+        /// Every job ptraind remembers (the newest 20,000), not only the active
+        /// ones and the recent ends; older ones: STATE/history.jsonl.
         #[arg(long)]
         all: bool,
         /// How many recently ended jobs to show besides the active ones.
