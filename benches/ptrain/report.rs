@@ -111,6 +111,12 @@ pub struct Machine {
     /// RFC 3339, UTC.
     pub date: String,
     pub git_commit: String,
+    /// 1-minute load average when the run began and ended: other work on
+    /// the machine during the run makes figures incomparable.
+    #[serde(default)]
+    pub load_start: f64,
+    #[serde(default)]
+    pub load_end: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -214,9 +220,11 @@ impl Results {
         }
         let m = &self.machine;
         out.push_str(&format!(
-            "scale {}, {:.0} s; {} CPUs ({}), {} MiB, kernel {}, {}, {}, commit {}\n",
+            "scale {}, {:.0} s, load {:.1} to {:.1}; {} CPUs ({}), {} MiB, kernel {}, {}, {}, commit {}\n",
             self.scale,
             self.wall_secs,
+            m.load_start,
+            m.load_end,
             m.nproc,
             m.cpu_model,
             m.mem_total_mib,

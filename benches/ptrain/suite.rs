@@ -62,6 +62,8 @@ const TRUE: &str = "/bin/true";
 /// Most StartTransientUnit jobs the bare loop leaves waiting inside
 /// systemd: past ~512, dbus-daemon's match-rule limit stops the replies.
 const BARE_MAX_PENDING: usize = 256;
+/// A wait for jobs gives up when none of them moved on for this long.
+const STALL: Duration = Duration::from_secs(60);
 /// How long the slow notification endpoint holds each request.
 const SLOW_ENDPOINT_DELAY: Duration = Duration::from_secs(2);
 
@@ -170,6 +172,7 @@ pub fn run(scale: &Scale) -> Results {
     bench.throughput_daemon();
     bench.history_daemon();
     results.wall_secs = started.elapsed().as_secs_f64();
+    results.machine.load_end = load_average();
     results
 }
 
@@ -221,12 +224,13 @@ impl Bench<'_> {
         let floors = self.floors(&d, &dropper);
         d.start_service();
         let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
-        let procs = Procs::find(&d.harness);
 
-        self.latency(&tracker, &dropper, &floors);
+        self.latency(&d, &tracker, &dropper, &floors);
+        // Before the bursts: a heap grown by them hides new allocations.
+        self.queued_footprint(&d, &tracker, &dropper);
         for &n in &self.scale.throughput_sizes.clone() {
             let floor = floors.throughput.get(&n).copied();
-            self.throughput(&d, &tracker, &dropper, &procs, n, false, floor);
+            self.throughput(&d, &tracker, &dropper, n, false, floor);
             for (key, label, rate) in floors
                 .variants
                 .iter()
@@ -237,10 +241,9 @@ impl Bench<'_> {
         }
         for &n in &self.scale.throughput_sizes.clone() {
             let floor = floors.throughput.get(&n).copied();
-            self.throughput(&d, &tracker, &dropper, &procs, n, true, floor);
+            self.throughput(&d, &tracker, &dropper, n, true, floor);
         }
-        self.queued_footprint(&d, &tracker, &dropper);
-        self.notifications(&d, &tracker, &dropper, &procs, &endpoint);
+        self.notifications(&d, &tracker, &dropper, &endpoint);
         drop(tracker);
         let root = d.root.clone();
         drop(d);
@@ -329,12 +332,22 @@ impl Bench<'_> {
         }
     }
 
-    fn latency(&mut self, tracker: &Tracker, dropper: &Dropper, floors: &Floors) {
+    fn latency(&mut self, d: &TestDaemon, tracker: &Tracker, dropper: &Dropper, floors: &Floors) {
         let n = self.scale.latency_jobs;
         say(&format!("ptraind: {n} jobs dropped one at a time"));
         let samples = self.sequential(tracker, dropper, "lat", n, "");
         let active: Vec<f64> = samples.iter().filter_map(|s| s.to_active_ms()).collect();
         let claim: Vec<f64> = samples.iter().filter_map(|s| s.to_claim_ms()).collect();
+        // ptraind's own part: until StartTransientUnit has answered (its
+        // "unit started" line); the rest is systemd's.
+        let replied = logged_at(d, "unit started");
+        let own: Vec<f64> = samples
+            .iter()
+            .filter_map(|s| {
+                let at = replied.get(&s.id)?;
+                Some(*at as f64 / 1e3 - s.dropped_at as f64 / 1e3)
+            })
+            .collect();
         let failed = samples.iter().filter(|s| s.status != "succeeded").count();
         let note = if failed > 0 {
             format!("{failed} of {n} jobs did not succeed")
@@ -358,10 +371,18 @@ impl Bench<'_> {
         }
         self.push(Figure::new(
             "latency.claim.p50",
-            "  of which drop-to-claim p50 (claimed durably)",
+            "  drop to the start of the claim, p50",
             "ms",
             percentile(&claim, 0.5),
         ));
+        for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
+            self.push(Figure::new(
+                &format!("latency.ptraind.{name}"),
+                &format!("  drop to StartTransientUnit's reply, {name}"),
+                "ms",
+                percentile(&own, q),
+            ));
+        }
         for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
             self.push(
                 Figure::new(
@@ -375,7 +396,8 @@ impl Bench<'_> {
         }
         self.detail(
             "latency",
-            json!({"drop_to_active_ms": summary(&active), "drop_to_claim_ms": summary(&claim), "failed": failed}),
+            json!({"drop_to_active_ms": summary(&active), "drop_to_claim_ms": summary(&claim),
+                   "drop_to_start_reply_ms": summary(&own), "failed": failed}),
         );
     }
 
@@ -403,6 +425,7 @@ impl Bench<'_> {
             }
             let view = self.rt.block_on(tracker.status(&id));
             out.push(Probe {
+                id: id.clone(),
                 dropped_at,
                 submitted_at: view.as_ref().map(|v| v.submitted_at),
                 started_at: view.as_ref().and_then(|v| v.started_at),
@@ -418,12 +441,10 @@ impl Bench<'_> {
         d: &TestDaemon,
         tracker: &Tracker,
         dropper: &Dropper,
-        procs: &Procs,
         n: usize,
         gpus: bool,
         floor: Option<f64>,
     ) {
-        let _ = d;
         let (tag, extra, label) = if gpus {
             (
                 format!("tpg{n}"),
@@ -438,7 +459,7 @@ impl Bench<'_> {
             )
         };
         say(&format!("ptraind: {label}"));
-        let run = self.burst(tracker, dropper, procs, &tag, n, extra);
+        let run = self.burst(d, tracker, dropper, &tag, n, extra);
         let key = if gpus {
             format!("throughput.gpu.{n}")
         } else {
@@ -454,7 +475,8 @@ impl Bench<'_> {
             &format!("cpu.ptraind.{tag}"),
             "  ptraind CPU per job",
             "ms",
-            run.cpu.per_job("ptraind", n),
+            // A restart loses the CPU of the process that died.
+            run.cpu.per_job("ptraind", n).filter(|_| run.restarts == 0),
         ));
         self.detail(&key, run.to_json(n));
     }
@@ -463,9 +485,9 @@ impl Bench<'_> {
     /// every job has ended and been recorded.
     fn burst(
         &mut self,
+        d: &TestDaemon,
         tracker: &Tracker,
         dropper: &Dropper,
-        procs: &Procs,
         tag: &str,
         n: usize,
         extra: &str,
@@ -474,6 +496,8 @@ impl Bench<'_> {
         for id in &ids {
             dropper.stage(id, &job_json(extra));
         }
+        let procs = Procs::find(&d.harness);
+        let restarts0 = restarts(d);
         let cpu0 = procs.cpu();
         let mark = tracker.mark();
         let t0 = Instant::now();
@@ -494,6 +518,7 @@ impl Bench<'_> {
             secs,
             error,
             failed,
+            restarts: restarts(d).saturating_sub(restarts0),
             cpu,
         }
     }
@@ -600,23 +625,21 @@ impl Bench<'_> {
         d: &TestDaemon,
         tracker: &Tracker,
         dropper: &Dropper,
-        procs: &Procs,
         endpoint: &SlowEndpoint,
     ) {
         let n = self.scale.notify_jobs;
         if n == 0 {
             return;
         }
-        let _ = d;
         say(&format!(
             "ptraind: {n} jobs without, then with a notification to a {}-s endpoint",
             SLOW_ENDPOINT_DELAY.as_secs()
         ));
-        let without = self.burst(tracker, dropper, procs, &format!("nn{n}"), n, "");
+        let without = self.burst(d, tracker, dropper, &format!("nn{n}"), n, "");
         let with = self.burst(
+            d,
             tracker,
             dropper,
-            procs,
             &format!("ny{n}"),
             n,
             ",\"notify\":[\"hook\"]",
@@ -689,7 +712,7 @@ impl Bench<'_> {
             if mark == self.scale.idle_mark {
                 self.idle_footprint(&d, history);
             }
-            let cli = self.cli(&d, &format!("m{mark}-0"));
+            let cli = self.cli(&d, &tracker, &format!("m{mark}-0"));
             if mark == self.scale.idle_mark {
                 // What one look at the whole history leaves behind.
                 settle();
@@ -767,22 +790,38 @@ impl Bench<'_> {
                 "KiB",
                 per_job,
             ));
+            // The API calls carry the targets: the CLI's wall time adds a
+            // constant (a process, nsenter, a bus connection) and its noise.
             let cmds = [
-                ("list", "ptrain list", Some(Target::MaxRatio(1.5))),
+                ("list", "ptrain list", None),
+                (
+                    "api.list",
+                    "  ListRecent(50) over D-Bus",
+                    Some(Target::MaxRatio(1.5)),
+                ),
+                ("status", "ptrain status ID", None),
+                (
+                    "api.status",
+                    "  Status(ID) over D-Bus",
+                    Some(Target::MaxRatio(1.5)),
+                ),
                 ("list_all", "ptrain list --all", None),
-                ("status", "ptrain status ID", Some(Target::MaxRatio(1.5))),
             ];
             for (key, label, target) in cmds {
                 let now = last.cli.get(key).cloned().unwrap_or_default();
                 let then = first.cli.get(key).cloned().unwrap_or_default();
-                let mut f = Figure::new(
-                    &format!("cli.{key}"),
-                    &format!("{label}, {history} jobs in history"),
-                    "ms",
-                    now.ms,
-                )
-                .floor(then.ms, "early history")
-                .note(now.error);
+                let label = if key.starts_with("api.") {
+                    label.to_string()
+                } else {
+                    format!("{label}, {history} jobs in history")
+                };
+                let key = match key.strip_prefix("api.") {
+                    Some(k) => format!("api.{k}"),
+                    None => format!("cli.{key}"),
+                };
+                let mut f = Figure::new(&key, &label, "ms", now.ms)
+                    .floor(then.ms, "early history")
+                    .note(now.error);
                 if let Some(t) = target {
                     f = f.target(t);
                 }
@@ -797,13 +836,45 @@ impl Bench<'_> {
     }
 
     /// `ptrain list`, `ptrain list --all`, `ptrain status ID` as root,
-    /// inside the harness: the median wall time of each.
-    fn cli(&mut self, d: &TestDaemon, id: &str) -> HashMap<&'static str, CliTime> {
+    /// inside the harness, and the D-Bus calls behind the first two: the
+    /// median wall time of each.
+    fn cli(
+        &mut self,
+        d: &TestDaemon,
+        tracker: &Tracker,
+        id: &str,
+    ) -> HashMap<&'static str, CliTime> {
         let mut out = HashMap::new();
+        let runs = 5 * self.scale.cli_runs.max(1);
+        for key in ["api.list", "api.status"] {
+            let mut times = Vec::new();
+            let mut error = String::new();
+            for _ in 0..runs {
+                let t0 = Instant::now();
+                let reply = match key {
+                    "api.list" => self.rt.block_on(tracker.proxy.list_recent(50)),
+                    _ => self.rt.block_on(tracker.proxy.status(id)),
+                };
+                match reply {
+                    Ok(_) => times.push(t0.elapsed().as_secs_f64() * 1e3),
+                    Err(e) => error = e.to_string(),
+                }
+            }
+            out.insert(
+                key,
+                CliTime {
+                    ms: percentile(&times, 0.5),
+                    bytes: 0,
+                    error,
+                },
+            );
+        }
+        // `list --all` last: a reply too big for the bus may cut ptraind
+        // off it (checked below).
         let cmds: [(&str, Vec<&str>); 3] = [
             ("list", vec!["list"]),
-            ("list_all", vec!["list", "--all"]),
             ("status", vec!["status", id]),
+            ("list_all", vec!["list", "--all"]),
         ];
         for (key, args) in cmds {
             let mut times = Vec::new();
@@ -828,6 +899,16 @@ impl Bench<'_> {
                     error,
                 },
             );
+        }
+        let alive = d.ptrain("root", &["list"]);
+        if !alive.status.success() {
+            if let Some(t) = out.get_mut("list_all") {
+                t.error = format!(
+                    "{}; afterwards ptraind no longer answers: {}",
+                    t.error,
+                    first_line(&crate::daemon::text(&alive))
+                );
+            }
         }
         out
     }
@@ -893,6 +974,44 @@ fn first_line(s: &str) -> String {
         .to_string()
 }
 
+/// When ptraind logged `message` for each job: the journal's realtime µs,
+/// by the entry's PTRAIN_JOB field.
+fn logged_at(d: &TestDaemon, message: &str) -> HashMap<String, u64> {
+    let out = d
+        .harness
+        .command("journalctl")
+        .args([
+            "--no-pager",
+            "-u",
+            "ptraind.service",
+            "-o",
+            "json",
+            "--output-fields=MESSAGE,PTRAIN_JOB",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output();
+    let mut at = HashMap::new();
+    let Ok(out) = out else { return at };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if entry["MESSAGE"] != message {
+            continue;
+        }
+        let (Some(job), Some(t)) = (
+            entry["PTRAIN_JOB"].as_str(),
+            entry["__REALTIME_TIMESTAMP"]
+                .as_str()
+                .and_then(|t| t.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        at.insert(job.to_string(), t);
+    }
+    at
+}
+
 /// Lets ptraind finish what an event started (GC, releases, signals)
 /// before a footprint reading.
 fn settle() {
@@ -932,6 +1051,7 @@ struct Floors {
 
 /// One job dropped and followed to its end.
 struct Probe {
+    id: String,
     /// Realtime µs just before the rename into the spool.
     dropped_at: u64,
     submitted_at: Option<u64>,
@@ -956,6 +1076,9 @@ struct Burst {
     secs: Option<f64>,
     error: Option<String>,
     failed: usize,
+    /// Times systemd restarted ptraind during the run (its CPU is then
+    /// counted only since the last start).
+    restarts: u32,
     cpu: CpuDelta,
 }
 
@@ -973,6 +1096,9 @@ impl Burst {
         if self.failed > 0 {
             notes.push(format!("{} jobs did not succeed", self.failed));
         }
+        if self.restarts > 0 {
+            notes.push(format!("ptraind was restarted {} times", self.restarts));
+        }
         notes.join("; ")
     }
 
@@ -982,6 +1108,7 @@ impl Burst {
             "secs": self.secs,
             "error": self.error,
             "failed": self.failed,
+            "restarts": self.restarts,
             "cpu_ms_per_job": self.cpu.per_job_all(n),
         })
     }
@@ -1126,13 +1253,16 @@ impl Tracker {
         let mut cursor = mark;
         let mut last = Instant::now();
         let mut changed = self.changed.clone();
-        let deadline = tokio::time::Instant::now() + timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + timeout;
+        let mut progress = started;
         loop {
             {
                 let seen = self.seen.lock().unwrap();
                 for (id, status, at) in &seen.log[cursor..] {
                     if pred(status) && pending.remove(id.as_str()) {
                         last = *at;
+                        progress = tokio::time::Instant::now();
                     }
                 }
                 cursor = seen.log.len();
@@ -1140,15 +1270,18 @@ impl Tracker {
             if pending.is_empty() {
                 return Ok(last);
             }
-            match tokio::time::timeout_at(deadline, changed.changed()).await {
+            // Stuck jobs (a launch that never resolves) end the wait early.
+            let until = deadline.min(progress + STALL);
+            match tokio::time::timeout_at(until, changed.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return Err("the JobChanged stream ended".into()),
                 Err(_) => {
                     return Err(format!(
-                        "{} of {} jobs not there after {:.0} s",
+                        "{} of {} jobs not there after {:.0} s ({:.0} s without progress)",
                         pending.len(),
                         ids.len(),
-                        timeout.as_secs_f64()
+                        started.elapsed().as_secs_f64(),
+                        progress.elapsed().as_secs_f64(),
                     ))
                 }
             }
@@ -1489,6 +1622,13 @@ fn harness_processes(h: &Harness) -> Vec<(u32, u32, String)> {
     out
 }
 
+/// How often systemd restarted ptraind (NRestarts).
+fn restarts(d: &TestDaemon) -> u32 {
+    d.unit_property("ptraind.service", "NRestarts")
+        .parse()
+        .unwrap_or(0)
+}
+
 /// ptraind's host pid, from the MainPID systemd reports inside.
 fn ptraind_pid(d: &TestDaemon) -> u32 {
     let inner: u32 = d
@@ -1763,5 +1903,15 @@ fn machine() -> Machine {
             .to_string(),
         date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         git_commit: commit,
+        load_start: load_average(),
+        load_end: 0.0,
     }
+}
+
+/// The 1-minute load average.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }

@@ -85,20 +85,16 @@ pub fn journalctl() -> tokio::process::Command {
     cmd
 }
 
-/// The blocking twin of [`journalctl`], for the archiver thread.
+/// The blocking twin of [`journalctl`], for the archiver thread: runs
+/// that end by themselves (`--sync`, a read without `--follow`), so no
+/// PR_SET_PDEATHSIG. Without a `pre_exec` hook std spawns with
+/// posix_spawn (vfork) instead of fork: a fork copies the page tables of
+/// the whole daemon, whose memory grows with the history, and this runs
+/// twice per ended job (`make bench`: at 100,000 jobs of history, fork
+/// and unmap of those copies were half of ptraind's CPU per job).
 pub fn journalctl_blocking() -> std::process::Command {
-    use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new("journalctl");
     cmd.args(["-q", "--no-pager"]).stdin(Stdio::null());
-    // SAFETY: as in `journalctl`.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     cmd
 }
 

@@ -14,6 +14,7 @@ fn every_benchmark_scenario_runs_and_reports() {
     for key in [
         "latency.p50",
         "latency.p99",
+        "latency.ptraind.p50",
         "floor.props.latency.p99",
         "floor.props.throughput.20",
         "floor.props-norec.throughput.20",
@@ -26,6 +27,8 @@ fn every_benchmark_scenario_runs_and_reports() {
         "cli.list",
         "cli.list_all",
         "cli.status",
+        "api.list",
+        "api.status",
         "idle.rss",
         "idle.wakeups",
         "idle.rss_after_list_all",
