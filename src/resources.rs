@@ -132,36 +132,38 @@ pub struct UserLimits {
     pub tasks_max: Option<u64>,
 }
 
+impl UserLimits {
+    /// Checks every value; the error names the key under `prefix`.
+    fn validate(&self, prefix: &str) -> Result<(), (String, String)> {
+        if let Some(m) = &self.memory_max {
+            parse_size(m).map_err(|e| (format!("{prefix}memory_max"), e))?;
+        }
+        if let Some(c) = self.cpus_max {
+            if !(c > 0.0 && c <= MAX_CPUS) {
+                return Err((
+                    format!("{prefix}cpus_max"),
+                    format!("must be between 0.001 and {MAX_CPUS}"),
+                ));
+            }
+        }
+        if self.tasks_max == Some(0) {
+            return Err((format!("{prefix}tasks_max"), "must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
 impl LimitsConfig {
     /// Checks every value; the error names the key.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        let check = |prefix: &str, m: &Option<String>, c: &Option<f64>, t: &Option<u64>| {
-            if let Some(m) = m {
-                parse_size(m).map_err(|e| (format!("{prefix}memory_max"), e))?;
-            }
-            if let Some(c) = c {
-                if !(*c > 0.0 && *c <= MAX_CPUS) {
-                    return Err((
-                        format!("{prefix}cpus_max"),
-                        format!("must be between 0.001 and {MAX_CPUS}"),
-                    ));
-                }
-            }
-            if let Some(t) = t {
-                if *t == 0 {
-                    return Err((format!("{prefix}tasks_max"), "must be at least 1".into()));
-                }
-            }
-            Ok(())
+        let global = UserLimits {
+            memory_max: self.memory_max.clone(),
+            cpus_max: self.cpus_max,
+            tasks_max: self.tasks_max,
         };
-        check("limits.", &self.memory_max, &self.cpus_max, &self.tasks_max)?;
-        for (user, u) in &self.users {
-            check(
-                &format!("limits.users.{user}."),
-                &u.memory_max,
-                &u.cpus_max,
-                &u.tasks_max,
-            )?;
+        global.validate("limits.")?;
+        for (user, limits) in &self.users {
+            limits.validate(&format!("limits.users.{user}."))?;
         }
         Ok(())
     }
