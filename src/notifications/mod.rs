@@ -250,7 +250,17 @@ pub struct Notice {
 
 impl Notice {
     pub fn of(record: &JobRecord, event: NotifyEvent, host: &str) -> Notice {
-        let view = crate::api::JobView::of(record);
+        let mut view = crate::api::JobView::of(record);
+        if event == NotifyEvent::Started {
+            // A start tells of the job as it began, even when ptraind first
+            // learns of it at its end (a job that ran before it was seen
+            // active): no exit, no end, status running.
+            view.status = "running".into();
+            view.detail = "running".into();
+            view.exit_code = None;
+            view.signal = None;
+            view.ended_at = None;
+        }
         Notice {
             job_id: view.id,
             owner: view.owner,
@@ -273,7 +283,9 @@ impl Notice {
                 .collect(),
             host: host.to_owned(),
             unit: view.unit,
-            results: record.result.clone(),
+            results: (event != NotifyEvent::Started)
+                .then(|| record.result.clone())
+                .flatten(),
             invocation_id: record.invocation_id.clone(),
             output_tail: None,
         }
@@ -518,6 +530,26 @@ mod tests {
         old["spec"].as_object_mut().unwrap().remove("notify");
         let back: JobRecord = serde_json::from_value(old).unwrap();
         assert!(back.notifications.is_empty() && back.spec.notify_on.is_none());
+    }
+
+    #[test]
+    fn a_start_first_seen_at_the_end_still_tells_of_the_start() {
+        let c = config();
+        let mut r = record(
+            r#"{"version": 1, "command": ["true"], "notify_on": ["started"]}"#,
+            "alice",
+        );
+        r.started_at = Some(10);
+        r.ended_at = Some(20);
+        r.outcome = Some(Outcome::Succeeded);
+        r.result = Some(serde_json::json!({"loss": 0.1}));
+        let i = intents_for(&c, &r, NotifyEvent::Started, 30);
+        let n = &i[0].notice;
+        assert_eq!(
+            (n.status.as_str(), n.detail.as_str(), n.started_at),
+            ("running", "running", Some(10))
+        );
+        assert_eq!((n.exit_code, n.ended_at, &n.results), (None, None, &None));
     }
 
     #[test]
