@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::gpu::GpuInfo;
-use crate::store::{JobRecord, Outcome, RejectRecord};
+use crate::store::{JobRecord, JobState, Outcome, RejectRecord};
 use crate::unit::explain_exit_status;
 
 /// One job as `ptrain status --json` and `ptrain list --json` show it.
@@ -61,27 +61,41 @@ pub struct JobView {
     pub gpu_request: String,
 }
 
+/// A job's exit code, signal and the sentence that says how it ended (or
+/// its status word while it has no outcome).
+pub fn outcome_fields(
+    outcome: Option<&Outcome>,
+    status: &str,
+) -> (Option<i32>, Option<i32>, String) {
+    let (exit_code, signal) = match outcome {
+        Some(Outcome::Failed { exit_code }) => (Some(*exit_code), None),
+        Some(Outcome::Succeeded) => (Some(0), None),
+        Some(Outcome::Killed { signal }) => (None, Some(*signal)),
+        _ => (None, None),
+    };
+    let detail = match outcome {
+        Some(outcome) => {
+            let mut s = outcome.describe();
+            if let Some(why) = exit_code.and_then(explain_exit_status) {
+                s.push_str(&format!(" ({why})"));
+            }
+            s
+        }
+        None => status.to_string(),
+    };
+    (exit_code, signal, detail)
+}
+
 impl JobView {
     pub fn of(record: &JobRecord) -> JobView {
-        let (exit_code, signal) = match &record.outcome {
-            Some(Outcome::Failed { exit_code }) => (Some(*exit_code), None),
-            Some(Outcome::Succeeded) => (Some(0), None),
-            Some(Outcome::Killed { signal }) => (None, Some(*signal)),
-            _ => (None, None),
-        };
-        let detail = match (&record.outcome, record.status()) {
-            (Some(outcome), _) => {
-                let mut s = outcome.describe();
-                if let Some(why) = exit_code.and_then(explain_exit_status) {
-                    s.push_str(&format!(" ({why})"));
-                }
-                s
-            }
-            (None, "queued") if record.spec.gpus.count() > 0 => {
-                format!("waiting for {}", record.spec.gpus.describe())
-            }
-            (None, status) => status.to_string(),
-        };
+        let (exit_code, signal, mut detail) =
+            outcome_fields(record.outcome.as_ref(), record.status());
+        if record.outcome.is_none()
+            && record.state == JobState::Queued
+            && record.spec.gpus.count() > 0
+        {
+            detail = format!("waiting for {}", record.spec.gpus.describe());
+        }
         JobView {
             id: record.id.to_string(),
             status: record.status().to_string(),

@@ -88,7 +88,10 @@ pub struct Daemon {
     systemd: Systemd,
     inventory: Box<dyn GpuInventory>,
     spool_fd: OwnedFd,
+    /// Queued, launching and running jobs: their full records.
     jobs: BTreeMap<JobId, JobRecord>,
+    /// Finished jobs: a compact summary each (full records stay on disk).
+    history: crate::history::History,
     /// Queued jobs in arrival order.
     queue: VecDeque<JobId>,
     /// GPU index → the job holding it.
@@ -113,8 +116,6 @@ pub struct Daemon {
     spool_events: mpsc::UnboundedSender<Event>,
     /// Sweep id → its members, in expansion order.
     groups: BTreeMap<JobId, Vec<JobId>>,
-    /// Ended jobs by end time, for the recent part of `ptrain list`.
-    ended_order: std::collections::BTreeSet<(u64, JobId)>,
     /// Queued jobs that may not start yet (dependencies, max_parallel).
     blocked: HashSet<JobId>,
     /// Hands notification intents to the sender task (never waits on it).
@@ -208,6 +209,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         inventory,
         spool_fd,
         jobs: BTreeMap::new(),
+        history: Default::default(),
         queue: VecDeque::new(),
         held: BTreeMap::new(),
         by_unit: HashMap::new(),
@@ -220,7 +222,6 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         gpu_replan_at: None,
         groups: BTreeMap::new(),
         blocked: HashSet::new(),
-        ended_order: std::collections::BTreeSet::new(),
         metrics: Default::default(),
         spool_events: spool_tx.clone(),
     };
@@ -280,7 +281,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
 
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     daemon.notify_status();
-    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.jobs.len(), "ptraind ready");
+    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.jobs.len(), finished = daemon.history.len(), "ptraind ready");
 
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut watchdog_tick =
@@ -437,39 +438,42 @@ impl Daemon {
     /// Loads every record and re-attaches to units that were launched
     /// before a restart.
     async fn restore(&mut self) -> Result<(), DaemonError> {
-        let records = self.store.load_all()?;
-        let mut to_check = Vec::new();
-        for record in records {
-            let id = record.id.clone();
+        // Streamed: a finished job's full record is read, summarised and
+        // dropped, so a long history never sits in memory whole.
+        let mut live = Vec::new();
+        let mut members = Vec::new();
+        self.store.load_each(|record| {
             // Intents whose outbox status is not final go out again, with
             // their keys: nothing recorded is lost to a crash.
             self.notifier.deliver(record.notifications.clone());
-            let mut record = record;
-            if record.state == JobState::Ended {
-                record.slim();
-            }
             if let Some(group) = &record.group {
-                self.groups
-                    .entry(group.clone())
-                    .or_default()
-                    .push(id.clone());
+                members.push((record.submitted_at, record.id.clone(), group.clone()));
             }
-            match record.state {
-                JobState::Queued => {
-                    self.queue.push_back(id.clone());
-                    *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
+            if record.state == JobState::Ended {
+                self.history.insert(&record);
+            } else {
+                live.push(record);
+            }
+        })?;
+        self.history.shrink_to_fit();
+        members.sort();
+        for (_, id, group) in members {
+            self.groups.entry(group).or_default().push(id);
+        }
+        live.sort_by_key(|r| (r.submitted_at, r.id.clone()));
+        let mut to_check = Vec::new();
+        for record in live {
+            let id = record.id.clone();
+            if record.state == JobState::Queued {
+                self.queue.push_back(id.clone());
+                *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
+            } else {
+                // Launching or running.
+                for gpu in &record.gpus {
+                    self.held.insert(gpu.index, id.clone());
                 }
-                JobState::Launching | JobState::Running => {
-                    for gpu in &record.gpus {
-                        self.held.insert(gpu.index, id.clone());
-                    }
-                    self.by_unit.insert(record.unit.clone(), id.clone());
-                    to_check.push(id.clone());
-                }
-                JobState::Ended => {
-                    self.ended_order
-                        .insert((record.ended_at.unwrap_or(0), id.clone()));
-                }
+                self.by_unit.insert(record.unit.clone(), id.clone());
+                to_check.push(id.clone());
             }
             self.jobs.insert(id, record);
         }
@@ -641,28 +645,33 @@ impl Daemon {
             Some(members) => members.first().cloned(),
             None => Some(spec.id.clone()),
         };
-        if let Some(existing) = existing_id.as_ref().and_then(|id| self.jobs.get(id)) {
+        let existing =
+            existing_id
+                .as_ref()
+                .and_then(|id| match (self.jobs.get(id), self.history.get(id)) {
+                    (Some(live), _) => {
+                        Some((&live.source, live.status(), live.owner.name.as_str()))
+                    }
+                    (None, Some(ended)) => {
+                        Some((&ended.source, ended.status(), &*ended.owner_name))
+                    }
+                    (None, None) => None,
+                });
+        if let (Some(id), Some((existing_source, status, owner_name))) = (&existing_id, existing) {
             // The same file claimed before a crash that came between the
             // claim and the unlink: finish the unlink, never run it twice.
-            let same_file = existing.source == source
-                && self
-                    .store
-                    .descriptor(&existing.id)
-                    .is_ok_and(|d| d == bytes);
+            let same_file =
+                *existing_source == source && self.store.descriptor(id).is_ok_and(|d| d == bytes);
             if same_file {
                 info!(job = %spec.id, file = name, "spool file was already claimed; removing it");
                 self.remove_spool_entry(name, &identity, false);
                 return;
             }
-            return reject(
-                self,
-                format!(
-                    "job id {:?} already exists ({}, owner {}); ids are unique: pick another `id` or file name",
-                    spec.id.as_str(),
-                    existing.status(),
-                    existing.owner.name
-                ),
+            let reason = format!(
+                "job id {:?} already exists ({status}, owner {owner_name}); ids are unique: pick another `id` or file name",
+                spec.id.as_str(),
             );
+            return reject(self, reason);
         }
         let members = match &spec.sweep {
             Some(sweep) => crate::chain::expand(&spec, sweep),
@@ -671,11 +680,11 @@ impl Daemon {
                 params: Default::default(),
             }],
         };
-        if let Some(taken) = members
-            .iter()
-            .map(|m| &m.spec.id)
-            .find(|id| self.jobs.contains_key(*id) || self.groups.contains_key(*id))
-        {
+        if let Some(taken) = members.iter().map(|m| &m.spec.id).find(|id| {
+            self.jobs.contains_key(*id)
+                || self.history.contains(id)
+                || self.groups.contains_key(*id)
+        }) {
             return reject(
                 self,
                 format!("the sweep's job id {taken:?} already exists; give the sweep another `id`"),
@@ -762,17 +771,21 @@ impl Daemon {
                 Some(members) => members.first(),
                 None => Some(dep),
             };
-            let Some(parent) = first.and_then(|id| self.jobs.get(id)) else {
+            let parent = first.and_then(|id| match (self.jobs.get(id), self.history.get(id)) {
+                (Some(live), _) => Some((live.owner.uid, live.owner.name.clone())),
+                (None, Some(ended)) => Some((ended.owner_uid, ended.owner_name.to_string())),
+                (None, None) => None,
+            });
+            let Some((parent_uid, parent_owner)) = parent else {
                 return Err(format!(
                     "it depends on {:?}, which ptraind does not know; submit the jobs it waits for first",
                     dep.as_str()
                 ));
             };
-            if parent.owner.uid != owner.uid {
+            if parent_uid != owner.uid {
                 return Err(format!(
-                    "it depends on {:?}, which belongs to {}; a job may only wait for its owner's own jobs",
+                    "it depends on {:?}, which belongs to {parent_owner}; a job may only wait for its owner's own jobs",
                     dep.as_str(),
-                    parent.owner.name
                 ));
             }
         }
@@ -783,12 +796,10 @@ impl Daemon {
     /// a sweep.
     fn parents(&self, named: &JobId) -> Vec<(JobId, crate::chain::ParentState)> {
         use crate::chain::ParentState;
-        let state = |id: &JobId| match self.jobs.get(id) {
-            Some(r) if r.state == JobState::Ended => match &r.outcome {
-                Some(Outcome::Succeeded) => ParentState::Succeeded,
-                _ => ParentState::NotOk(r.status().to_string()),
-            },
-            _ => ParentState::Pending,
+        let state = |id: &JobId| match self.history.get(id) {
+            Some(ended) if ended.succeeded() => ParentState::Succeeded,
+            Some(ended) => ParentState::NotOk(ended.status().to_string()),
+            None => ParentState::Pending,
         };
         match self.groups.get(named) {
             Some(members) => members.iter().map(|m| (m.clone(), state(m))).collect(),
@@ -852,8 +863,10 @@ impl Daemon {
         let mut results = serde_json::Map::new();
         for named in record.spec.after.all() {
             for (id, _) in self.parents(named) {
-                let parent = self.jobs.get(&id).map(|p| self.full_record(p));
-                if let Some(result) = parent.and_then(|p| p.result.clone()) {
+                // Only a finished parent has a result; memory knows whether.
+                let has_result = self.history.get(&id).is_some_and(|p| p.has_result);
+                let parent = has_result.then(|| self.ended_record(&id)).flatten();
+                if let Some(result) = parent.and_then(|p| p.result) {
                     results.insert(id.to_string(), result);
                 }
             }
@@ -1301,9 +1314,7 @@ impl Daemon {
                 *n = n.saturating_sub(1);
             }
         }
-        self.ended_order
-            .insert((record.ended_at.unwrap_or(0), id.clone()));
-        let record = self.jobs.entry(id.clone()).insert_entry(record).into_mut();
+        self.jobs.remove(id);
         info!(
             job = %id,
             PTRAIN_JOB = %id,
@@ -1319,23 +1330,17 @@ impl Daemon {
         if self.by_unit.remove(&unit).is_some() && state.is_some() {
             self.systemd.release(&unit).await;
         }
-        self.emit_changed(id);
-        if let Some(record) = self.jobs.get_mut(id) {
-            record.slim();
-        }
+        self.history.insert(&record);
+        self.announce(&record);
     }
 
-    /// A job's full record: from memory, or from disk for a finished job
-    /// whose in-memory record was slimmed.
-    fn full_record<'a>(&'a self, record: &'a JobRecord) -> std::borrow::Cow<'a, JobRecord> {
-        if !record.slim {
-            return std::borrow::Cow::Borrowed(record);
-        }
-        match self.store.load(&record.id) {
-            Ok(full) => std::borrow::Cow::Owned(full),
+    /// A finished job's full record, from disk (memory keeps a summary).
+    fn ended_record(&self, id: &JobId) -> Option<JobRecord> {
+        match self.store.load(id) {
+            Ok(full) => Some(full),
             Err(e) => {
-                warn!(job = %record.id, error = %e, "cannot read a finished job's record");
-                std::borrow::Cow::Borrowed(record)
+                warn!(job = %id, error = %e, "cannot read a finished job's record");
+                None
             }
         }
     }
@@ -1343,44 +1348,24 @@ impl Daemon {
     async fn on_api(&mut self, request: ApiRequest) {
         match request {
             ApiRequest::ListRecent(limit, reply) => {
-                let active = self.queue.iter().chain(self.by_unit.values());
-                let ended = self
-                    .ended_order
-                    .iter()
-                    .rev()
-                    .take(limit as usize)
-                    .map(|(_, id)| id);
-                let mut ids: Vec<&JobId> = active.chain(ended).collect();
-                ids.sort_by_key(|id| (self.jobs[*id].submitted_at, (*id).clone()));
-                ids.dedup();
-                let _ = reply.send(
-                    ids.into_iter()
-                        .map(|id| self.view(&self.jobs[id]))
-                        .collect(),
-                );
+                let _ = reply.send(self.listing(limit as usize));
             }
             ApiRequest::List(reply) => {
-                // From memory only: a finished job's slim record has what a
-                // listing shows (`ptrain status ID` reads the full one). At
-                // most MAX_LIST_ALL, newest first, so the reply stays under
-                // the system bus's message size limit.
-                let active = self.queue.iter().chain(self.by_unit.values());
+                // At most MAX_LIST_ALL, newest first, so the reply stays
+                // under the system bus's message size limit.
                 let room = MAX_LIST_ALL.saturating_sub(self.queue.len() + self.by_unit.len());
-                let ended = self.ended_order.iter().rev().take(room).map(|(_, id)| id);
-                let mut ids: Vec<&JobId> = active.chain(ended).collect();
-                ids.sort_by_key(|id| (self.jobs[*id].submitted_at, (*id).clone()));
-                ids.dedup();
-                let _ = reply.send(
-                    ids.into_iter()
-                        .map(|id| JobView::of(&self.jobs[id]))
-                        .collect(),
-                );
+                let _ = reply.send(self.listing(room));
             }
             ApiRequest::Status(id, reply) => {
                 let view = JobId::parse(&id)
                     .ok()
-                    .and_then(|id| self.jobs.get(&id))
-                    .map(|r| self.view(r))
+                    .and_then(|id| match self.jobs.get(&id) {
+                        Some(record) => Some(self.view(record)),
+                        None => self.history.get(&id).map(|summary| {
+                            self.ended_record(&id)
+                                .map_or_else(|| summary.view(), |full| JobView::of(&full))
+                        }),
+                    })
                     .ok_or(ApiError::NotFound(id));
                 let _ = reply.send(view);
             }
@@ -1447,33 +1432,36 @@ impl Daemon {
     fn prune_history(&mut self) {
         let retention = self.config.retention.clone();
         let now = now_micros();
-        while let Some((ended_at, id)) = self.ended_order.first().cloned() {
-            let too_many = self.ended_order.len() > retention.max_ended_jobs;
+        while let Some(oldest) = self.history.oldest() {
+            let id = oldest.id.clone();
+            let too_many = self.history.len() > retention.max_ended_jobs;
             let too_old = retention
                 .max_age
-                .is_some_and(|age| ended_at.saturating_add(age.as_micros() as u64) < now);
+                .is_some_and(|age| oldest.ended_at.saturating_add(age.as_micros() as u64) < now);
             if !too_many && !too_old {
                 break;
             }
-            let Some(record) = self.jobs.get(&id) else {
-                self.ended_order.pop_first();
-                continue;
-            };
             // A queued job still needs its parents' outcomes (and results).
             let needed = self.queue.iter().any(|q| {
                 let after = self.jobs[q].spec.after.all();
-                after.contains(&id) || record.group.as_ref().is_some_and(|g| after.contains(g))
+                after.contains(&id) || oldest.group.as_ref().is_some_and(|g| after.contains(g))
             });
             if needed {
                 break;
             }
-            if let Err(e) = self.store.compact(&self.full_record(record)) {
+            let compacted = self
+                .store
+                .load(&id)
+                .and_then(|record| self.store.compact(&record));
+            if let Err(e) = compacted {
                 error!(job = %id, error = %e, "cannot compact a finished job; keeping it");
                 self.store_failed();
                 break;
             }
-            self.ended_order.pop_first();
-            if let Some(group) = record.group.clone() {
+            let Some(oldest) = self.history.remove(&id) else {
+                break;
+            };
+            if let Some(group) = oldest.group {
                 if let Some(members) = self.groups.get_mut(&group) {
                     members.retain(|m| *m != id);
                     if members.is_empty() {
@@ -1482,13 +1470,28 @@ impl Daemon {
                     }
                 }
             }
-            self.jobs.remove(&id);
         }
     }
 
-    /// A job as the API shows it, with what a queued job waits for.
+    /// Queued and running jobs and the `ended` most recently finished, in
+    /// submission order. From memory only: a finished job's summary has
+    /// what a listing shows (`ptrain status ID` reads its full record).
+    fn listing(&self, ended: usize) -> Vec<JobView> {
+        let mut live: Vec<&JobId> = self.queue.iter().chain(self.by_unit.values()).collect();
+        live.sort();
+        live.dedup();
+        let mut views: Vec<JobView> = live
+            .into_iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|record| self.view(record))
+            .chain(self.history.newest(ended).map(|summary| summary.view()))
+            .collect();
+        views.sort_by(|a, b| (a.submitted_at, &a.id).cmp(&(b.submitted_at, &b.id)));
+        views
+    }
+
+    /// A live job as the API shows it, with what a queued job waits for.
     fn view(&self, record: &JobRecord) -> JobView {
-        let record = &*self.full_record(record);
         let mut view = JobView::of(record);
         if record.state == JobState::Queued && !record.spec.after.is_empty() {
             if let crate::chain::Readiness::Waiting(ids) =
@@ -1507,11 +1510,7 @@ impl Daemon {
             // A sweep id stops every member still queued or running.
             let mut lines = Vec::new();
             for member in members {
-                if self
-                    .jobs
-                    .get(&member)
-                    .is_some_and(|r| r.state != JobState::Ended)
-                {
+                if self.jobs.contains_key(&member) {
                     lines.push(Box::pin(self.stop(member.as_str(), caller_uid)).await?);
                 }
             }
@@ -1519,6 +1518,16 @@ impl Daemon {
                 return Ok(format!("every job of sweep {id} already ended"));
             }
             return Ok(lines.join("\n"));
+        }
+        if let Some(ended) = self.history.get(&job_id) {
+            if caller_uid != 0 && caller_uid != ended.owner_uid {
+                return Err(ApiError::NotYours {
+                    id: id.to_owned(),
+                    owner: ended.owner_name.to_string(),
+                    action: "stop",
+                });
+            }
+            return Ok(format!("job {id} already ended ({})", ended.status()));
         }
         let record = self
             .jobs
@@ -1554,13 +1563,17 @@ impl Daemon {
         }
     }
 
+    /// Tells the output readers and D-Bus listeners that a live job moved.
     fn emit_changed(&self, id: &JobId) {
-        let Some(record) = self.jobs.get(id) else {
-            return;
-        };
+        if let Some(record) = self.jobs.get(id) {
+            self.announce(record);
+        }
+    }
+
+    fn announce(&self, record: &JobRecord) {
         let conn = self.systemd.connection().clone();
         self.logs.job_changed(record);
-        let id = id.to_string();
+        let id = record.id.to_string();
         let status = record.status().to_string();
         // Fire and forget: a slow listener must not hold up the state task.
         tokio::spawn(async move {

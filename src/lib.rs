@@ -34,6 +34,10 @@
 //! 9. [`logs`]: a job's output, read from the journal (or its archive)
 //!    and served to its owner; the idle-output watchdog; per-job archives
 //!    and their retention.
+//! 10. [`history`]: once ended, a job leaves the daemon's live map for a
+//!    compact in-memory summary (the full record stays on disk), so memory
+//!    and per-job cost stay flat over a long history; `[retention]`
+//!    compacts the oldest into `STATE/history.jsonl`.
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
 //! the durable-write and safe-open primitives; [`users`] resolves uids;
@@ -47,6 +51,7 @@ pub mod daemon;
 pub mod docgen;
 pub mod fsutil;
 pub mod gpu;
+pub mod history;
 pub mod logs;
 pub mod metrics;
 pub mod notifications;

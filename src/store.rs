@@ -5,7 +5,7 @@
 //! `descriptor.json` keeps the exact bytes the user submitted. Rejected
 //! spool files go to `STATE/rejected/` with their reason.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -208,30 +208,9 @@ pub struct JobRecord {
     /// transition they announce. Delivery status is in `STATE/outbox/`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<crate::notifications::Intent>,
-    /// In memory only: the record was reduced to what scheduling needs
-    /// (see [`JobRecord::slim`]); the full one is on disk.
-    #[serde(skip)]
-    pub slim: bool,
 }
 
 impl JobRecord {
-    /// Drops what only `ptrain status` and reports need from a finished
-    /// job's in-memory record, so that memory per job of history stays
-    /// small. Kept: identity, owner uid and name, state and outcome, group,
-    /// dependencies, source (duplicate detection), times.
-    pub fn slim(&mut self) {
-        self.spec.command = Vec::new();
-        self.spec.env = BTreeMap::new();
-        self.spec.workdir = None;
-        self.owner.home = PathBuf::new();
-        self.owner.groups = Vec::new();
-        self.result = None;
-        self.notifications = Vec::new();
-        self.invocation_id = None;
-        self.systemd_result = None;
-        self.slim = true;
-    }
-
     pub fn new(spec: JobSpec, owner: Owner, source: SpoolSource, now: u64) -> JobRecord {
         JobRecord {
             id: spec.id.clone(),
@@ -256,7 +235,6 @@ impl JobRecord {
             max_parallel: None,
             result: None,
             notifications: Vec::new(),
-            slim: false,
         }
     }
 
@@ -378,7 +356,19 @@ impl Store {
     /// the directory is removed and the file will be claimed again.
     pub fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
         let mut records = Vec::new();
+        self.load_each(|r| records.push(r))?;
+        records.sort_by_key(|r| (r.submitted_at, r.id.clone()));
+        Ok(records)
+    }
+
+    /// Reads every committed record and hands each to `each`, one at a
+    /// time, in no particular order. Cleans up what a crash left
+    /// half-done: a job directory without its record (a claim that never
+    /// committed) and members of a sweep whose group commit never
+    /// happened; their spool file is still there and is claimed again.
+    pub fn load_each(&self, mut each: impl FnMut(JobRecord)) -> Result<(), StoreError> {
         let entries = std::fs::read_dir(&self.jobs_dir).map_err(io_err("read", &self.jobs_dir))?;
+        let mut group_committed: HashMap<JobId, bool> = HashMap::new();
         for entry in entries {
             let entry = entry.map_err(io_err("read", &self.jobs_dir))?;
             let dir = entry.path();
@@ -386,42 +376,31 @@ impl Store {
                 continue;
             }
             let path = dir.join(RECORD);
-            match std::fs::read(&path) {
-                Ok(bytes) => {
-                    let record: JobRecord =
-                        serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
-                            path: path.clone(),
-                            message: e.to_string(),
-                        })?;
-                    records.push(record);
-                }
+            let record: JobRecord = match std::fs::read(&path) {
+                Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     tracing::warn!(dir = %dir.display(), "removing an uncommitted claim; its spool file will be claimed again");
                     std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+                    continue;
                 }
                 Err(e) => return Err(io_err("read", &path)(e)),
-            }
-        }
-        // Members of a sweep whose group commit never happened are a claim
-        // that crashed halfway: drop them all (their spool file remains).
-        let mut partial: BTreeSet<JobId> = BTreeSet::new();
-        for r in &records {
-            if let Some(group) = &r.group {
-                if !self.groups_dir.join(format!("{group}.json")).exists() {
-                    partial.insert(r.id.clone());
+            };
+            if let Some(group) = &record.group {
+                let committed = *group_committed
+                    .entry(group.clone())
+                    .or_insert_with(|| self.groups_dir.join(format!("{group}.json")).exists());
+                if !committed {
+                    tracing::warn!(job = %record.id, group = %group, "removing a member of a sweep whose claim did not complete; it will be claimed again");
+                    std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+                    continue;
                 }
             }
+            each(record);
         }
-        if !partial.is_empty() {
-            tracing::warn!(jobs = partial.len(), "removing members of a sweep whose claim did not complete; it will be claimed again");
-            for id in &partial {
-                let dir = self.job_dir(id);
-                std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
-            }
-            records.retain(|r| !partial.contains(&r.id));
-        }
-        records.sort_by_key(|r| (r.submitted_at, r.id.clone()));
-        Ok(records)
+        Ok(())
     }
 
     /// Durably records a new job: once this returns Ok the job exists and
