@@ -99,6 +99,8 @@ pub struct Daemon {
     /// Units we started (or adopted) and still wait to see end.
     by_unit: HashMap<String, JobId>,
     queued_per_user: HashMap<u32, usize>,
+    /// Spool file owners looked up recently.
+    owners: users::OwnerCache,
     /// Spool entries we could neither claim nor remove (a user's non-empty
     /// directory): refused once, then left alone.
     stuck_entries: HashSet<(u64, u64)>,
@@ -210,6 +212,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         spool_fd,
         jobs: BTreeMap::new(),
         history: Default::default(),
+        owners: Default::default(),
         queue: VecDeque::new(),
         held: BTreeMap::new(),
         by_unit: HashMap::new(),
@@ -580,7 +583,7 @@ impl Daemon {
         let reject = |this: &mut Self, reason: String| {
             this.reject(name, &reason, Some(identity), Some(&bytes), false)
         };
-        let Some(owner) = users::owner_of_uid(identity.uid) else {
+        let Some(owner) = self.owners.owner_of_uid(identity.uid) else {
             return reject(
                 self,
                 format!(

@@ -35,9 +35,9 @@
 //!    and served to its owner; the idle-output watchdog; per-job archives
 //!    and their retention.
 //! 10. [`history`]: once ended, a job leaves the daemon's live map for a
-//!    compact in-memory summary (the full record stays on disk), so memory
-//!    and per-job cost stay flat over a long history; `[retention]`
-//!    compacts the oldest into `STATE/history.jsonl`.
+//!     compact in-memory summary (the full record stays on disk), so memory
+//!     and per-job cost stay flat over a long history; `[retention]`
+//!     compacts the oldest into `STATE/history.jsonl`.
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
 //! the durable-write and safe-open primitives; [`users`] resolves uids;

@@ -98,9 +98,74 @@ fn supplementary_groups(name: &str, gid: u32) -> Vec<u32> {
     }
 }
 
+/// How long a looked-up owner is trusted: a user added to a group, or
+/// given another home, is seen by jobs claimed after this (like nscd).
+pub const OWNER_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Owners looked up recently, by uid. A lookup goes through NSS, which on
+/// systemd hosts asks PID 1 over varlink (`nss-systemd`) and may ask LDAP:
+/// on a busy host that round trip is most of the time from a drop to the
+/// claim, and a user usually drops many files in a row. Unknown uids are
+/// never cached: a user created a moment ago is seen at once.
+#[derive(Default)]
+pub struct OwnerCache {
+    entries: std::collections::HashMap<u32, (std::time::Instant, Owner)>,
+}
+
+impl OwnerCache {
+    pub fn owner_of_uid(&mut self, uid: u32) -> Option<Owner> {
+        self.lookup(uid, std::time::Instant::now(), owner_of_uid)
+    }
+
+    fn lookup(
+        &mut self,
+        uid: u32,
+        now: std::time::Instant,
+        resolve: impl FnOnce(u32) -> Option<Owner>,
+    ) -> Option<Owner> {
+        if let Some((at, owner)) = self.entries.get(&uid) {
+            if now.saturating_duration_since(*at) < OWNER_CACHE_TTL {
+                return Some(owner.clone());
+            }
+        }
+        // Bounded by the host's users; stale entries go when looked up.
+        self.entries
+            .retain(|_, (at, _)| now.saturating_duration_since(*at) < OWNER_CACHE_TTL);
+        let owner = resolve(uid)?;
+        self.entries.insert(uid, (now, owner.clone()));
+        Some(owner)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_are_cached_for_a_while_and_unknown_uids_never() {
+        let mut cache = OwnerCache::default();
+        let t0 = std::time::Instant::now();
+        let calls = std::cell::Cell::new(0);
+        let resolve = |uid: u32| {
+            calls.set(calls.get() + 1);
+            (uid == 1000).then(|| Owner {
+                uid,
+                gid: uid,
+                name: format!("u{}", calls.get()),
+                home: "/home/u".into(),
+                groups: Vec::new(),
+            })
+        };
+        assert_eq!(cache.lookup(1000, t0, resolve).unwrap().name, "u1");
+        let soon = t0 + OWNER_CACHE_TTL / 2;
+        assert_eq!(cache.lookup(1000, soon, resolve).unwrap().name, "u1");
+        assert_eq!(calls.get(), 1);
+        let later = t0 + OWNER_CACHE_TTL;
+        assert_eq!(cache.lookup(1000, later, resolve).unwrap().name, "u2");
+        assert!(cache.lookup(7, later, resolve).is_none());
+        assert!(cache.lookup(7, later, resolve).is_none());
+        assert_eq!(calls.get(), 4);
+    }
 
     #[test]
     fn root_resolves_and_unknown_uid_does_not() {

@@ -481,6 +481,8 @@ pub(crate) fn spawn_archiver(
     let spawned = std::thread::Builder::new()
         .name("ptrain-archiver".into())
         .spawn(move || {
+            // Archiving can wait; launching the next job cannot.
+            journal::lower_this_thread_priority();
             let mut archiver = Archiver {
                 index: scan(&log_dir),
                 log_dir,

@@ -98,16 +98,61 @@ pub fn journalctl_blocking() -> std::process::Command {
     cmd
 }
 
+/// `journalctl -q --no-pager` for a read that ends by itself (`--sync`,
+/// no `--follow`), from async code: no `pre_exec`, so it is spawned
+/// without copying the daemon's page tables (see [`journalctl_blocking`]);
+/// `kill_on_drop` ends it if its reader gives up.
+pub fn journalctl_oneshot() -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("journalctl");
+    cmd.args(["-q", "--no-pager"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// The nice value of journal reads that serve archives and notifications:
+/// they yield the CPU to systemd starting the next job and to ptraind.
+pub const BACKGROUND_NICE: libc::c_int = 10;
+
+/// Lowers a background helper process (a journalctl just spawned) to
+/// [`BACKGROUND_NICE`]. Best effort: it only ever matters under load.
+pub fn lower_priority(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        // SAFETY: setpriority only changes the scheduling of `pid`.
+        unsafe {
+            libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, BACKGROUND_NICE);
+        }
+    }
+}
+
+/// Lowers the calling thread (and what it spawns, which inherits it) to
+/// [`BACKGROUND_NICE`]: on Linux the nice value is per thread.
+pub fn lower_this_thread_priority() {
+    // SAFETY: gettid has no preconditions; setpriority changes only this
+    // thread's scheduling.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE);
+    }
+}
+
 /// Makes journald write out everything it has received so far, stream
 /// lines still queued in its sockets included (it handles the request
 /// after pending input). Without it the last lines of a job that just
 /// ended may not be readable yet.
 pub async fn sync() {
-    let mut cmd = journalctl();
+    let mut cmd = journalctl_oneshot();
     cmd.arg("--sync")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    match tokio::time::timeout(SYNC_TIMEOUT, cmd.status()).await {
+    let waited = match cmd.spawn() {
+        Ok(mut child) => {
+            lower_priority(child.id());
+            tokio::time::timeout(SYNC_TIMEOUT, child.wait()).await
+        }
+        Err(e) => Ok(Err(e)),
+    };
+    match waited {
         Ok(Ok(status)) if status.success() => {}
         Ok(Ok(status)) => {
             tracing::warn!(%status, "journalctl --sync failed; the last lines of a job may be missing")

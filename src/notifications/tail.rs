@@ -107,12 +107,14 @@ pub async fn read(n: &Notice) -> Vec<String> {
 async fn read_journal(sel: &Selection) -> std::io::Result<Vec<String>> {
     // The job's last lines may still sit in journald's sockets.
     journal::sync().await;
-    let mut cmd = journal::journalctl();
+    let mut cmd = journal::journalctl_oneshot();
     cmd.arg(format!("--lines={READ_ENTRIES}"))
         .args(journal::args(sel, &Start::Since(sel.started_at), false))
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    let out = cmd.output().await?;
+    let child = cmd.spawn()?;
+    journal::lower_priority(child.id());
+    let out = child.wait_with_output().await?;
     if !out.status.success() {
         return Err(std::io::Error::other(format!("journalctl {}", out.status)));
     }
