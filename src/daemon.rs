@@ -67,6 +67,8 @@ pub enum DaemonError {
     Gpu(#[from] crate::gpu::GpuError),
     #[error("cannot serve the D-Bus API as {DBUS_NAME}: {0}; is the D-Bus policy installed (packaging/dbus) and is another ptraind running?")]
     Api(zbus::Error),
+    #[error("the systemd {0} signal stream ended (D-Bus connection lost); ptraind exits so that systemd restarts it, and it re-attaches to every job")]
+    SignalsLost(&'static str),
     #[error("cannot watch the spool: {0}")]
     Watch(#[from] notify::Error),
     #[error(transparent)]
@@ -191,10 +193,23 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     let (spool_tx, mut spool_rx) = mpsc::unbounded_channel::<Event>();
     let systemd = Systemd::connect().await?;
     let unit_tx = tx.clone();
+    let signals_lost = CancellationToken::new();
+    let lost = signals_lost.clone();
+    let lost_stream = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let lost_name = lost_stream.clone();
     systemd
-        .forward_signals(JOB_UNIT_PREFIX, move |signal| {
-            let _ = unit_tx.send(Event::Unit(signal));
-        })
+        .forward_signals(
+            JOB_UNIT_PREFIX,
+            move |signal| {
+                let _ = unit_tx.send(Event::Unit(signal));
+            },
+            move |stream| {
+                if let Ok(mut name) = lost_name.lock() {
+                    name.get_or_insert(stream);
+                }
+                lost.cancel();
+            },
+        )
         .await?;
 
     let notifier = crate::notifications::Notifier::start(&config.notifications, &config.state_dir)?;
@@ -299,6 +314,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             // watchdog nor the recording of jobs that end.
             biased;
             _ = cancel.cancelled() => break,
+            _ = signals_lost.cancelled() => {
+                let stream = lost_stream.lock().ok().and_then(|name| *name).unwrap_or("D-Bus");
+                error!(stream, "lost systemd's signals; exiting so that systemd restarts ptraind, which re-attaches to every job");
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                return Err(DaemonError::SignalsLost(stream));
+            }
             _ = watchdog_tick.tick(), if watchdog.is_some() => {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             }

@@ -166,11 +166,14 @@ impl Systemd {
     /// Starts forwarding unit signals of units whose name starts with
     /// `unit_prefix` to `sink`. Two tasks drain the D-Bus streams
     /// continuously so that a busy consumer can never block the connection
-    /// (and with it the replies to our own calls).
+    /// (and with it the replies to our own calls). A stream that ends (the
+    /// bus connection is gone) is reported to `lost` with its name: without
+    /// it ptraind would never again see a job end.
     pub async fn forward_signals(
         &self,
         unit_prefix: &'static str,
         sink: impl Fn(UnitSignal) + Send + Sync + Clone + 'static,
+        lost: impl Fn(&'static str) + Send + Sync + Clone + 'static,
     ) -> Result<(), SystemdError> {
         let mut removed = self
             .manager
@@ -178,6 +181,7 @@ impl Systemd {
             .await
             .map_err(call_err("AddMatch JobRemoved", "-"))?;
         let sink1 = sink.clone();
+        let lost1 = lost.clone();
         tokio::spawn(async move {
             while let Some(signal) = removed.next().await {
                 let Ok(args) = signal.args() else { continue };
@@ -188,7 +192,7 @@ impl Systemd {
                     });
                 }
             }
-            tracing::error!("systemd JobRemoved stream ended");
+            lost1("JobRemoved");
         });
         let rule = zbus::MatchRule::builder()
             .msg_type(zbus::message::Type::Signal)
@@ -230,7 +234,7 @@ impl Systemd {
                     }
                 }
             }
-            tracing::error!("systemd PropertiesChanged stream ended");
+            lost("PropertiesChanged");
         });
         Ok(())
     }

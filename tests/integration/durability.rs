@@ -320,3 +320,41 @@ fn a_thousand_queued_jobs_hold_no_unit_or_process_each() {
         "files left in the spool"
     );
 }
+
+#[test]
+fn a_lost_bus_connection_restarts_ptraind_which_re_attaches() {
+    let d = TestDaemon::start("bus-lost");
+    d.drop_job(
+        ALICE,
+        "long.json",
+        r#"{"version": 1, "command": ["sleep", "600"]}"#,
+    );
+    let before = d.wait_running("long");
+    let first_pid = main_pid(&d);
+    // The system bus goes away under ptraind (an upgrade, a crash): its
+    // signal streams end. It must not stay up deaf to every job's end.
+    let (ok, out) = d.harness.systemctl(&["restart", "dbus.service"]);
+    assert!(ok, "{out}");
+    wait_for("ptraind restarted by systemd", WAIT, || {
+        let pid = main_pid(&d);
+        let active = d.unit_property("ptraind.service", "ActiveState") == "active";
+        (active && pid != first_pid && pid != "0").then_some(())
+    });
+    let log = d.daemon_log();
+    assert!(
+        log.contains("lost systemd's signals"),
+        "no word of the lost bus in:\n{log}"
+    );
+    // Re-attached: the same run is still tracked, and its end is seen.
+    let again = d.wait_running("long");
+    assert_eq!(again["invocation_id"], before["invocation_id"]);
+    let out = d.ptrain(ALICE, &["stop", "long"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(d.wait_ended("long")["status"], "stopped");
+    d.drop_job(
+        ALICE,
+        "after.json",
+        r#"{"version": 1, "command": ["true"]}"#,
+    );
+    assert_eq!(d.wait_ended("after")["status"], "succeeded");
+}
