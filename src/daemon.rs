@@ -124,6 +124,8 @@ pub struct Daemon {
     blocked: HashSet<JobId>,
     /// Hands notification intents to the sender task (never waits on it).
     notifier: crate::notifications::Notifier,
+    /// Delivery status per notification key, read before compacting a job.
+    outbox: crate::notifications::outbox::Outbox,
     /// What the Prometheus endpoint reports; updated as jobs move.
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Output readers, the idle-output watchdog and archives.
@@ -217,9 +219,14 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     let logs = crate::logs::Logs::start(&config, move |unit| {
         let _ = idle_tx.send(Event::Idle(unit));
     });
+    let outbox = crate::notifications::outbox::Outbox::open(&config.state_dir).map_err(setup(
+        "the notification outbox",
+        &config.state_dir.join("outbox"),
+    ))?;
     let mut daemon = Daemon {
         logs,
         notifier,
+        outbox,
         config,
         store,
         systemd,
@@ -1473,14 +1480,35 @@ impl Daemon {
             if needed {
                 break;
             }
-            let compacted = self
-                .store
-                .load(&id)
-                .and_then(|record| self.store.compact(&record));
-            if let Err(e) = compacted {
+            let record = match self.store.load(&id) {
+                Ok(record) => record,
+                Err(e) => {
+                    error!(job = %id, error = %e, "cannot read a finished job to compact it; keeping it");
+                    break;
+                }
+            };
+            // Its notifications go first: one still being retried keeps
+            // the job (and its outbox entry) until it is delivered or dead.
+            let keys: Vec<&str> = record
+                .notifications
+                .iter()
+                .map(|i| i.key.as_str())
+                .collect();
+            if !keys
+                .iter()
+                .all(|k| self.outbox.is_final(k).unwrap_or(false))
+            {
+                break;
+            }
+            if let Err(e) = self.store.compact(&record) {
                 error!(job = %id, error = %e, "cannot compact a finished job; keeping it");
                 self.store_failed();
                 break;
+            }
+            for key in keys {
+                if let Err(e) = self.outbox.remove(key) {
+                    warn!(job = %id, key, error = %e, "cannot remove a compacted job's outbox entry");
+                }
             }
             let Some(oldest) = self.history.remove(&id) else {
                 break;

@@ -153,6 +153,20 @@ impl Outbox {
         write_atomic(&self.dir, &Self::file_name(&d.intent.key), &bytes)
     }
 
+    /// Whether `key` is done with: delivered or dead. A key with no status
+    /// yet has not been tried.
+    pub fn is_final(&self, key: &str) -> io::Result<bool> {
+        Ok(self.load(key)?.is_some_and(|d| d.state.is_final()))
+    }
+
+    /// Forgets `key` (its job is being compacted away).
+    pub fn remove(&self, key: &str) -> io::Result<()> {
+        match std::fs::remove_file(self.dir.join(Self::file_name(key))) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Every stored delivery, oldest first.
     pub fn list(&self) -> io::Result<Vec<Delivery>> {
         let mut out = Vec::new();
@@ -192,8 +206,10 @@ mod tests {
         assert_eq!(mode & 0o777, 0o700);
         let intent = super::super::sender::tests::intent("j", NotifyEvent::Failed, "hook");
         assert_eq!(outbox.load(&intent.key).unwrap(), None);
+        assert!(!outbox.is_final(&intent.key).unwrap());
         let mut d = Delivery::new(intent.clone());
         outbox.save(&d).unwrap();
+        assert!(!outbox.is_final(&intent.key).unwrap());
         d.state = DeliveryState::Dead;
         d.last_error = Some("HTTP 400".into());
         outbox.save(&d).unwrap();
@@ -208,5 +224,9 @@ mod tests {
             (view.state, view.channel.as_str()),
             (DeliveryState::Dead, "hook")
         );
+        assert!(outbox.is_final(&intent.key).unwrap());
+        outbox.remove(&intent.key).unwrap();
+        outbox.remove(&intent.key).unwrap();
+        assert!(outbox.list().unwrap().is_empty());
     }
 }

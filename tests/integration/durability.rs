@@ -210,10 +210,17 @@ fn a_full_state_disk_keeps_files_in_the_spool_and_recovers_by_itself() {
 
 #[test]
 fn retention_compacts_the_oldest_finished_jobs() {
+    use crate::notifications::{HttpServer, Reply};
+    let hook = HttpServer::start(vec![], Reply::Status(200, "{}"));
     let d = TestDaemon::start_with(
         "retention",
         Opts {
-            extra_config: "[retention]\nmax_ended_jobs = 3\n".into(),
+            extra_config: format!(
+                "[retention]\nmax_ended_jobs = 3\n\
+                 [notify]\ndefault_channels = [\"hook\"]\n\
+                 [channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\n",
+                hook.url("/h")
+            ),
             ..Opts::default()
         },
     );
@@ -222,10 +229,23 @@ fn retention_compacts_the_oldest_finished_jobs() {
         d.drop_job(ALICE, &format!("{id}.json"), &counted_job(&d, ""));
         assert_eq!(d.wait_ended(&id)["status"], "succeeded");
     }
+    let outbox = |id: &str| {
+        d.state
+            .join("outbox")
+            .join(format!("{id}.succeeded.hook.json"))
+    };
+    wait_for("every end to be notified", WAIT, || {
+        (hook.requests().len() == 6).then_some(())
+    });
+    // A job whose notification is still on its way stays until a later
+    // pass (the next event); then it leaves with its outbox entry.
+    d.drop_job(ALICE, "last.json", &counted_job(&d, ""));
+    assert_eq!(d.wait_ended("last")["status"], "succeeded");
     wait_for("the history to be compacted", WAIT, || {
         let records = std::fs::read_dir(d.state.join("jobs")).unwrap().count();
-        (records == 3).then_some(())
+        (records == 3 && !outbox("old3").exists()).then_some(())
     });
+    assert!(!outbox("old0").exists() && outbox("old4").exists());
     let history = std::fs::read_to_string(d.state.join("history.jsonl")).unwrap();
     let compacted: Vec<serde_json::Value> = history
         .lines()
@@ -235,7 +255,7 @@ fn retention_compacts_the_oldest_finished_jobs() {
         .iter()
         .map(|j| j["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["old0", "old1", "old2"]);
+    assert_eq!(ids, ["old0", "old1", "old2", "old3"]);
     assert!(compacted.iter().all(|j| j["status"] == "succeeded"));
     assert!(d.status("old0").is_none());
     assert_eq!(d.status("old5").unwrap()["status"], "succeeded");
@@ -245,7 +265,7 @@ fn retention_compacts_the_oldest_finished_jobs() {
     )
     .unwrap();
     let listed: Vec<&str> = listed.iter().map(|j| j["id"].as_str().unwrap()).collect();
-    assert_eq!(listed, ["old4", "old5"]);
+    assert_eq!(listed, ["old5", "last"]);
 }
 
 #[test]

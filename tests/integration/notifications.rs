@@ -29,14 +29,14 @@ use crate::harness::wait_for;
 // A loopback HTTP server that answers from a script.
 
 #[derive(Clone, Debug)]
-enum Reply {
+pub(crate) enum Reply {
     Status(u16, &'static str),
     /// Hold the request unanswered until [`HttpServer::release`].
     Hang,
 }
 
 #[derive(Clone, Debug)]
-struct Request {
+pub(crate) struct Request {
     at: Instant,
     path: String,
     headers: HashMap<String, String>,
@@ -60,13 +60,13 @@ struct ServerState {
     released: (Mutex<bool>, Condvar),
 }
 
-struct HttpServer {
+pub(crate) struct HttpServer {
     port: u16,
     state: Arc<ServerState>,
 }
 
 impl HttpServer {
-    fn start(script: Vec<Reply>, default: Reply) -> HttpServer {
+    pub(crate) fn start(script: Vec<Reply>, default: Reply) -> HttpServer {
         HttpServer::start_on(TcpListener::bind("127.0.0.1:0").unwrap(), script, default)
     }
 
@@ -89,11 +89,11 @@ impl HttpServer {
         HttpServer { port, state }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    fn requests(&self) -> Vec<Request> {
+    pub(crate) fn requests(&self) -> Vec<Request> {
         self.state.requests.lock().unwrap().clone()
     }
 
