@@ -61,6 +61,8 @@ struct RawJobs {
 struct RawRetention {
     max_ended_jobs: Option<usize>,
     max_age: Option<String>,
+    rejected_per_user: Option<usize>,
+    rejected_max_age: Option<String>,
 }
 
 /// `[retention]`: finished jobs beyond these limits are compacted into one
@@ -69,7 +71,16 @@ struct RawRetention {
 pub struct Retention {
     pub max_ended_jobs: usize,
     pub max_age: Option<std::time::Duration>,
+    /// Quarantined (rejected) files kept per owner: a user who floods the
+    /// spool with bad files pushes out only their own oldest.
+    pub rejected_per_user: usize,
+    pub rejected_max_age: std::time::Duration,
 }
+
+/// Defaults of `[retention]` for rejected files.
+pub const DEFAULT_REJECTED_PER_USER: usize = 1000;
+pub const DEFAULT_REJECTED_MAX_AGE: std::time::Duration =
+    std::time::Duration::from_secs(30 * 24 * 3600);
 
 /// The validated configuration.
 #[derive(Clone, Debug)]
@@ -176,18 +187,33 @@ impl Config {
         let policy = raw.policy.unwrap_or_default();
         policy.validate().map_err(|e| invalid(&e.key, e.message))?;
         let raw_retention = raw.retention.unwrap_or_default();
+        let duration = |key: &str, text: Option<String>| match text {
+            None => Ok(None),
+            Some(text) => humantime::parse_duration(&text).map(Some).map_err(|e| {
+                invalid(
+                    key,
+                    format!("{text:?} is not a duration ({e}); write e.g. \"90d\""),
+                )
+            }),
+        };
         let retention = Retention {
             max_ended_jobs: raw_retention.max_ended_jobs.unwrap_or(100_000),
-            max_age: match raw_retention.max_age {
-                None => None,
-                Some(text) => Some(humantime::parse_duration(&text).map_err(|e| {
-                    invalid(
-                        "retention.max_age",
-                        format!("{text:?} is not a duration ({e}); write e.g. \"90d\""),
-                    )
-                })?),
-            },
+            max_age: duration("retention.max_age", raw_retention.max_age)?,
+            rejected_per_user: raw_retention
+                .rejected_per_user
+                .unwrap_or(DEFAULT_REJECTED_PER_USER),
+            rejected_max_age: duration(
+                "retention.rejected_max_age",
+                raw_retention.rejected_max_age,
+            )?
+            .unwrap_or(DEFAULT_REJECTED_MAX_AGE),
         };
+        if retention.rejected_per_user == 0 {
+            return Err(invalid(
+                "retention.rejected_per_user",
+                "must be at least 1 (owners read why their files were refused)".into(),
+            ));
+        }
         if retention.max_ended_jobs == 0 {
             return Err(invalid(
                 "retention.max_ended_jobs",

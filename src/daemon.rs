@@ -103,6 +103,8 @@ pub struct Daemon {
     queued_per_user: HashMap<u32, usize>,
     /// Spool file owners looked up recently.
     owners: users::OwnerCache,
+    /// Quarantined files by owner, for `[retention]`.
+    quarantine: crate::store::QuarantineIndex,
     /// Spool entries we could neither claim nor remove (a user's non-empty
     /// directory): refused once, then left alone.
     stuck_entries: HashSet<(u64, u64)>,
@@ -235,6 +237,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         jobs: BTreeMap::new(),
         history: Default::default(),
         owners: Default::default(),
+        quarantine: Default::default(),
         queue: VecDeque::new(),
         held: BTreeMap::new(),
         by_unit: HashMap::new(),
@@ -487,6 +490,12 @@ impl Daemon {
             }
         })?;
         self.history.shrink_to_fit();
+        let per_user = self.config.retention.rejected_per_user;
+        for (entry, uid) in self.store.rejected_entries()? {
+            for gone in self.quarantine.add(uid, entry, per_user) {
+                self.store.forget_rejected(&gone);
+            }
+        }
         members.sort();
         for (_, id, group) in members {
             self.groups.entry(group).or_default().push(id);
@@ -936,11 +945,19 @@ impl Daemon {
             reason: reason.to_owned(),
             saved_as: None,
         };
-        if let Err(e) = self.store.reject(record, bytes) {
-            // Keep the file where its owner can still see it.
-            error!(file = name, error = %e, "cannot quarantine a rejected file; leaving it in the spool");
-            self.store_failed();
-            return;
+        match self.store.reject(record, bytes) {
+            Ok(entry) => {
+                let per_user = self.config.retention.rejected_per_user;
+                for gone in self.quarantine.add(uid, entry, per_user) {
+                    self.store.forget_rejected(&gone);
+                }
+            }
+            Err(e) => {
+                // Keep the file where its owner can still see it.
+                error!(file = name, error = %e, "cannot quarantine a rejected file; leaving it in the spool");
+                self.store_failed();
+                return;
+            }
         }
         self.metrics.file_rejected();
         match identity {
@@ -1463,6 +1480,10 @@ impl Daemon {
     fn prune_history(&mut self) {
         let retention = self.config.retention.clone();
         let now = now_micros();
+        let cutoff = now.saturating_sub(retention.rejected_max_age.as_micros() as u64);
+        for gone in self.quarantine.expire(cutoff) {
+            self.store.forget_rejected(&gone);
+        }
         while let Some(oldest) = self.history.oldest() {
             let id = oldest.id.clone();
             let too_many = self.history.len() > retention.max_ended_jobs;

@@ -519,7 +519,13 @@ impl Store {
     }
 
     /// Quarantines a rejected file's bytes (if any) with its reason.
-    pub fn reject(&self, mut record: RejectRecord, bytes: Option<&[u8]>) -> Result<(), StoreError> {
+    /// Quarantines a rejected file: its bytes (if readable) and why.
+    /// Returns the entry's name, for [`Store::forget_rejected`].
+    pub fn reject(
+        &self,
+        mut record: RejectRecord,
+        bytes: Option<&[u8]>,
+    ) -> Result<String, StoreError> {
         let base = format!("{}-{}", record.rejected_at, sanitize(&record.file));
         if let Some(bytes) = bytes {
             let name = format!("{base}.data");
@@ -530,7 +536,37 @@ impl Store {
         let name = format!("{base}.reason.json");
         let json = serde_json::to_vec_pretty(&record).expect("records always serialise");
         write_atomic(&self.rejected_dir, &name, &json)
-            .map_err(io_err("write", &self.rejected_dir.join(&name)))
+            .map_err(io_err("write", &self.rejected_dir.join(&name)))?;
+        Ok(base)
+    }
+
+    /// Every quarantine entry's name and owner uid, for retention.
+    pub fn rejected_entries(&self) -> Result<Vec<(String, Option<u32>)>, StoreError> {
+        let entries =
+            std::fs::read_dir(&self.rejected_dir).map_err(io_err("read", &self.rejected_dir))?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(base) = name.strip_suffix(".reason.json") else {
+                continue;
+            };
+            if base.starts_with('.') {
+                continue;
+            }
+            let uid = std::fs::read(entry.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<RejectRecord>(&b).ok())
+                .and_then(|r| r.uid);
+            out.push((base.to_owned(), uid));
+        }
+        Ok(out)
+    }
+
+    /// Removes one quarantine entry (its reason and its saved bytes).
+    pub fn forget_rejected(&self, base: &str) {
+        for name in [format!("{base}.reason.json"), format!("{base}.data")] {
+            let _ = std::fs::remove_file(self.rejected_dir.join(name));
+        }
     }
 
     /// Every rejection on record, oldest first.
@@ -551,6 +587,50 @@ impl Store {
         }
         out.sort_by_key(|r| r.rejected_at);
         Ok(out)
+    }
+}
+
+/// The quarantine's entries by owner, oldest first, to keep it within
+/// `[retention]` (per owner, and by age) without listing the directory on
+/// every rejection. Entry names start with their rejection time (µs since
+/// the epoch), so name order is age order. Pure.
+#[derive(Default)]
+pub struct QuarantineIndex {
+    by_owner: HashMap<Option<u32>, std::collections::BTreeSet<String>>,
+}
+
+impl QuarantineIndex {
+    /// Adds an entry; returns the entries that go to stay within `per_owner`.
+    pub fn add(&mut self, uid: Option<u32>, base: String, per_owner: usize) -> Vec<String> {
+        let entries = self.by_owner.entry(uid).or_default();
+        entries.insert(base);
+        let mut gone = Vec::new();
+        while entries.len() > per_owner {
+            gone.extend(entries.pop_first());
+        }
+        gone
+    }
+
+    /// Removes and returns the entries rejected before `cutoff` (µs).
+    /// Looks at each owner's oldest only, so it costs O(owners) when
+    /// nothing is due.
+    pub fn expire(&mut self, cutoff: u64) -> Vec<String> {
+        let mut gone = Vec::new();
+        for entries in self.by_owner.values_mut() {
+            while let Some(oldest) = entries.first() {
+                let at = oldest
+                    .split('-')
+                    .next()
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if at >= cutoff {
+                    break;
+                }
+                gone.extend(entries.pop_first());
+            }
+        }
+        self.by_owner.retain(|_, entries| !entries.is_empty());
+        gone
     }
 }
 
@@ -589,6 +669,26 @@ fn sanitize(name: &str) -> String {
 mod tests {
     use super::*;
     use crate::spec::parse_spec;
+
+    #[test]
+    fn quarantine_keeps_each_owner_within_the_limit_and_age() {
+        let mut q = QuarantineIndex::default();
+        let name = |t: u64, f: &str| format!("{t:016}-{f}");
+        assert!(q.add(Some(1), name(10, "a.json"), 2).is_empty());
+        assert!(q.add(Some(1), name(20, "b.json"), 2).is_empty());
+        assert!(q.add(Some(2), name(5, "x.json"), 2).is_empty());
+        // A third from uid 1 pushes out its own oldest, not uid 2's.
+        assert_eq!(q.add(Some(1), name(30, "c.json"), 2), [name(10, "a.json")]);
+        assert!(q.add(None, name(1, "unknown"), 2).is_empty());
+        let mut expired = q.expire(21);
+        expired.sort();
+        assert_eq!(
+            expired,
+            [name(1, "unknown"), name(5, "x.json"), name(20, "b.json")]
+        );
+        assert!(q.expire(21).is_empty());
+        assert_eq!(q.add(Some(1), name(40, "d.json"), 2), Vec::<String>::new());
+    }
 
     fn record(id: &str) -> JobRecord {
         let spec = parse_spec(br#"{"version": 1, "command": ["true"]}"#, id).unwrap();

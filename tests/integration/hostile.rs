@@ -924,3 +924,39 @@ fn ten_thousand_files_from_one_user_are_each_run_once_or_refused() {
     eprintln!("flood: {} ran, {} rejected", jobs.len(), rejected.len());
     check_bystander(&d);
 }
+
+#[test]
+fn a_flood_of_bad_files_pushes_out_only_its_owners_oldest_quarantine() {
+    let d = TestDaemon::start_with(
+        "quarantine-cap",
+        Opts {
+            extra_config: "[retention]\nrejected_per_user = 3\n".into(),
+            ..Opts::default()
+        },
+    );
+    d.drop_job(ALICE, "alice-bad.json", "{not json");
+    d.wait_rejected(ALICE, "alice-bad.json");
+    for i in 0..8 {
+        d.drop_job(BOB, &format!("flood-{i}.json"), "{not json");
+    }
+    d.wait_rejected(BOB, "flood-7.json");
+    let files = |user: &str| -> Vec<String> {
+        d.rejected(user)
+            .iter()
+            .map(|r| r["file"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    wait_for("bob's quarantine to be cut to 3", WAIT, || {
+        (files(BOB).len() == 3).then_some(())
+    });
+    assert_eq!(files(BOB), ["flood-5.json", "flood-6.json", "flood-7.json"]);
+    assert_eq!(files(ALICE), ["alice-bad.json"]);
+    // Nothing else stays behind: reason and bytes go together.
+    let left = std::fs::read_dir(d.state.join("rejected")).unwrap().count();
+    assert_eq!(
+        left,
+        2 * 4,
+        "3 of bob's and 1 of alice's, each reason + bytes"
+    );
+    d.assert_alive();
+}
