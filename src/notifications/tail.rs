@@ -91,7 +91,8 @@ pub async fn read(n: &Notice) -> Vec<String> {
         invocation_id: n.invocation_id.clone(),
         started_at,
     };
-    match tokio::time::timeout(READ_TIMEOUT, read_journal(&sel)).await {
+    let ended_at = n.ended_at.unwrap_or_else(crate::now_micros);
+    match tokio::time::timeout(READ_TIMEOUT, read_journal(&sel, ended_at)).await {
         Ok(Ok(messages)) => shape(&messages),
         Ok(Err(e)) => {
             tracing::warn!(PTRAIN_JOB = %n.job_id, error = %e, "cannot read the job's last lines of output; notifying without them");
@@ -104,9 +105,26 @@ pub async fn read(n: &Notice) -> Vec<String> {
     }
 }
 
-async fn read_journal(sel: &Selection) -> std::io::Result<Vec<String>> {
-    // The job's last lines may still sit in journald's sockets.
+/// When the last `journalctl --sync` that completed was started (µs).
+static LAST_SYNC: tokio::sync::Mutex<u64> = tokio::sync::Mutex::const_new(0);
+
+/// Makes sure journald has written out everything a job wrote before
+/// `ended_at`: one `journalctl --sync` covers every job that ended before
+/// it started, so a burst of ends costs a few syncs, not one each (they
+/// wait for the one in progress, then find themselves covered).
+async fn sync_covering(ended_at: u64) {
+    let mut last = LAST_SYNC.lock().await;
+    if *last > ended_at {
+        return;
+    }
+    let started = crate::now_micros();
     journal::sync().await;
+    *last = started;
+}
+
+async fn read_journal(sel: &Selection, ended_at: u64) -> std::io::Result<Vec<String>> {
+    // The job's last lines may still sit in journald's sockets.
+    sync_covering(ended_at).await;
     let mut cmd = journal::journalctl_oneshot();
     cmd.arg(format!("--lines={READ_ENTRIES}"))
         .args(journal::args(sel, &Start::Since(sel.started_at), false))
