@@ -997,6 +997,11 @@ impl Daemon {
             self.reserved.clear();
             return;
         }
+        if self.by_unit.len() >= MAX_TRACKED_UNITS {
+            // Nothing could start now; the next unit end plans again. Skips
+            // a pass over the whole queue per event while a flood drains.
+            return;
+        }
         let wants_gpus = self
             .queue
             .iter()
