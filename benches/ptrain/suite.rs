@@ -10,21 +10,30 @@
 //!   (`started_at`; ptraind releases the unit at the end, so its own record
 //!   is read rather than racing systemd's garbage collection). Floor: the
 //!   same command started by a bare StartTransientUnit loop, the call's
-//!   time to the same timestamp, one unit at a time.
+//!   time to the same timestamp, one unit at a time. Both loops start the
+//!   next unit only once the last is quiet: gone from systemd (UnitRemoved),
+//!   and for ptraind also its post-end work done (the output archive).
 //! - throughput: N files renamed into the spool at once, to the last
 //!   JobChanged signal with a final status (sent after the end is recorded
 //!   durably). Floor: N units from the bare loop (one call in flight, as
 //!   the harness README measured), to the last UnitRemoved.
 //! - cost growth: the state dir is pre-populated with finished-job records
 //!   written with the `ptrain::store` types (far faster than running them),
-//!   ptraind restarted, and a few jobs probed one at a time.
+//!   ptraind restarted, and a few jobs probed one at a time. Floor: a
+//!   control ptraind in its own harness whose only history is its own
+//!   probes, probed in turn with it, job for job (and the CLI, run for
+//!   run), so that both see the machine in the same state.
 //! - footprint: /proc of ptraind's MainPID (found on the host through the
 //!   harness's pid namespace): RSS, CPU (schedstat, ns), context switches.
 //!
 //! The suite is shared by the `make bench` target (`benches/ptrain/main.rs`)
 //! and the integration smoke test (`tests/integration/bench_smoke.rs`), both
 //! of which have the fixture modules `daemon` and `harness` at their root.
-//! It never asserts a speed: targets are reported, never enforced.
+//! It never asserts a speed itself: figures carry targets, and the robust
+//! ones an enforced limit ([`report::Enforced`]) that the bench binary
+//! checks under `BENCH_ENFORCE=1` (`make bench-ci`, run by CI). Wall-clock
+//! latency and throughput ratios are reported, never enforced: on a shared
+//! CI machine other work moves them by more than any target's margin.
 #![allow(dead_code)]
 
 #[path = "report.rs"]
@@ -66,9 +75,26 @@ const BARE_MAX_PENDING: usize = 256;
 const STALL: Duration = Duration::from_secs(60);
 /// How long the slow notification endpoint holds each request.
 const SLOW_ENDPOINT_DELAY: Duration = Duration::from_secs(2);
+/// How long an ended job may take to go quiet (unit gone, output archived)
+/// before the next drop goes ahead anyway, with a message.
+const QUIET_TIMEOUT: Duration = Duration::from_secs(30);
+/// Growth of ptraind's CPU per job with history that CI enforces: the
+/// issue's target. Measured against the control, job for job, CPU time per
+/// job holds still to a few percent; measured against job #1 alone, it
+/// drifted by up to 1.7x with the machine's other work.
+const CPU_GROWTH_LIMIT: f64 = 1.25;
+const CPU_GROWTH_WHY: &str = "the issue's target, against a control ptraind without history probed in turn, job for job (the job #1 row compares two equal daemons); 0.93x to 1.09x over 15 marks in 3 runs on a loaded 2-core machine";
+/// `Status` with a long history against the control: a guard against
+/// gross O(history) regressions, wide enough for a loaded machine's noise.
+const STATUS_GUARD: f64 = 2.0;
+/// D-Bus calls timed for each run of a CLI command.
+const API_RUNS_PER_CLI_RUN: usize = 20;
+/// Context switches of an idle ptraind over the idle window.
+const IDLE_WAKEUPS_LIMIT: f64 = 4.0;
 
 /// How much to run. `full` has the sizes; `ci` finishes in about
-/// three minutes on two cores; `smoke` only proves the code works.
+/// three minutes on two cores (the history's 100,000 jobs included: they
+/// are written directly, not run); `smoke` only proves the code works.
 #[derive(Clone, Debug)]
 pub struct Scale {
     pub name: String,
@@ -80,7 +106,7 @@ pub struct Scale {
     /// The job numbers whose cost is probed ("the 1st, the 10,000th"); the
     /// history holds number - 1 finished jobs when the probe starts.
     pub history_marks: Vec<usize>,
-    /// Jobs probed one at a time at each mark.
+    /// Jobs probed one at a time at each mark (and as many on the control).
     pub probe_jobs: usize,
     /// The mark at which the idle footprint is taken.
     pub idle_mark: usize,
@@ -114,13 +140,14 @@ impl Scale {
             name: "ci".into(),
             latency_jobs: 200,
             throughput_sizes: vec![500],
-            history_marks: vec![1, 10_000],
-            probe_jobs: 20,
+            history_marks: vec![1, 10_000, 100_000],
+            // Enough that CPU per job, the enforced figure, holds still.
+            probe_jobs: 50,
             idle_mark: 10_000,
             idle_window: Duration::from_secs(5),
             queued_jobs: 200,
             notify_jobs: 200,
-            cli_runs: 3,
+            cli_runs: 5,
         }
     }
 
@@ -335,7 +362,11 @@ impl Bench<'_> {
     fn latency(&mut self, d: &TestDaemon, tracker: &Tracker, dropper: &Dropper, floors: &Floors) {
         let n = self.scale.latency_jobs;
         say(&format!("ptraind: {n} jobs dropped one at a time"));
-        let samples = self.sequential(tracker, dropper, "lat", n, "");
+        // Only for this loop: its signal match rules would cost dbus-daemon
+        // a copy of every unit signal in the bursts.
+        let mut quiet = self.rt.block_on(Quiescence::connect(d));
+        let samples = self.sequential(tracker, &mut quiet, None, dropper, "lat", n, "");
+        drop(quiet);
         let active: Vec<f64> = samples.iter().filter_map(|s| s.to_active_ms()).collect();
         let claim: Vec<f64> = samples.iter().filter_map(|s| s.to_claim_ms()).collect();
         // ptraind's own part: until StartTransientUnit has answered (its
@@ -348,6 +379,7 @@ impl Bench<'_> {
                 Some(*at as f64 / 1e3 - s.dropped_at as f64 / 1e3)
             })
             .collect();
+        let quiet: Vec<f64> = samples.iter().map(|s| s.quiet_ms).collect();
         let failed = samples.iter().filter(|s| s.status != "succeeded").count();
         let note = if failed > 0 {
             format!("{failed} of {n} jobs did not succeed")
@@ -397,42 +429,72 @@ impl Bench<'_> {
         self.detail(
             "latency",
             json!({"drop_to_active_ms": summary(&active), "drop_to_claim_ms": summary(&claim),
-                   "drop_to_start_reply_ms": summary(&own), "failed": failed}),
+                   "drop_to_start_reply_ms": summary(&own), "final_to_quiet_ms": summary(&quiet),
+                   "failed": failed}),
         );
     }
 
-    /// Drops `n` jobs one at a time, each after the previous one ended.
+    /// Drops `n` jobs one at a time, each after the previous one ended and
+    /// went quiet ([`Quiescence`]), as the bare floor loop does. With
+    /// `ptraind` (its host pid), each probe also has ptraind's CPU time once
+    /// the job was quiet: every job's work, one job at a time.
+    #[allow(clippy::too_many_arguments)]
     fn sequential(
         &mut self,
         tracker: &Tracker,
+        quiet: &mut Quiescence,
+        ptraind: Option<u32>,
         dropper: &Dropper,
         prefix: &str,
         n: usize,
         extra: &str,
     ) -> Vec<Probe> {
-        let mut out = Vec::with_capacity(n);
-        for i in 0..n {
-            let id = format!("{prefix}-{i}");
-            dropper.stage(&id, &job_json(extra));
-            let mark = tracker.mark();
-            let dropped_at = dropper.publish(&id);
-            let ids = [id.clone()];
-            let waited =
-                self.rt
-                    .block_on(tracker.wait(mark, &ids, is_final, Duration::from_secs(60)));
-            if let Err(e) = waited {
+        (0..n)
+            .map(|i| {
+                let id = format!("{prefix}-{i}");
+                self.probe(tracker, quiet, ptraind, dropper, &id, extra)
+            })
+            .collect()
+    }
+
+    /// Drops one job, follows it to its end and waits until it is quiet.
+    fn probe(
+        &mut self,
+        tracker: &Tracker,
+        quiet: &mut Quiescence,
+        ptraind: Option<u32>,
+        dropper: &Dropper,
+        id: &str,
+        extra: &str,
+    ) -> Probe {
+        dropper.stage(id, &job_json(extra));
+        let mark = tracker.mark();
+        let dropped_at = dropper.publish(id);
+        let ids = [id.to_string()];
+        let waited = self
+            .rt
+            .block_on(tracker.wait(mark, &ids, is_final, Duration::from_secs(60)));
+        if let Err(e) = waited {
+            say(&format!("job {id}: {e}"));
+        }
+        let view = self.rt.block_on(tracker.status(id));
+        let t0 = Instant::now();
+        if let Some(v) = &view {
+            if let Err(e) = self.rt.block_on(quiet.wait(v)) {
                 say(&format!("job {id}: {e}"));
             }
-            let view = self.rt.block_on(tracker.status(&id));
-            out.push(Probe {
-                id: id.clone(),
-                dropped_at,
-                submitted_at: view.as_ref().map(|v| v.submitted_at),
-                started_at: view.as_ref().and_then(|v| v.started_at),
-                status: view.map(|v| v.status).unwrap_or_else(|| "unknown".into()),
-            });
         }
-        out
+        let quiet_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let cpu_ns = ptraind.and_then(ProcSample::read).map(|s| s.cpu_ns);
+        Probe {
+            id: id.to_string(),
+            dropped_at,
+            submitted_at: view.as_ref().map(|v| v.submitted_at),
+            started_at: view.as_ref().and_then(|v| v.started_at),
+            status: view.map(|v| v.status).unwrap_or_else(|| "unknown".into()),
+            quiet_ms,
+            cpu_ns,
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -669,21 +731,32 @@ impl Bench<'_> {
     // The history daemon: cost growth, the CLI, the idle footprint.
 
     fn history_daemon(&mut self) {
-        say("booting a second harness for the history figures");
-        let d = TestDaemon::start_with(
-            "bench-hist",
-            Opts {
-                extra_config: "max_queued_per_user = 1000000\n".into(),
-                ..Opts::default()
-            },
-        );
+        let opts = || Opts {
+            extra_config: "max_queued_per_user = 1000000\n".into(),
+            ..Opts::default()
+        };
+        say("booting a second harness for the history figures, and a third for their control");
+        let d = TestDaemon::start_with("bench-hist", opts());
         let dropper = Dropper::new(&d);
         let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
+        let mut quiet = self.rt.block_on(Quiescence::connect(&d));
+        // The control: the same ptraind with (almost) no history, probed in
+        // turn with the history daemon, job for job, so that both see the
+        // machine in the same state. CPU time per job drifts with other
+        // work on a shared machine by more than the target's margin; the
+        // ratio of two daemons measured together does not.
+        let control = TestDaemon::start_with("bench-ctrl", opts());
+        let control_dropper = Dropper::new(&control);
+        let control_tracker = self
+            .rt
+            .block_on(Tracker::connect(&control.harness.bus_address()));
+        let mut control_quiet = self.rt.block_on(Quiescence::connect(&control));
         let owner = ptrain::users::owner_of_uid(dropper.uid).expect("the bench user exists");
         // Finished jobs on record (written here or run by the probes).
         let mut history = 0usize;
         let mut first: Option<Growth> = None;
         let mut last: Option<(usize, Growth)> = None;
+        let mut growth_detail = serde_json::Map::new();
         for &mark in &self.scale.history_marks.clone() {
             let want = mark.saturating_sub(1);
             let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
@@ -698,21 +771,66 @@ impl Bench<'_> {
             d.start_service();
             let start_secs = t0.elapsed().as_secs_f64();
             let pid = ptraind_pid(&d);
+            let control_pid = ptraind_pid(&control);
             let k = self.scale.probe_jobs;
-            say(&format!("ptraind: job #{mark}: {k} jobs one at a time"));
+            say(&format!(
+                "ptraind: job #{mark}: {k} jobs one at a time, in turn with the control"
+            ));
             let before = ProcSample::read(pid);
-            let probes = self.sequential(&tracker, &dropper, &format!("m{mark}"), k, "");
+            let control_before = ProcSample::read(control_pid);
+            let mut probes = Vec::with_capacity(k);
+            let mut control_probes = Vec::with_capacity(k);
+            for i in 0..k {
+                // Each goes first every other time: neither always runs
+                // right after the other's job.
+                for history_side in [i % 2 == 1, i % 2 == 0] {
+                    if history_side {
+                        let id = format!("m{mark}-{i}");
+                        probes.push(self.probe(&tracker, &mut quiet, Some(pid), &dropper, &id, ""));
+                    } else {
+                        let id = format!("c{mark}-{i}");
+                        control_probes.push(self.probe(
+                            &control_tracker,
+                            &mut control_quiet,
+                            Some(control_pid),
+                            &control_dropper,
+                            &id,
+                            "",
+                        ));
+                    }
+                }
+            }
             let after = ProcSample::read(pid);
             history += k;
             let active: Vec<f64> = probes.iter().filter_map(|p| p.to_active_ms()).collect();
-            let cpu = match (before, after) {
+            let control_active: Vec<f64> = control_probes
+                .iter()
+                .filter_map(|p| p.to_active_ms())
+                .collect();
+            let job_cpu_ms = cpu_per_job(before, &probes);
+            let control_job_cpu_ms = cpu_per_job(control_before, &control_probes);
+            // The median job: a burst of other work on the machine (which
+            // inflates CPU time too) moves only a few jobs.
+            let cpu = (job_cpu_ms.len() == k)
+                .then(|| percentile(&job_cpu_ms, 0.5))
+                .flatten();
+            let control_cpu = (control_job_cpu_ms.len() == k)
+                .then(|| percentile(&control_job_cpu_ms, 0.5))
+                .flatten();
+            let cpu_mean = match (before, after) {
                 (Some(b), Some(a)) => Some((a.cpu_ns - b.cpu_ns) as f64 / 1e6 / k as f64),
                 _ => None,
             };
             if mark == self.scale.idle_mark {
                 self.idle_footprint(&d, history);
             }
-            let cli = self.cli(&d, &tracker, &format!("m{mark}-0"));
+            let (id, control_id) = (format!("m{mark}-0"), format!("c{mark}-0"));
+            let mut clis = self.cli(&[
+                (&d, &tracker, &id),
+                (&control, &control_tracker, &control_id),
+            ]);
+            let control_cli = clis.pop().unwrap_or_default();
+            let cli = clis.pop().unwrap_or_default();
             if mark == self.scale.idle_mark {
                 // What one look at the whole history leaves behind.
                 settle();
@@ -732,34 +850,47 @@ impl Bench<'_> {
                 rss_kib: after.map(|a| a.rss_kib),
                 history,
                 cli,
+                control_cli,
             };
-            let floor_of = |f: fn(&Growth) -> Option<f64>| first.as_ref().and_then(f);
+            growth_detail.insert(
+                mark.to_string(),
+                json!({"history_at_start": history - k, "probe_jobs": k, "start_s": start_secs,
+                       "cpu_ms_per_job": summary(&job_cpu_ms), "cpu_ms_per_job_mean": cpu_mean,
+                       "drop_to_active_ms": summary(&active),
+                       "control": {"cpu_ms_per_job": summary(&control_job_cpu_ms),
+                                   "drop_to_active_ms": summary(&control_active)},
+                       "rss_kib_after": growth.rss_kib}),
+            );
             let is_first = first.is_none();
-            let floor_label = "job #1";
+            let floor_label = "control";
             let lat = Figure::new(
                 &format!("growth.latency.{mark}"),
                 &format!("drop-to-active p50, job #{mark}"),
                 "ms",
                 growth.latency,
-            );
+            )
+            .floor(percentile(&control_active, 0.5), floor_label);
             let cpu_fig = Figure::new(
                 &format!("growth.cpu.{mark}"),
-                &format!("  ptraind CPU per job, job #{mark}"),
+                &format!("  ptraind CPU per job (median of {k}), job #{mark}"),
                 "ms",
                 growth.cpu,
-            );
+            )
+            .floor(control_cpu, floor_label);
             if is_first {
+                // Both daemons without history: how far apart two equal
+                // daemons measure.
                 self.push(lat);
                 self.push(cpu_fig);
             } else {
-                self.push(
-                    lat.floor(floor_of(|g| g.latency), floor_label)
-                        .target(Target::MaxRatio(1.25)),
-                );
+                self.push(lat.target(Target::MaxRatio(1.25)));
+                // CPU time, not wall time, and against the control measured
+                // alongside: other work on the machine moves both alike, so
+                // CI enforces it.
                 self.push(
                     cpu_fig
-                        .floor(floor_of(|g| g.cpu), floor_label)
-                        .target(Target::MaxRatio(1.25)),
+                        .target(Target::MaxRatio(1.25))
+                        .enforce(Target::MaxRatio(CPU_GROWTH_LIMIT), CPU_GROWTH_WHY),
                 );
             }
             self.push(Figure::new(
@@ -777,6 +908,7 @@ impl Bench<'_> {
                 last = Some((history, growth));
             }
         }
+        self.detail("growth", serde_json::Value::Object(growth_detail));
         if let (Some(first), Some((history, last))) = (first, last) {
             let per_job = match (first.rss_kib, last.rss_kib) {
                 (Some(a), Some(b)) if last.history > first.history => {
@@ -792,42 +924,75 @@ impl Bench<'_> {
             ));
             // The API calls carry the targets: the CLI's wall time adds a
             // constant (a process, nsenter, a bus connection) and its noise.
+            // Each against the control, measured run for run in turn.
+            // Status, one job's lookup, must not depend on the history at
+            // all: CI enforces a wide guard on it (wall time, so wide), which
+            // a lookup that scans the history misses many times over.
+            let status_guard = (
+                Target::MaxRatio(STATUS_GUARD),
+                "a guard against lookups that grow with the history (wider than the 1.5x target: even the fastest run's wall time moves on a shared machine)",
+            );
             let cmds = [
-                ("list", "ptrain list", None),
+                ("list", "ptrain list", None, None),
                 (
                     "api.list",
                     "  ListRecent(50) over D-Bus",
                     Some(Target::MaxRatio(1.5)),
+                    None,
                 ),
-                ("status", "ptrain status ID", None),
+                ("status", "ptrain status ID", None, Some(status_guard)),
                 (
                     "api.status",
                     "  Status(ID) over D-Bus",
                     Some(Target::MaxRatio(1.5)),
+                    Some(status_guard),
                 ),
-                ("list_all", "ptrain list --all", None),
+                ("list_all", "ptrain list --all", None, None),
             ];
-            for (key, label, target) in cmds {
+            let cli_runs = self.scale.cli_runs.max(1);
+            let api_runs = API_RUNS_PER_CLI_RUN * cli_runs;
+            let mut cli_detail = serde_json::Map::new();
+            for (key, label, target, enforced) in cmds {
                 let now = last.cli.get(key).cloned().unwrap_or_default();
-                let then = first.cli.get(key).cloned().unwrap_or_default();
+                let control = last.control_cli.get(key).cloned().unwrap_or_default();
+                let early = first.cli.get(key).cloned().unwrap_or_default();
+                cli_detail.insert(
+                    key.to_string(),
+                    json!({"late": now.to_json(), "control": control.to_json(),
+                           "early": early.to_json()}),
+                );
                 let label = if key.starts_with("api.") {
-                    label.to_string()
+                    format!("{label}, fastest of {api_runs}")
                 } else {
-                    format!("{label}, {history} jobs in history")
+                    format!("{label}, {history} jobs in history, fastest of {cli_runs}")
                 };
                 let key = match key.strip_prefix("api.") {
                     Some(k) => format!("api.{k}"),
                     None => format!("cli.{key}"),
                 };
+                let note = match (now.error.is_empty(), control.error.is_empty()) {
+                    (_, true) => now.error,
+                    (true, false) => format!("on the control: {}", control.error),
+                    (false, false) => format!("{}; on the control: {}", now.error, control.error),
+                };
                 let mut f = Figure::new(&key, &label, "ms", now.ms)
-                    .floor(then.ms, "early history")
-                    .note(now.error);
+                    .floor(control.ms, "control")
+                    .note(note);
                 if let Some(t) = target {
                     f = f.target(t);
                 }
+                if let Some((limit, why)) = enforced {
+                    f = f.enforce(limit, why);
+                }
                 self.push(f);
             }
+            self.detail("cli", serde_json::Value::Object(cli_detail));
         }
+        drop((control_quiet, control_tracker));
+        let control_root = control.root.clone();
+        drop(control);
+        let _ = std::fs::remove_dir_all(control_root);
+        drop(quiet);
         drop(tracker);
         let root = d.root.clone();
         drop(d);
@@ -837,77 +1002,74 @@ impl Bench<'_> {
 
     /// `ptrain list`, `ptrain list --all`, `ptrain status ID` as root,
     /// inside the harness, and the D-Bus calls behind the first two: the
-    /// median wall time of each.
+    /// fastest and the median wall time of each, for each of `sides`
+    /// (daemon, its tracker, a job id of it), run for run in turn, so that
+    /// all sides see the machine in the same state.
     fn cli(
         &mut self,
-        d: &TestDaemon,
-        tracker: &Tracker,
-        id: &str,
-    ) -> HashMap<&'static str, CliTime> {
-        let mut out = HashMap::new();
-        let runs = 5 * self.scale.cli_runs.max(1);
+        sides: &[(&TestDaemon, &Tracker, &str)],
+    ) -> Vec<HashMap<&'static str, CliTime>> {
+        let mut out: Vec<HashMap<&'static str, CliTime>> = vec![HashMap::new(); sides.len()];
+        // Sub-millisecond calls: many runs, cheap.
+        let runs = API_RUNS_PER_CLI_RUN * self.scale.cli_runs.max(1);
         for key in ["api.list", "api.status"] {
-            let mut times = Vec::new();
-            let mut error = String::new();
+            let mut times = vec![Vec::new(); sides.len()];
+            let mut errors = vec![String::new(); sides.len()];
             for _ in 0..runs {
-                let t0 = Instant::now();
-                let reply = match key {
-                    "api.list" => self.rt.block_on(tracker.proxy.list_recent(50)),
-                    _ => self.rt.block_on(tracker.proxy.status(id)),
-                };
-                match reply {
-                    Ok(_) => times.push(t0.elapsed().as_secs_f64() * 1e3),
-                    Err(e) => error = e.to_string(),
+                for (s, (_, tracker, id)) in sides.iter().enumerate() {
+                    let t0 = Instant::now();
+                    let reply = match key {
+                        "api.list" => self.rt.block_on(tracker.proxy.list_recent(50)),
+                        _ => self.rt.block_on(tracker.proxy.status(id)),
+                    };
+                    match reply {
+                        Ok(_) => times[s].push(t0.elapsed().as_secs_f64() * 1e3),
+                        Err(e) => errors[s] = e.to_string(),
+                    }
                 }
             }
-            out.insert(
-                key,
-                CliTime {
-                    ms: percentile(&times, 0.5),
-                    bytes: 0,
-                    error,
-                },
-            );
+            for (s, error) in errors.into_iter().enumerate() {
+                out[s].insert(key, CliTime::of(&times[s], 0, error));
+            }
         }
         // `list --all` last: a reply too big for the bus may cut ptraind
         // off it (checked below).
-        let cmds: [(&str, Vec<&str>); 3] = [
-            ("list", vec!["list"]),
-            ("status", vec!["status", id]),
-            ("list_all", vec!["list", "--all"]),
-        ];
-        for (key, args) in cmds {
-            let mut times = Vec::new();
-            let mut error = String::new();
-            let mut bytes = 0;
+        for key in ["list", "status", "list_all"] {
+            let mut times = vec![Vec::new(); sides.len()];
+            let mut errors = vec![String::new(); sides.len()];
+            let mut bytes = vec![0; sides.len()];
             for _ in 0..self.scale.cli_runs.max(1) {
-                let t0 = Instant::now();
-                let o = d.ptrain("root", &args);
-                let ms = t0.elapsed().as_secs_f64() * 1e3;
-                if o.status.success() {
-                    times.push(ms);
-                    bytes = o.stdout.len();
-                } else {
-                    error = first_line(&crate::daemon::text(&o));
+                for (s, (d, _, id)) in sides.iter().enumerate() {
+                    let args: &[&str] = match key {
+                        "list" => &["list"],
+                        "status" => &["status", id],
+                        _ => &["list", "--all"],
+                    };
+                    let t0 = Instant::now();
+                    let o = d.ptrain("root", args);
+                    let ms = t0.elapsed().as_secs_f64() * 1e3;
+                    if o.status.success() {
+                        times[s].push(ms);
+                        bytes[s] = o.stdout.len();
+                    } else {
+                        errors[s] = first_line(&crate::daemon::text(&o));
+                    }
                 }
             }
-            out.insert(
-                key,
-                CliTime {
-                    ms: percentile(&times, 0.5),
-                    bytes,
-                    error,
-                },
-            );
+            for (s, error) in errors.into_iter().enumerate() {
+                out[s].insert(key, CliTime::of(&times[s], bytes[s], error));
+            }
         }
-        let alive = d.ptrain("root", &["list"]);
-        if !alive.status.success() {
-            if let Some(t) = out.get_mut("list_all") {
-                t.error = format!(
-                    "{}; afterwards ptraind no longer answers: {}",
-                    t.error,
-                    first_line(&crate::daemon::text(&alive))
-                );
+        for (s, (d, _, _)) in sides.iter().enumerate() {
+            let alive = d.ptrain("root", &["list"]);
+            if !alive.status.success() {
+                if let Some(t) = out[s].get_mut("list_all") {
+                    t.error = format!(
+                        "{}; afterwards ptraind no longer answers: {}",
+                        t.error,
+                        first_line(&crate::daemon::text(&alive))
+                    );
+                }
             }
         }
         out
@@ -949,7 +1111,8 @@ impl Bench<'_> {
                 "",
                 Some((b.switches() - a.switches()) as f64),
             )
-            .target(Target::MaxValue(4.0))
+            .target(Target::MaxValue(IDLE_WAKEUPS_LIMIT))
+            .enforce(Target::MaxValue(IDLE_WAKEUPS_LIMIT), "")
             .note("the watchdog ping (every 15 s) accounts for 2 to 4"),
         );
         self.push(Figure::new(
@@ -965,6 +1128,20 @@ impl Bench<'_> {
                    "cpu_ns": b.cpu_ns - a.cpu_ns, "window_s": secs}),
         );
     }
+}
+
+/// ptraind's CPU time (ms) for each of `probes`, run one at a time since
+/// `before`: the difference between one probe's reading and the last.
+fn cpu_per_job(before: Option<ProcSample>, probes: &[Probe]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(probes.len());
+    let mut prev = before.map(|b| b.cpu_ns);
+    for p in probes {
+        if let (Some(a), Some(b)) = (prev, p.cpu_ns) {
+            out.push(b.saturating_sub(a) as f64 / 1e6);
+        }
+        prev = p.cpu_ns;
+    }
+    out
 }
 
 fn first_line(s: &str) -> String {
@@ -1057,6 +1234,10 @@ struct Probe {
     submitted_at: Option<u64>,
     started_at: Option<u64>,
     status: String,
+    /// From the final status until the job was quiet ([`Quiescence`]).
+    quiet_ms: f64,
+    /// ptraind's CPU time (ns) once the job was quiet, when asked for.
+    cpu_ns: Option<u64>,
 }
 
 impl Probe {
@@ -1122,13 +1303,37 @@ struct Growth {
     rss_kib: Option<u64>,
     history: usize,
     cli: HashMap<&'static str, CliTime>,
+    /// The same commands on the control, run for run in turn.
+    control_cli: HashMap<&'static str, CliTime>,
 }
 
+/// Wall times of one command's runs.
 #[derive(Clone, Debug, Default)]
 struct CliTime {
+    /// The fastest run: the command's own cost, which a burst of other work
+    /// on the machine cannot raise (a lookup that scans the history does).
     ms: Option<f64>,
+    median_ms: Option<f64>,
+    runs: usize,
     bytes: usize,
     error: String,
+}
+
+impl CliTime {
+    fn of(times: &[f64], bytes: usize, error: String) -> CliTime {
+        CliTime {
+            ms: percentile(times, 0.0),
+            median_ms: percentile(times, 0.5),
+            runs: times.len(),
+            bytes,
+            error,
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({"fastest_ms": self.ms, "median_ms": self.median_ms, "runs": self.runs,
+               "bytes": self.bytes, "error": self.error})
+    }
 }
 
 // ---------------------------------------------------------------------
@@ -1379,16 +1584,24 @@ impl Bare {
         }
     }
 
-    async fn wait_until(&self, mut cond: impl FnMut(&BareSeen) -> bool) {
+    async fn wait_until(&self, cond: impl FnMut(&BareSeen) -> bool) {
+        let limit = Duration::from_secs(120);
+        if !self.wait_for(cond, limit).await {
+            panic!("the bare systemd client waited {limit:?} for a unit signal");
+        }
+    }
+
+    /// Whether `cond` held within `timeout`.
+    async fn wait_for(&self, mut cond: impl FnMut(&BareSeen) -> bool, timeout: Duration) -> bool {
         let mut changed = self.changed.clone();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if cond(&self.seen.lock().unwrap()) {
-                return;
+                return true;
             }
             match tokio::time::timeout_at(deadline, changed.changed()).await {
                 Ok(Ok(())) => {}
-                _ => panic!("the bare systemd client waited 120 s for a unit signal"),
+                _ => return cond(&self.seen.lock().unwrap()),
             }
         }
     }
@@ -1468,6 +1681,67 @@ impl Bare {
             .ok()?;
         let value: OwnedVariant = reply.body().deserialize().ok()?;
         u64::try_from(value).ok().filter(|t| *t > 0)
+    }
+}
+
+/// What the ptraind loops wait for after a job ended, before the next
+/// drop, so that it does not compete with the last job's cleanup (the bare
+/// floor loop waits for its unit's UnitRemoved the same way): the job's unit
+/// gone from systemd, and ptraind's post-end work done, observed as its
+/// output archive in the log directory (the archiver syncs the journal and
+/// runs journalctl; it renames the archive into place last).
+struct Quiescence {
+    units: Bare,
+    log_dir: PathBuf,
+    /// Cleared when an archive never came (archiving off, the log dir
+    /// unusable): later jobs then wait for their unit only, not 30 s each.
+    archives: bool,
+}
+
+impl Quiescence {
+    async fn connect(d: &TestDaemon) -> Quiescence {
+        let config = ptrain::config::Config::load(&d.config).expect("the bench config loads");
+        Quiescence {
+            units: Bare::connect(&d.harness.bus_address()).await,
+            log_dir: config.log_dir,
+            archives: config.logs.archive,
+        }
+    }
+
+    async fn wait(&mut self, job: &JobView) -> Result<(), String> {
+        // A launch that failed left no unit; a unit that never started
+        // leaves no output to archive.
+        if job.invocation_id.is_none() && job.started_at.is_none() {
+            return Ok(());
+        }
+        let unit = job.unit.as_str();
+        if !self
+            .units
+            .wait_for(|s| s.unit_removed.contains(unit), QUIET_TIMEOUT)
+            .await
+        {
+            return Err(format!(
+                "unit {unit} still loaded in systemd {QUIET_TIMEOUT:?} after the job ended; the next job goes ahead"
+            ));
+        }
+        if !self.archives || job.started_at.is_none() {
+            return Ok(());
+        }
+        let dir = self.log_dir.join(job.uid.to_string());
+        let names = ptrain::logs::archive::candidate_names(&job.id, job.invocation_id.as_deref());
+        let deadline = Instant::now() + QUIET_TIMEOUT;
+        // Polled: the archive is a file in a root-only dir, with no signal.
+        while !names.iter().any(|n| dir.join(n).exists()) {
+            if Instant::now() >= deadline {
+                self.archives = false;
+                return Err(format!(
+                    "no output archive {} after {QUIET_TIMEOUT:?} (see `job output archived` in ptraind's journal); later jobs wait for their unit only",
+                    dir.join(&names[0]).display()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
     }
 }
 

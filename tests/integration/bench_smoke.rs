@@ -58,6 +58,25 @@ fn every_benchmark_scenario_runs_and_reports() {
     let tp = results.figure("throughput.20").unwrap();
     assert!(tp.floor.is_some_and(|f| f > 0.0) && tp.pass.is_some());
     assert!(!results.machine.kernel.is_empty() && results.machine.nproc > 0);
+    // The figures CI enforces (`make bench-ci`) carry their limit and were
+    // judged against it; wall-clock latency and throughput are never enforced.
+    for key in ["growth.cpu.200", "cli.status", "api.status", "idle.wakeups"] {
+        let f = results.figure(key).unwrap();
+        let e = f
+            .enforced
+            .as_ref()
+            .unwrap_or_else(|| panic!("figure {key} has no enforced limit"));
+        assert!(
+            e.pass.is_some(),
+            "figure {key}: its enforced limit was not judged"
+        );
+    }
+    for key in ["latency.p99", "throughput.20", "api.list"] {
+        assert!(
+            results.figure(key).unwrap().enforced.is_none(),
+            "figure {key} is wall-clock and must not be enforced"
+        );
+    }
     // The JSON two runs are compared by round-trips, and the table shows
     // every figure.
     let json = serde_json::to_string(&results).unwrap();
