@@ -16,6 +16,9 @@ fn every_benchmark_scenario_runs_and_reports() {
         "latency.p99",
         "latency.ptraind.p50",
         "floor.props.latency.p99",
+        "latency.vs_props.p99",
+        "floor.warm.latency.p50",
+        "throughput.20.vs_props",
         "floor.props.throughput.20",
         "floor.props-norec.throughput.20",
         "throughput.20",
@@ -60,7 +63,13 @@ fn every_benchmark_scenario_runs_and_reports() {
     assert!(!results.machine.kernel.is_empty() && results.machine.nproc > 0);
     // The figures CI enforces (`make bench-ci`) carry their limit and were
     // judged against it; wall-clock latency and throughput are never enforced.
-    for key in ["growth.cpu.200", "cli.status", "api.status", "idle.wakeups"] {
+    for key in [
+        "growth.cpu.200",
+        "cli.status",
+        "api.status",
+        "idle.wakeups",
+        "idle.rss",
+    ] {
         let f = results.figure(key).unwrap();
         let e = f
             .enforced
