@@ -272,7 +272,7 @@ impl Bench<'_> {
         self.queued_footprint(&d, &tracker, &dropper);
         for &n in &self.scale.throughput_sizes.clone() {
             let floor = floors.throughput.get(&n).copied();
-            let props = floors.props_throughput(n);
+            let props = floors.props_throughput(n, false);
             self.throughput(&d, &tracker, &dropper, n, false, floor, props);
             for (key, label, rate) in floors
                 .variants
@@ -284,7 +284,7 @@ impl Bench<'_> {
         }
         for &n in &self.scale.throughput_sizes.clone() {
             let floor = floors.throughput.get(&n).copied();
-            let props = floors.props_throughput(n);
+            let props = floors.props_throughput(n, true);
             self.throughput(&d, &tracker, &dropper, n, true, floor, props);
         }
         self.notifications(&d, &tracker, &dropper, &endpoint);
@@ -328,9 +328,10 @@ impl Bench<'_> {
         for (v, &size) in self.scale.throughput_sizes.iter().enumerate() {
             say(&format!("floor: {size} units at once (bare)"));
             let cpu0 = procs.cpu();
-            let secs = self
-                .rt
-                .block_on(bare.throughput(&format!("bench-tp{size}"), size, |_| minimal(false)));
+            let secs =
+                self.rt.block_on(
+                    bare.throughput(&format!("bench-tp{size}"), size, None, |_| minimal(false)),
+                );
             cpu.insert(
                 format!("bare.{size}"),
                 procs.cpu().since(&cpu0).per_job_all(size),
@@ -341,21 +342,35 @@ impl Bench<'_> {
             }
             // Where the gap to the bare floor is: the unit ptraind asks
             // for, with and without its exit recorder (ExecStopPost).
-            for (key, label, recorder) in [
-                ("props", "bare loop with ptrain's unit properties", true),
+            // GPU jobs: 1 of GPUS each, so at most GPUS alive at a time.
+            for (key, label, recorder, alive) in [
+                (
+                    "props",
+                    "bare loop with ptrain's unit properties",
+                    true,
+                    None,
+                ),
                 (
                     "props-norec",
                     "  the same without the exit recorder (ExecStopPost)",
                     false,
+                    None,
+                ),
+                (
+                    "props-gpus",
+                    "  the same, at most 4 alive at a time (as 4 GPUs allow)",
+                    true,
+                    Some(GPUS as usize),
                 ),
             ] {
                 say(&format!("floor: {size} units at once ({key})"));
                 let cpu0 = procs.cpu();
-                let secs =
-                    self.rt
-                        .block_on(bare.throughput(&format!("bench-{key}{size}"), size, |i| {
-                            ptrain_props.properties(&format!("{key}-{i}"), false, recorder)
-                        }));
+                let secs = self.rt.block_on(bare.throughput(
+                    &format!("bench-{key}{size}"),
+                    size,
+                    alive,
+                    |i| ptrain_props.properties(&format!("{key}-{i}"), false, recorder),
+                ));
                 cpu.insert(
                     format!("{key}.{size}"),
                     procs.cpu().since(&cpu0).per_job_all(size),
@@ -598,7 +613,11 @@ impl Bench<'_> {
             self.push(
                 Figure::new(
                     &format!("{key}.vs_props"),
-                    "  … against the bare loop with ptrain's unit properties",
+                    if gpus {
+                        "  … against the bare loop with ptrain's units, as many alive as GPUs"
+                    } else {
+                        "  … against the bare loop with ptrain's unit properties"
+                    },
                     "jobs/s",
                     run.jobs_per_s(),
                 )
@@ -1294,9 +1313,11 @@ fn summary(ms: &[f64]) -> serde_json::Value {
 }
 
 impl Floors {
-    /// The bare loop given ptraind's own unit properties, `n` at once.
-    fn props_throughput(&self, n: usize) -> Option<f64> {
-        let key = format!("floor.props.throughput.{n}");
+    /// The bare loop given ptraind's own unit properties, `n` at once
+    /// (for GPU jobs: as many alive at a time as there are GPUs).
+    fn props_throughput(&self, n: usize, gpus: bool) -> Option<f64> {
+        let variant = if gpus { "props-gpus" } else { "props" };
+        let key = format!("floor.{variant}.throughput.{n}");
         self.variants.iter().find(|v| v.0 == key).map(|v| v.2)
     }
 }
@@ -1727,6 +1748,7 @@ impl Bare {
         &self,
         prefix: &str,
         n: usize,
+        alive: Option<usize>,
         props: impl Fn(usize) -> Vec<(String, OwnedVariant)>,
     ) -> f64 {
         let units: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}.service")).collect();
@@ -1735,6 +1757,16 @@ impl Bare {
             if i >= BARE_MAX_PENDING {
                 let behind = &units[i - BARE_MAX_PENDING];
                 self.wait_until(|s| s.job_removed.contains(behind)).await;
+            }
+            if let Some(alive) = alive.filter(|a| i >= *a) {
+                // Only `alive` units at a time: wait until enough are gone.
+                let gone_needed = i + 1 - alive;
+                self.wait_until(|s| {
+                    s.gone_by_prefix
+                        .get(prefix)
+                        .is_some_and(|(gone, _)| *gone >= gone_needed)
+                })
+                .await;
             }
             self.manager
                 .start_transient_unit(unit.clone(), "fail".into(), props(i), Vec::new())

@@ -19,6 +19,8 @@ fn every_benchmark_scenario_runs_and_reports() {
         "latency.vs_props.p99",
         "floor.warm.latency.p50",
         "throughput.20.vs_props",
+        "throughput.gpu.20.vs_props",
+        "floor.props-gpus.throughput.20",
         "floor.props.throughput.20",
         "floor.props-norec.throughput.20",
         "throughput.20",
