@@ -785,7 +785,9 @@ fn ten_thousand_files_from_one_user_are_each_run_once_or_refused() {
         "hostile-flood",
         Opts {
             gpus: 1,
-            extra_config: "max_queued_per_user = 50".into(),
+            // Every refusal stays countable: the quarantine's per-owner
+            // cap has its own test.
+            extra_config: "max_queued_per_user = 50\n[retention]\nrejected_per_user = 20000".into(),
             ..Opts::default()
         },
     );
