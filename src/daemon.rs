@@ -1381,7 +1381,7 @@ impl Daemon {
         let unit = record.unit.clone();
         self.held.retain(|_, holder| holder != id);
         if self.by_unit.remove(&unit).is_some() && state.is_some() {
-            self.systemd.release(&unit).await;
+            self.systemd.release_in_background(unit);
         }
         self.history.insert(&record);
         self.announce(&record);

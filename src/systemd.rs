@@ -144,6 +144,17 @@ pub struct Systemd {
     manager: ManagerProxy<'static>,
 }
 
+/// Drops our reference on a unit and clears a failed state, so systemd
+/// collects it. Failures only mean it is gone already.
+async fn release_unit(manager: &ManagerProxy<'static>, unit: &str) {
+    if let Err(e) = manager.unref_unit(unit.to_owned()).await {
+        tracing::debug!(unit, error = %e, "UnrefUnit");
+    }
+    if let Err(e) = manager.reset_failed_unit(unit.to_owned()).await {
+        tracing::debug!(unit, error = %e, "ResetFailedUnit");
+    }
+}
+
 impl Systemd {
     /// Connects to the system bus and subscribes to unit signals. The
     /// connection must stay up for the subscription to hold.
@@ -265,15 +276,13 @@ impl Systemd {
             .map_err(call_err("RefUnit", unit))
     }
 
-    /// Drops our reference and clears a failed state so systemd collects
-    /// the unit now that its result is recorded.
-    pub async fn release(&self, unit: &str) {
-        if let Err(e) = self.manager.unref_unit(unit.to_owned()).await {
-            tracing::debug!(unit, error = %e, "UnrefUnit");
-        }
-        if let Err(e) = self.manager.reset_failed_unit(unit.to_owned()).await {
-            tracing::debug!(unit, error = %e, "ResetFailedUnit");
-        }
+    /// Lets systemd collect a unit whose end is recorded (see
+    /// [`release_unit`]), without waiting: the job's end is on disk
+    /// already, and the next job (on the GPU this one freed) need not wait
+    /// behind two more calls into a busy systemd.
+    pub fn release_in_background(&self, unit: String) {
+        let manager = self.manager.clone();
+        tokio::spawn(async move { release_unit(&manager, &unit).await });
     }
 
     pub async fn stop_unit(&self, unit: &str) -> Result<(), SystemdError> {
@@ -288,13 +297,17 @@ impl Systemd {
     pub async fn unit_state(&self, unit: &str) -> Result<UnitState, SystemdError> {
         // GetUnit fails with NoSuchUnit for a unit that is not loaded; the
         // computed path would instead answer with an empty "inactive" ghost.
-        self.manager
-            .get_unit(unit.to_owned())
-            .await
-            .map_err(call_err("GetUnit", unit))?;
+        // The three calls go out together: systemd answers them back to
+        // back instead of after three round trips through its queue, which
+        // is long while it starts and stops other jobs.
         let path = unit_object_path(unit);
-        let unit_props = self.get_all(&path, UNIT_IFACE, unit).await?;
-        let service_props = self.get_all(&path, SERVICE_IFACE, unit).await?;
+        let (loaded, unit_props, service_props) = futures_util::join!(
+            self.manager.get_unit(unit.to_owned()),
+            self.get_all(&path, UNIT_IFACE, unit),
+            self.get_all(&path, SERVICE_IFACE, unit),
+        );
+        loaded.map_err(call_err("GetUnit", unit))?;
+        let (unit_props, service_props) = (unit_props?, service_props?);
         let string = |m: &HashMap<String, OwnedVariant>, k: &str| {
             m.get(k)
                 .and_then(|v| v.try_clone().ok())
