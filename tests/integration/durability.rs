@@ -378,3 +378,84 @@ fn a_lost_bus_connection_restarts_ptraind_which_re_attaches() {
     );
     assert_eq!(d.wait_ended("after")["status"], "succeeded");
 }
+
+#[test]
+fn kill_9_at_each_point_while_a_thousand_jobs_land_runs_each_exactly_once() {
+    const N: usize = 1000;
+    let d = TestDaemon::start_with(
+        "crash-flood",
+        Opts {
+            extra_config: "max_queued_per_user = 5000".into(),
+            ..Opts::default()
+        },
+    );
+    let job = counted_job(&d, "");
+    // Written in place by the user, all at once: ptraind claims them while
+    // it is killed again and again.
+    let script = format!(
+        "cd {spool} && i=0; while [ $i -lt {N} ]; do printf '%s' '{job}' > fl$i.json; i=$((i+1)); done",
+        spool = d.spool.display()
+    );
+    let points = [
+        "after-claim:40",
+        "before-start-unit:40",
+        "after-start-unit:40",
+        "before-record-exit:40",
+        "after-record-exit:40",
+    ];
+    let mut crashes = 0;
+    for (round, point) in points.iter().enumerate() {
+        let (ok, out) = d
+            .harness
+            .systemctl(&["set-environment", &format!("PTRAIN_CRASH_AT={point}")]);
+        assert!(ok, "{out}");
+        d.harness.systemctl(&["reset-failed", "ptraind.service"]);
+        // Mid-flood, the crash point may come before systemd has seen
+        // READY=1: then the restart "fails", which is the point.
+        d.harness.systemctl(&["restart", "ptraind.service"]);
+        let pid = main_pid(&d);
+        if round == 0 {
+            let out = d.as_user(ALICE, "/bin/sh", &["-c", &script]);
+            assert!(out.status.success(), "{}", text(&out));
+        }
+        // Killed at the point (or, late in the flood, past the last job).
+        let crashed = wait_for(&format!("ptraind to crash at {point}"), WAIT, || {
+            let now = main_pid(&d);
+            if now != pid {
+                return Some(true);
+            }
+            let ran = run_counts(&d).len();
+            (ran == N && d.status(&format!("fl{}", N - 1)).is_some()).then_some(false)
+        });
+        crashes += usize::from(crashed);
+    }
+    let (ok, out) = d
+        .harness
+        .systemctl(&["unset-environment", "PTRAIN_CRASH_AT"]);
+    assert!(ok, "{out}");
+    d.harness.systemctl(&["reset-failed", "ptraind.service"]);
+    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+    assert!(ok, "{out}");
+    assert!(
+        crashes >= 4,
+        "only {crashes} of 5 crash points were reached"
+    );
+    wait_for("every flooded job to end", Duration::from_secs(300), || {
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_slice(&d.ptrain("root", &["list", "--all", "--json"]).stdout).ok()?;
+        let ended = listed
+            .iter()
+            .filter(|j| j["id"].as_str().is_some_and(|id| id.starts_with("fl")))
+            .filter(|j| j["status"] == "succeeded")
+            .count();
+        (ended == N).then_some(())
+    });
+    let counts = run_counts(&d);
+    assert_eq!(counts.len(), N, "jobs that ran: {}", counts.len());
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "jobs that ran more than once: {twice:?}");
+    assert!(
+        std::fs::read_dir(&d.spool).unwrap().next().is_none(),
+        "files left in the spool"
+    );
+}
