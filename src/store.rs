@@ -351,9 +351,9 @@ impl Store {
         self.job_dir(id).join(RECORD).exists()
     }
 
-    /// Reads every job record. A job directory without a record is a claim
-    /// that crashed before it committed: its spool file is still there, so
-    /// the directory is removed and the file will be claimed again.
+    /// Every job record, in submission order (tests; ptraind streams them
+    /// with [`Store::load_each`]).
+    #[cfg(test)]
     pub fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
         let mut records = Vec::new();
         self.load_each(|r| records.push(r))?;

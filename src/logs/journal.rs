@@ -68,10 +68,7 @@ pub fn args(sel: &Selection, start: &Start, follow: bool) -> Vec<String> {
 /// `journalctl -q --no-pager`, killed with ptraind: a reader that outlived
 /// the daemon would hold a client's pipe open forever.
 pub fn journalctl() -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new("journalctl");
-    cmd.args(["-q", "--no-pager"])
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+    let mut cmd = journalctl_oneshot();
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork
     // and exec.
     unsafe {
