@@ -1200,9 +1200,22 @@ impl Daemon {
                 return;
             }
         }
-        if self.by_unit.contains_key(signal.unit()) {
-            self.check_unit(signal.unit()).await;
+        let Some(id) = self.by_unit.get(signal.unit()) else {
+            return;
+        };
+        // "active" of a job already seen running tells nothing new; its end
+        // still comes as inactive/failed (or a JobRemoved after a stop).
+        if let UnitSignal::StateChanged { active_state, .. } = &signal {
+            if active_state == "active"
+                && self
+                    .jobs
+                    .get(id)
+                    .is_some_and(|r| r.state == JobState::Running)
+            {
+                return;
+            }
         }
+        self.check_unit(signal.unit()).await;
     }
 
     /// Looks at a unit and moves its job on: launching → running → ended.

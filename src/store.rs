@@ -515,7 +515,8 @@ impl Store {
     pub fn save(&self, record: &JobRecord) -> Result<(), StoreError> {
         let dir = self.job_dir(&record.id);
         let bytes = serde_json::to_vec_pretty(record).expect("records always serialise");
-        write_atomic(&dir, RECORD, &bytes).map_err(io_err("write", &dir.join(RECORD)))
+        crate::fsutil::write_replacing(&dir, RECORD, &bytes)
+            .map_err(io_err("write", &dir.join(RECORD)))
     }
 
     /// Quarantines a rejected file's bytes (if any) with its reason.

@@ -5,7 +5,9 @@
 //! `results.prev.json` and shown in the table's last column.
 //!
 //! `BENCH_SCALE=full` (default: the sizes), `ci` (about three
-//! minutes on two cores, 100,000 jobs of history included) or `smoke`.
+//! minutes on two cores, 100,000 jobs of history included), `quick` (300
+//! jobs per throughput case, for profiling one change) or `smoke`.
+//! `BENCH_ONLY=throughput` or `history` runs one of the two harnesses.
 //! Needs root, like the integration tests.
 //!
 //! `BENCH_ENFORCE=1` (`make bench-ci`, which CI runs): exit 1 when a figure

@@ -182,14 +182,24 @@ impl Scale {
         }
     }
 
-    /// `BENCH_SCALE`: full (default), ci or smoke.
+    /// `BENCH_SCALE`: full (default), ci, quick or smoke.
     pub fn from_name(name: &str) -> Result<Scale, String> {
         match name {
             "" | "full" => Ok(Scale::full()),
             "ci" => Ok(Scale::ci()),
             "smoke" => Ok(Scale::smoke()),
+            // For profiling one change: the throughput cases big enough
+            // to see, the rest as small as smoke.
+            "quick" => Ok(Scale {
+                name: "quick".into(),
+                latency_jobs: 10,
+                throughput_sizes: vec![300],
+                queued_jobs: 20,
+                notify_jobs: 0,
+                ..Scale::smoke()
+            }),
             other => Err(format!(
-                "BENCH_SCALE={other:?} is not a scale; use full, ci or smoke"
+                "BENCH_SCALE={other:?} is not a scale; use full, ci, quick or smoke"
             )),
         }
     }
@@ -211,8 +221,13 @@ pub fn run(scale: &Scale) -> Results {
         scale: scale.clone(),
         results: &mut results,
     };
-    bench.throughput_daemon();
-    bench.history_daemon();
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "throughput" {
+        bench.throughput_daemon();
+    }
+    if only.is_empty() || only == "history" {
+        bench.history_daemon();
+    }
     results.wall_secs = started.elapsed().as_secs_f64();
     results.machine.load_end = load_average();
     results

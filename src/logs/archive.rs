@@ -25,8 +25,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
-use super::journal::{self, Entry, RunFilter, Selection, Start};
+use super::journal::{self, Entry, RunFilter, Selection};
 use super::retention::{self, ArchiveInfo, Disk, RetentionPolicy, UserUsage};
+use super::sd_journal;
 use crate::fsutil;
 
 pub const SUFFIX: &str = ".log.gz";
@@ -319,23 +320,17 @@ pub fn archive_from_journal(
     now: u64,
 ) -> Result<ArchiveInfo, ArchiveError> {
     let sel = &job.selection;
-    let mut child = journal::journalctl_blocking()
-        .args(journal::args(sel, &Start::Since(0), false))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|source| ArchiveError::Journal {
+    let entries = sd_journal::entries_since(&sel.unit, sel.started_at).map_err(|source| {
+        ArchiveError::Journal {
             id: job.id.clone(),
             source,
-        })?;
-    let stdout = child.stdout.take().expect("piped");
+        }
+    })?;
     let mut filter = RunFilter::new(sel);
-    let lines = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| journal::parse_entry(&l))
+    let lines = entries
         .filter(|e: &Entry| filter.accept(e))
         .map(|e| (e.realtime, e.message));
-    let result = write_lines(
+    write_lines(
         log_dir,
         job.uid,
         &job.id,
@@ -343,10 +338,7 @@ pub fn archive_from_journal(
         lines,
         budget,
         now,
-    );
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+    )
 }
 
 /// Opens the archive of a run for reading, if there is one ptraind wrote:

@@ -1,4 +1,6 @@
-//! One job's output in the journal, read with `journalctl -o json` as root.
+//! One job's output in the journal: which entries are one run, and
+//! `journalctl -o json` for `ptrain logs --follow` (archives and
+//! notification tails read in-process, [`super::sd_journal`]).
 //!
 //! journald adds `_SYSTEMD_INVOCATION_ID` (and `_SYSTEMD_SLICE`) by looking
 //! at the writing process's cgroup; lines it reads after that process
@@ -82,13 +84,13 @@ pub fn journalctl() -> tokio::process::Command {
     cmd
 }
 
-/// The blocking twin of [`journalctl`], for the archiver thread: runs
-/// that end by themselves (`--sync`, a read without `--follow`), so no
-/// PR_SET_PDEATHSIG. Without a `pre_exec` hook std spawns with
-/// posix_spawn (vfork) instead of fork: a fork copies the page tables of
-/// the whole daemon, whose memory grows with the history, and this runs
-/// twice per ended job (`make bench`: at 100,000 jobs of history, fork
-/// and unmap of those copies were half of ptraind's CPU per job).
+/// The blocking twin of [`journalctl`], for `--sync` where journald has
+/// no varlink socket: it ends by itself, so no PR_SET_PDEATHSIG. Without a
+/// `pre_exec` hook std spawns with posix_spawn (vfork) instead of fork: a
+/// fork copies the page tables of the whole daemon, whose memory grows
+/// with the history (`make bench`: at 100,000 jobs of history, fork and
+/// unmap of those copies were half of ptraind's CPU per job when this ran
+/// twice per ended job).
 pub fn journalctl_blocking() -> std::process::Command {
     let mut cmd = std::process::Command::new("journalctl");
     cmd.args(["-q", "--no-pager"]).stdin(Stdio::null());
@@ -107,20 +109,9 @@ pub fn journalctl_oneshot() -> tokio::process::Command {
     cmd
 }
 
-/// The nice value of journal reads that serve archives and notifications:
-/// they yield the CPU to systemd starting the next job and to ptraind.
+/// The nice value of the archiver thread: it yields the CPU to systemd
+/// starting the next job and to ptraind.
 pub const BACKGROUND_NICE: libc::c_int = 10;
-
-/// Lowers a background helper process (a journalctl just spawned) to
-/// [`BACKGROUND_NICE`]. Best effort: it only ever matters under load.
-pub fn lower_priority(pid: Option<u32>) {
-    if let Some(pid) = pid {
-        // SAFETY: setpriority only changes the scheduling of `pid`.
-        unsafe {
-            libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, BACKGROUND_NICE);
-        }
-    }
-}
 
 /// Lowers the calling thread (and what it spawns, which inherits it) to
 /// [`BACKGROUND_NICE`]: on Linux the nice value is per thread.
@@ -138,33 +129,25 @@ pub fn lower_this_thread_priority() {
 /// after pending input). Without it the last lines of a job that just
 /// ended may not be readable yet.
 pub async fn sync() {
-    let mut cmd = journalctl_oneshot();
-    cmd.arg("--sync")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let waited = match cmd.spawn() {
-        Ok(mut child) => {
-            lower_priority(child.id());
-            tokio::time::timeout(SYNC_TIMEOUT, child.wait()).await
-        }
-        Err(e) => Ok(Err(e)),
-    };
-    match waited {
-        Ok(Ok(status)) if status.success() => {}
-        Ok(Ok(status)) => {
-            tracing::warn!(%status, "journalctl --sync failed; the last lines of a job may be missing")
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "cannot run journalctl --sync; the last lines of a job may be missing")
-        }
-        Err(_) => tracing::warn!(
-            "journalctl --sync did not return in time; the last lines of a job may be missing"
-        ),
+    if tokio::task::spawn_blocking(sync_blocking).await.is_err() {
+        tracing::warn!("the journal sync task failed; the last lines of a job may be missing");
     }
 }
 
-/// The blocking twin of [`sync`].
+/// The blocking twin of [`sync`]: over journald's varlink socket, or with
+/// `journalctl --sync` where there is none (systemd before 245).
 pub fn sync_blocking() {
+    let e = match super::sd_journal::sync_over_varlink(SYNC_TIMEOUT) {
+        Ok(()) => return,
+        Err(e) => e,
+    };
+    if !matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+    ) {
+        tracing::warn!(error = %e, "cannot sync the journal; the last lines of a job may be missing");
+        return;
+    }
     let status = journalctl_blocking()
         .arg("--sync")
         .stdout(Stdio::null())

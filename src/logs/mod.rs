@@ -19,6 +19,7 @@ pub mod archive;
 pub mod idle;
 pub mod journal;
 pub mod retention;
+pub mod sd_journal;
 mod serve;
 
 use std::collections::{HashMap, VecDeque};

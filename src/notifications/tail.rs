@@ -4,14 +4,14 @@
 //! first attempt ([`read`]); a failed read gives no lines rather than a
 //! late or lost message. Shaping the lines is pure ([`shape`]).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
 use super::{Notice, NotifyEvent};
-use crate::logs::journal::{self, RunFilter, Selection, Start};
+use crate::logs::journal::{self, RunFilter, Selection};
+use crate::logs::sd_journal;
 
 /// Most lines kept.
 pub const TAIL_LINES: usize = 20;
@@ -125,21 +125,16 @@ async fn sync_covering(ended_at: u64) {
 async fn read_journal(sel: &Selection, ended_at: u64) -> std::io::Result<Vec<String>> {
     // The job's last lines may still sit in journald's sockets.
     sync_covering(ended_at).await;
-    let mut cmd = journal::journalctl_oneshot();
-    cmd.arg(format!("--lines={READ_ENTRIES}"))
-        .args(journal::args(sel, &Start::Since(sel.started_at), false))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let child = cmd.spawn()?;
-    journal::lower_priority(child.id());
-    let out = child.wait_with_output().await?;
-    if !out.status.success() {
-        return Err(std::io::Error::other(format!("journalctl {}", out.status)));
-    }
+    let read = {
+        let sel = sel.clone();
+        tokio::task::spawn_blocking(move || {
+            sd_journal::last_since(&sel.unit, sel.started_at, READ_ENTRIES)
+        })
+    };
+    let entries = read.await.map_err(std::io::Error::other)??;
     let mut filter = RunFilter::new(sel);
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(journal::parse_entry)
+    Ok(entries
+        .into_iter()
         .filter(|e| filter.accept(e))
         .map(|e| e.message)
         .collect())

@@ -193,7 +193,14 @@ fn a_full_state_disk_keeps_files_in_the_spool_and_recovers_by_itself() {
         "the file must wait in the spool"
     );
     assert!(d.status("during").is_none());
-    assert_eq!(d.status("before").unwrap()["status"], "running");
+    // Its end is recorded now if the new record fits in the blocks of the
+    // spare it rewrites (fsutil::write_replacing frees them first), or
+    // once space comes back; never lost either way.
+    let before = d.status("before").unwrap();
+    assert!(
+        ["running", "succeeded"].contains(&before["status"].as_str().unwrap()),
+        "{before}"
+    );
     let status_line = d.unit_property("ptraind.service", "StatusText");
     assert!(status_line.contains("not writable"), "{status_line}");
     // Space comes back: everything proceeds without a restart.
