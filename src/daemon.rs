@@ -124,6 +124,10 @@ pub struct Daemon {
     groups: BTreeMap<JobId, Vec<JobId>>,
     /// Queued jobs that may not start yet (dependencies, max_parallel).
     blocked: HashSet<JobId>,
+    /// Queued jobs that wait on others (`after`) or on their sweep's
+    /// `max_parallel`: the only ones dependency resolution looks at, so it
+    /// costs nothing per queued job that waits on nothing.
+    constrained: HashSet<JobId>,
     /// Hands notification intents to the sender task (never waits on it).
     notifier: crate::notifications::Notifier,
     /// Delivery status per notification key, read before compacting a job.
@@ -155,6 +159,12 @@ const GPU_REPLAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 
 /// Real, effective, saved and filesystem uids of a process, from
 /// /proc/PID/status.
+/// Whether a queued job waits on something besides GPUs: other jobs
+/// (`after`) or its sweep's `max_parallel`.
+fn is_constrained(record: &JobRecord) -> bool {
+    !record.spec.after.is_empty() || (record.group.is_some() && record.max_parallel.is_some())
+}
+
 fn process_uids(pid: u32) -> Option<Vec<u32>> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
@@ -250,6 +260,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         gpu_replan_at: None,
         groups: BTreeMap::new(),
         blocked: HashSet::new(),
+        constrained: HashSet::new(),
         metrics: Default::default(),
         spool_events: spool_tx.clone(),
     };
@@ -505,6 +516,9 @@ impl Daemon {
         for record in live {
             let id = record.id.clone();
             if record.state == JobState::Queued {
+                if is_constrained(&record) {
+                    self.constrained.insert(id.clone());
+                }
                 self.queue.push_back(id.clone());
                 *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
             } else {
@@ -794,6 +808,9 @@ impl Daemon {
             );
             let id = record.id.clone();
             *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
+            if is_constrained(&record) {
+                self.constrained.insert(id.clone());
+            }
             self.queue.push_back(id.clone());
             self.jobs.insert(id.clone(), record);
             self.emit_changed(&id);
@@ -853,6 +870,9 @@ impl Daemon {
         use crate::chain::{readiness, Readiness};
         loop {
             self.blocked.clear();
+            if self.constrained.is_empty() {
+                return;
+            }
             let mut never = Vec::new();
             let mut running_in_group: HashMap<&JobId, u32> = HashMap::new();
             for id in self.by_unit.values() {
@@ -861,6 +881,9 @@ impl Daemon {
                 }
             }
             for id in &self.queue {
+                if !self.constrained.contains(id) {
+                    continue;
+                }
                 let record = &self.jobs[id];
                 if !record.spec.after.is_empty() {
                     match readiness(&record.spec.after, |named| self.parents(named)) {
@@ -1002,10 +1025,22 @@ impl Daemon {
             // a pass over the whole queue per event while a flood drains.
             return;
         }
-        let wants_gpus = self
+        // One pass over the queue (a lookup per job), however long it is.
+        let waiting: Vec<Waiting> = self
             .queue
             .iter()
-            .any(|id| self.jobs[id].spec.gpus.count() > 0);
+            .filter(|id| !self.blocked.contains(*id))
+            .map(|id| {
+                let r = &self.jobs[id];
+                Waiting {
+                    id,
+                    owner: &r.owner,
+                    priority: r.spec.priority,
+                    request: &r.spec.gpus,
+                }
+            })
+            .collect();
+        let wants_gpus = waiting.iter().any(|w| w.request.count() > 0);
         // None: the inventory could not be read. GPU jobs then wait, and
         // nothing is judged impossible from an empty list.
         let snapshot = if wants_gpus {
@@ -1015,20 +1050,6 @@ impl Daemon {
         };
         let gpus = snapshot.as_deref().unwrap_or(&[]);
         let plan = {
-            let waiting: Vec<Waiting> = self
-                .queue
-                .iter()
-                .filter(|id| !self.blocked.contains(*id))
-                .map(|id| {
-                    let r = &self.jobs[id];
-                    Waiting {
-                        id,
-                        owner: &r.owner,
-                        priority: r.spec.priority,
-                        request: &r.spec.gpus,
-                    }
-                })
-                .collect();
             let held: BTreeMap<u32, Holder> = self
                 .held
                 .iter()
@@ -1053,6 +1074,7 @@ impl Daemon {
                 },
             )
         };
+        drop(waiting);
         self.reserved = plan.reserved;
         if snapshot.is_some() {
             // Queued before the GPUs or the policy changed (a restart).
@@ -1068,18 +1090,16 @@ impl Daemon {
                 .await;
             }
         }
+        // An unreadable inventory leaves every GPU job queued.
+        let mut gpu_jobs_wait = plan.waiting_for_gpus || snapshot.is_none();
         for placement in plan.placements {
             if self.by_unit.len() >= MAX_TRACKED_UNITS {
                 // The rest start as these end (each end plans again).
+                gpu_jobs_wait = true;
                 break;
             }
             self.launch(&placement.id, &placement.gpus, gpus).await;
         }
-        let gpu_jobs_wait = self
-            .queue
-            .iter()
-            .filter(|id| !self.blocked.contains(*id))
-            .any(|id| self.jobs[id].spec.gpus.count() > 0);
         if gpu_jobs_wait && self.inventory.backend() == "nvml" {
             self.gpu_replan_at = Some(tokio::time::Instant::now() + GPU_REPLAN_INTERVAL);
         }
@@ -1121,6 +1141,7 @@ impl Daemon {
         self.metrics
             .job_launched(now_micros().saturating_sub(record.submitted_at));
         self.queue.retain(|q| q != id);
+        self.constrained.remove(id);
         if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
             *n = n.saturating_sub(1);
         }
@@ -1376,6 +1397,7 @@ impl Daemon {
         self.notifier.deliver(intents);
         if was_queued {
             self.queue.retain(|q| q != id);
+            self.constrained.remove(id);
             if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
                 *n = n.saturating_sub(1);
             }
@@ -1512,7 +1534,7 @@ impl Daemon {
                 break;
             }
             // A queued job still needs its parents' outcomes (and results).
-            let needed = self.queue.iter().any(|q| {
+            let needed = self.constrained.iter().any(|q| {
                 let after = self.jobs[q].spec.after.all();
                 after.contains(&id) || oldest.group.as_ref().is_some_and(|g| after.contains(g))
             });

@@ -81,6 +81,8 @@ pub struct Plan {
     pub reserved: BTreeMap<u32, JobId>,
     /// Jobs that can never start here, with the reason (rule 1).
     pub never: Vec<(JobId, String)>,
+    /// Some job that asks for GPUs stays queued.
+    pub waiting_for_gpus: bool,
 }
 
 /// Whether `gpu` has the properties `request` asks for, whatever its state
@@ -124,13 +126,13 @@ pub fn never_reason(
             request.describe()
         ));
     }
-    let all = index_list(snapshot);
     match &request.only {
         Some(GpuSelector::Indices(v)) => {
             if let Some(i) = v.iter().find(|i| !snapshot.iter().any(|g| g.index == **i)) {
                 return Some(format!(
-                    "field `gpus.indices` names GPU {i}, which this machine does not have (its GPUs: {all}); \
-                     name GPUs that `ptrain gpus` lists"
+                    "field `gpus.indices` names GPU {i}, which this machine does not have (its GPUs: {}); \
+                     name GPUs that `ptrain gpus` lists",
+                    index_list(snapshot)
                 ));
             }
         }
@@ -163,12 +165,11 @@ pub fn never_reason(
             ));
         }
     }
-    let matching: Vec<&GpuInfo> = snapshot
-        .iter()
-        .filter(|g| has_properties(request, g))
-        .collect();
-    if matching.len() < n {
-        let have = matching.len();
+    // Checked for every queued job in every plan: nothing is allocated
+    // unless there is something to say.
+    let matching = || snapshot.iter().filter(|g| has_properties(request, g));
+    if matching().count() < n {
+        let have = matching().count();
         return Some(match request.min_free_memory_mib {
             Some(mib) => {
                 let largest = snapshot
@@ -202,11 +203,9 @@ pub fn never_reason(
             }
         }
     }
-    let allowed: Vec<&GpuInfo> = matching
-        .into_iter()
-        .filter(|g| rules.iter().all(|r| r.allows(g.index)))
-        .collect();
-    if allowed.len() < n {
+    let allowed = || matching().filter(|g| rules.iter().all(|r| r.allows(g.index)));
+    if allowed().count() < n {
+        let allowed: Vec<&GpuInfo> = allowed().collect();
         let keys: Vec<String> = rules
             .iter()
             .filter(|r| r.limits.allowed_gpus.is_some())
@@ -256,6 +255,15 @@ pub fn plan(
     let mut taken: BTreeSet<u32> = held.keys().copied().collect();
     let mut usage: Vec<(&Owner, usize)> = held.values().map(|h| (h.owner, 1)).collect();
     let mut plan = Plan::default();
+    // Once every GPU is taken or kept for a job ahead, a GPU job can
+    // neither start nor keep anything: the rest of a long queue costs a
+    // check each, so planning per event does not grow with the queue.
+    let all_spoken_for = |taken: &BTreeSet<u32>, plan: &Plan| {
+        snapshot
+            .iter()
+            .all(|g| taken.contains(&g.index) || plan.reserved.contains_key(&g.index))
+    };
+    let mut spoken_for = all_spoken_for(&taken, &plan);
     for job in order {
         let request = job.request;
         let n = request.count() as usize;
@@ -270,8 +278,13 @@ pub fn plan(
             plan.never.push((job.id.clone(), why));
             continue;
         }
+        if spoken_for {
+            plan.waiting_for_gpus = true;
+            continue;
+        }
         let job_rules = rules.policy.rules_for(job.owner);
         if over_cap(&job_rules, &usage, n) {
+            plan.waiting_for_gpus = true;
             continue;
         }
         let eligible: Vec<&GpuInfo> = snapshot
@@ -292,6 +305,7 @@ pub fn plan(
             .filter(|g| taken.contains(&g.index) || usable_now(g))
             .count();
         if eventually < n {
+            plan.waiting_for_gpus = true;
             continue;
         }
         let candidates: Vec<&GpuInfo> = eligible
@@ -309,11 +323,13 @@ pub fn plan(
                 });
             }
             None => {
+                plan.waiting_for_gpus = true;
                 for g in candidates {
                     plan.reserved.insert(g.index, job.id.clone());
                 }
             }
         }
+        spoken_for = all_spoken_for(&taken, &plan);
     }
     plan
 }
@@ -663,6 +679,30 @@ mod tests {
         }
         // Small jobs keep flowing once it is done.
         assert!(started.values().filter(|t| **t > big + 3).count() > 10);
+    }
+
+    #[test]
+    fn a_long_queue_behind_busy_gpus_still_starts_cpu_jobs_and_reports_the_impossible() {
+        let snap = gpus(2);
+        let long = job("long", 1);
+        let mut queue: Vec<Job> = (0..5000).map(|i| job(&format!("g{i}"), 1)).collect();
+        queue.push(job("cpu", 0));
+        queue.push(job("huge", 3));
+        // Both GPUs busy: nothing starts or is kept, yet the CPU job at
+        // the back starts and the impossible one is reported.
+        let p = run(&queue, &snap, &[(0, &long), (1, &long)]);
+        assert_eq!(placed(&p), [("cpu", vec![])]);
+        assert!(p.reserved.is_empty());
+        assert_eq!(p.never.len(), 1);
+        assert_eq!(p.never[0].0.as_str(), "huge");
+        assert!(p.waiting_for_gpus);
+        // One GPU frees: the first in line takes it, the rest wait.
+        let p = run(&queue, &snap, &[(1, &long)]);
+        assert_eq!(placed(&p), [("g0", vec![0]), ("cpu", vec![])]);
+        assert!(p.waiting_for_gpus);
+        // Nothing left that wants a GPU.
+        let p = run(&queue[5000..5001], &snap, &[]);
+        assert!(!p.waiting_for_gpus);
     }
 
     #[test]
