@@ -1207,36 +1207,37 @@ impl Daemon {
     }
 
     async fn on_unit_signal(&mut self, signal: UnitSignal) {
-        // Passing states move no job on, and each look costs a GetUnit and
-        // a GetAll of two interfaces (systemd builds every property for
-        // it): skipping them took ptraind's CPU per job from 11 to 9 ms
-        // and systemd's from 12 to 10.4 (benches/ptrain, 100,000 jobs of
-        // history). The end is still seen: JobRemoved and the final
-        // inactive/failed always come.
-        if let UnitSignal::StateChanged { active_state, .. } = &signal {
-            if matches!(
-                active_state.as_str(),
-                "activating" | "deactivating" | "reloading"
-            ) {
-                return;
-            }
-        }
-        let Some(id) = self.by_unit.get(signal.unit()) else {
+        let Some(job_state) = self
+            .by_unit
+            .get(signal.unit())
+            .and_then(|id| self.jobs.get(id))
+            .map(|r| r.state)
+        else {
             return;
         };
-        // "active" of a job already seen running tells nothing new; its end
-        // still comes as inactive/failed (or a JobRemoved after a stop).
-        if let UnitSignal::StateChanged { active_state, .. } = &signal {
-            if active_state == "active"
-                && self
-                    .jobs
-                    .get(id)
-                    .is_some_and(|r| r.state == JobState::Running)
-            {
-                return;
-            }
+        match signal {
+            // Passing states move no job on, and "active" of a job already
+            // seen running tells nothing new (skipping their looks took
+            // ptraind's CPU per job from 11 to 9 ms, benches/ptrain). The
+            // end still comes: the unit's final inactive/failed.
+            UnitSignal::StateChanged { active_state, .. }
+                if matches!(
+                    active_state.as_str(),
+                    "activating" | "deactivating" | "reloading"
+                ) || (active_state == "active" && job_state == JobState::Running) => {}
+            // The state as the signals carried it: no round trip into a
+            // busy systemd between a job's end and the next launch.
+            UnitSignal::StateChanged {
+                unit,
+                state: Some(state),
+                ..
+            } => self.apply_unit_state(&unit, &state).await,
+            // A running job's JobRemoved (its stop's) adds nothing: taking
+            // the job away changes the unit's Job property, which systemd
+            // announces with a state pair.
+            UnitSignal::JobRemoved { .. } if job_state != JobState::Launching => {}
+            signal => self.check_unit(signal.unit()).await,
         }
-        self.check_unit(signal.unit()).await;
     }
 
     /// Looks at a unit and moves its job on: launching → running → ended.
@@ -1263,6 +1264,14 @@ impl Daemon {
                 return;
             }
         };
+        self.apply_unit_state(unit, &state).await;
+    }
+
+    /// Moves a unit's job on to what the unit's state says.
+    async fn apply_unit_state(&mut self, unit: &str, state: &UnitState) {
+        let Some(id) = self.by_unit.get(unit).cloned() else {
+            return;
+        };
         if state.has_ended() {
             let stop_requested_by = self.jobs[&id].stop_requested_by;
             let outcome = scheduler::outcome_of_unit(
@@ -1271,7 +1280,7 @@ impl Daemon {
                 state.exec_main_status,
                 stop_requested_by,
             );
-            self.finish(&id, outcome, Some(&state)).await;
+            self.finish(&id, outcome, Some(state)).await;
         } else if state.active_state == "active" || state.active_state == "deactivating" {
             let record = self.jobs.get_mut(&id).expect("tracked job exists");
             if record.state == JobState::Launching {

@@ -102,8 +102,16 @@ pub fn unit_name_from_path(path: &str) -> Option<String> {
 pub enum UnitSignal {
     /// A job (start, stop) of this unit finished.
     JobRemoved { unit: String, result: String },
-    /// The unit's ActiveState changed.
-    StateChanged { unit: String, active_state: String },
+    /// The unit's ActiveState changed. `state`: the whole state as the
+    /// signal pair carried it (systemd sends a unit's type interface, then
+    /// its Unit interface, both complete, "so that clients get atomic
+    /// behavior"), which spares a round trip into a busy systemd; None when
+    /// the Service half was not seen.
+    StateChanged {
+        unit: String,
+        active_state: String,
+        state: Option<Box<UnitState>>,
+    },
 }
 
 impl UnitSignal {
@@ -135,6 +143,52 @@ pub struct UnitState {
 impl UnitState {
     pub fn has_ended(&self) -> bool {
         !self.has_pending_job && matches!(self.active_state.as_str(), "inactive" | "failed")
+    }
+
+    /// The state from the properties of the unit's two interfaces: read
+    /// with GetAll, or as the PropertiesChanged signals carried them.
+    pub fn from_properties(
+        unit_props: &HashMap<String, OwnedVariant>,
+        service_props: &HashMap<String, OwnedVariant>,
+    ) -> UnitState {
+        let string = |m: &HashMap<String, OwnedVariant>, k: &str| {
+            m.get(k)
+                .and_then(|v| v.try_clone().ok())
+                .and_then(|v| String::try_from(v).ok())
+                .unwrap_or_default()
+        };
+        let int = |m: &HashMap<String, OwnedVariant>, k: &str| {
+            m.get(k).and_then(|v| i32::try_from(v).ok()).unwrap_or(0)
+        };
+        let micros = |m: &HashMap<String, OwnedVariant>, k: &str| {
+            m.get(k).and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
+        };
+        let has_pending_job = unit_props
+            .get("Job")
+            .and_then(|v| v.try_clone().ok())
+            .and_then(|v| <(u32, OwnedObjectPath)>::try_from(v).ok())
+            .is_some_and(|(id, _)| id != 0);
+        let invocation_id = unit_props
+            .get("InvocationID")
+            .and_then(|v| v.try_clone().ok())
+            .and_then(|v| Vec::<u8>::try_from(v).ok())
+            .filter(|b| !b.is_empty())
+            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
+        UnitState {
+            active_state: string(unit_props, "ActiveState"),
+            has_pending_job,
+            invocation_id,
+            main_pid: service_props
+                .get("ExecMainPID")
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(0),
+            result: string(service_props, "Result"),
+            exec_main_code: int(service_props, "ExecMainCode"),
+            exec_main_status: int(service_props, "ExecMainStatus"),
+            exec_main_start: micros(service_props, "ExecMainStartTimestamp"),
+            exec_main_exit: micros(service_props, "ExecMainExitTimestamp"),
+            inactive_enter: micros(unit_props, "InactiveEnterTimestamp"),
+        }
     }
 }
 
@@ -211,7 +265,6 @@ impl Systemd {
             .interface("org.freedesktop.DBus.Properties")
             .member("PropertiesChanged")
             .path_namespace("/org/freedesktop/systemd1/unit")
-            .arg(0, UNIT_IFACE)
             .build()
             .map_err(call_err("build match rule", "-"))?;
         let mut changes = zbus::MessageStream::for_match_rule(rule, &self.conn, None)
@@ -219,6 +272,8 @@ impl Systemd {
             .map_err(call_err("AddMatch PropertiesChanged", "-"))?;
         let path_prefix = unit_object_path(unit_prefix);
         tokio::spawn(async move {
+            // The Service half of each pair, until its Unit half comes.
+            let mut service_half: HashMap<String, HashMap<String, OwnedVariant>> = HashMap::new();
             while let Some(msg) = changes.next().await {
                 let Ok(msg) = msg else { continue };
                 let header = msg.header();
@@ -229,21 +284,34 @@ impl Systemd {
                 let Some(unit) = unit_name_from_path(path.as_str()) else {
                     continue;
                 };
-                let Ok((_, changed, _)) =
+                let Ok((interface, changed, _)) =
                     msg.body()
                         .deserialize::<(String, HashMap<String, OwnedVariant>, Vec<String>)>()
                 else {
                     continue;
                 };
-                if let Some(state) = changed.get("ActiveState") {
-                    if let Ok(active_state) = String::try_from(
-                        state
-                            .try_clone()
-                            .unwrap_or_else(|_| OwnedVariant::from(0u8)),
-                    ) {
-                        sink(UnitSignal::StateChanged { unit, active_state });
-                    }
+                if interface == SERVICE_IFACE {
+                    service_half.insert(unit, changed);
+                    continue;
                 }
+                if interface != UNIT_IFACE {
+                    continue;
+                }
+                let service = service_half.remove(&unit);
+                let Some(active_state) = changed
+                    .get("ActiveState")
+                    .and_then(|v| v.try_clone().ok())
+                    .and_then(|v| String::try_from(v).ok())
+                else {
+                    continue;
+                };
+                let state =
+                    service.map(|service| Box::new(UnitState::from_properties(&changed, &service)));
+                sink(UnitSignal::StateChanged {
+                    unit,
+                    active_state,
+                    state,
+                });
             }
             lost("PropertiesChanged");
         });
@@ -307,45 +375,7 @@ impl Systemd {
             self.get_all(&path, SERVICE_IFACE, unit),
         );
         loaded.map_err(call_err("GetUnit", unit))?;
-        let (unit_props, service_props) = (unit_props?, service_props?);
-        let string = |m: &HashMap<String, OwnedVariant>, k: &str| {
-            m.get(k)
-                .and_then(|v| v.try_clone().ok())
-                .and_then(|v| String::try_from(v).ok())
-                .unwrap_or_default()
-        };
-        let int = |m: &HashMap<String, OwnedVariant>, k: &str| {
-            m.get(k).and_then(|v| i32::try_from(v).ok()).unwrap_or(0)
-        };
-        let micros = |m: &HashMap<String, OwnedVariant>, k: &str| {
-            m.get(k).and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
-        };
-        let has_pending_job = unit_props
-            .get("Job")
-            .and_then(|v| v.try_clone().ok())
-            .and_then(|v| <(u32, OwnedObjectPath)>::try_from(v).ok())
-            .is_some_and(|(id, _)| id != 0);
-        let invocation_id = unit_props
-            .get("InvocationID")
-            .and_then(|v| v.try_clone().ok())
-            .and_then(|v| Vec::<u8>::try_from(v).ok())
-            .filter(|b| !b.is_empty())
-            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
-        Ok(UnitState {
-            active_state: string(&unit_props, "ActiveState"),
-            has_pending_job,
-            invocation_id,
-            main_pid: service_props
-                .get("ExecMainPID")
-                .and_then(|v| u32::try_from(v).ok())
-                .unwrap_or(0),
-            result: string(&service_props, "Result"),
-            exec_main_code: int(&service_props, "ExecMainCode"),
-            exec_main_status: int(&service_props, "ExecMainStatus"),
-            exec_main_start: micros(&service_props, "ExecMainStartTimestamp"),
-            exec_main_exit: micros(&service_props, "ExecMainExitTimestamp"),
-            inactive_enter: micros(&unit_props, "InactiveEnterTimestamp"),
-        })
+        Ok(UnitState::from_properties(&unit_props?, &service_props?))
     }
 
     async fn get_all(

@@ -655,14 +655,16 @@ impl Bench<'_> {
             assert!(ok, "cannot stop ptraind for the floor: {out}");
             let bare = self.rt.block_on(Bare::connect(&d.harness.bus_address()));
             let prefix = format!("bench-gpu{n}p{pair}");
-            let secs = self.rt.block_on(bare.throughput(&prefix, n, Some(GPUS as usize), |i| {
-                ptrain_props.properties_on(
-                    &format!("gpu{n}p{pair}-{i}"),
-                    false,
-                    true,
-                    Some(i as u32 % GPUS),
-                )
-            }));
+            let secs = self
+                .rt
+                .block_on(bare.throughput(&prefix, n, Some(GPUS as usize), |i| {
+                    ptrain_props.properties_on(
+                        &format!("gpu{n}p{pair}-{i}"),
+                        false,
+                        true,
+                        Some(i as u32 % GPUS),
+                    )
+                }));
             drop(bare);
             floors.push(n as f64 / secs);
             d.start_service();
@@ -670,7 +672,14 @@ impl Bench<'_> {
                 "ptraind: throughput, {n} jobs at once, 1 of {GPUS} GPUs each, pair {} of {pairs}",
                 pair + 1
             ));
-            let run = self.burst(d, tracker, dropper, &format!("tpg{n}p{pair}"), n, ",\"gpus\":1");
+            let run = self.burst(
+                d,
+                tracker,
+                dropper,
+                &format!("tpg{n}p{pair}"),
+                n,
+                ",\"gpus\":1",
+            );
             runs.push(run);
         }
         let floor = median(&floors);
