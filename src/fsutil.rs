@@ -83,7 +83,7 @@ fn write_atomic_inner(dir: &Path, name: &str, bytes: &[u8], sync_dir: bool) -> i
 /// A crash at any point leaves `name` whole, old or new. Falls back to
 /// [`write_atomic`] where the file system cannot exchange (EINVAL).
 pub fn write_replacing(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let spare = format!(".{name}.spare");
+    let spare = spare_name(name);
     let dir_fd = open_dir(dir)?;
     let (c_spare, c_name) = (cstr(&spare)?, cstr(name)?);
     // SAFETY: openat on a NUL-terminated name inside a valid dir fd;
@@ -127,6 +127,11 @@ pub fn write_replacing(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
         }
     }
     File::from(dir_fd).sync_all()
+}
+
+/// The spare [`write_replacing`] keeps beside `name`: remove it with it.
+pub fn spare_name(name: &str) -> String {
+    format!(".{name}.spare")
 }
 
 trait NoFollow {

@@ -197,7 +197,7 @@ impl Scale {
                 latency_jobs: 10,
                 throughput_sizes: vec![300],
                 queued_jobs: 20,
-                notify_jobs: 0,
+                notify_jobs: 300,
                 ..Scale::smoke()
             }),
             other => Err(format!(

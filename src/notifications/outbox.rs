@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{Intent, NotifyEvent};
-use crate::fsutil::{ensure_dir, write_atomic};
+use crate::fsutil::{ensure_dir, write_replacing};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -150,7 +150,9 @@ impl Outbox {
 
     pub fn save(&self, d: &Delivery) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(d).expect("deliveries always serialise");
-        write_atomic(&self.dir, &Self::file_name(&d.intent.key), &bytes)
+        // Rewritten as the delivery goes on: by exchange with a spare, no
+        // inode made or freed per update (fsutil::write_replacing).
+        write_replacing(&self.dir, &Self::file_name(&d.intent.key), &bytes)
     }
 
     /// Whether `key` is done with: delivered or dead. A key with no status
@@ -161,7 +163,9 @@ impl Outbox {
 
     /// Forgets `key` (its job is being compacted away).
     pub fn remove(&self, key: &str) -> io::Result<()> {
-        match std::fs::remove_file(self.dir.join(Self::file_name(key))) {
+        let name = Self::file_name(key);
+        let _ = std::fs::remove_file(self.dir.join(crate::fsutil::spare_name(&name)));
+        match std::fs::remove_file(self.dir.join(name)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }

@@ -325,7 +325,12 @@ impl Sender {
             Ok(Some(d)) => d,
             Ok(None) => {
                 let d = Delivery::new(intent);
-                self.persist(&d);
+                // One whose output lines are read first is recorded with
+                // them, before its first attempt (tails_read); until then
+                // the job's record holds the intent.
+                if !needs_tail(&d) {
+                    self.persist(&d);
+                }
                 d
             }
             Err(e) => {
