@@ -157,14 +157,14 @@ const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs
 /// How long GPU jobs that wait on an NVML inventory go without a new plan.
 const GPU_REPLAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Real, effective, saved and filesystem uids of a process, from
-/// /proc/PID/status.
 /// Whether a queued job waits on something besides GPUs: other jobs
 /// (`after`) or its sweep's `max_parallel`.
 fn is_constrained(record: &JobRecord) -> bool {
     !record.spec.after.is_empty() || (record.group.is_some() && record.max_parallel.is_some())
 }
 
+/// Real, effective, saved and filesystem uids of a process, from
+/// /proc/PID/status.
 fn process_uids(pid: u32) -> Option<Vec<u32>> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;

@@ -86,21 +86,7 @@ pub fn write_replacing(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let spare = spare_name(name);
     let dir_fd = open_dir(dir)?;
     let (c_spare, c_name) = (cstr(&spare)?, cstr(name)?);
-    // SAFETY: openat on a NUL-terminated name inside a valid dir fd;
-    // O_NOFOLLOW: a symlink planted there is refused, never written through.
-    let fd = unsafe {
-        libc::openat(
-            dir_fd.as_raw_fd(),
-            c_spare.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by openat and is owned by nobody else.
-    let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let mut file = create_at(&dir_fd, &spare, libc::O_TRUNC)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     drop(file);
@@ -127,6 +113,26 @@ pub fn write_replacing(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
         }
     }
     File::from(dir_fd).sync_all()
+}
+
+/// Opens `name` in `dir` for writing, creating it (mode 0600) without
+/// following a symlink planted there; `flags` adds O_EXCL or O_TRUNC.
+pub fn create_at(dir: &OwnedFd, name: &str, flags: libc::c_int) -> io::Result<File> {
+    let c = cstr(name)?;
+    // SAFETY: openat with a valid dir fd and a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC | flags,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by openat and is owned by nobody else.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// The spare [`write_replacing`] keeps beside `name`: remove it with it.

@@ -12,7 +12,8 @@
 //! 2. [`spec`]: the bytes are parsed into a validated [`spec::JobSpec`]
 //!    (strict, bounded, versioned). Pure: no I/O.
 //! 3. [`store`]: the job is claimed durably into the root-only state
-//!    directory (one record per job, temp + fsync + rename + fsync dir)
+//!    directory (one record per job, temp + fsync + rename + fsync dir;
+//!    later rewrites exchange it with a spare, [`fsutil::write_replacing`])
 //!    before the spool file is removed; rejected files go to quarantine with
 //!    their reason.
 //! 4. [`scheduler`]: the pure core that decides which queued jobs start now,
@@ -22,8 +23,9 @@
 //!    device allow-list, environment) are built from the record. Pure.
 //! 6. [`systemd`]: `StartTransientUnit` over D-Bus, and one stream of
 //!    `JobRemoved` / `PropertiesChanged` signals that tells when a unit ends;
-//!    the end is read (Result, exit code or signal) before the unit is
-//!    released for garbage collection.
+//!    the end (Result, exit code or signal) comes in the signals themselves
+//!    (or is read back when they fall short) before the unit is released
+//!    for garbage collection.
 //! 7. [`daemon`]: the one task that owns the state, receives every event
 //!    (spool, systemd, API) on a channel and applies it; [`api`] is the
 //!    D-Bus interface the `ptrain` CLI talks to.
@@ -31,9 +33,10 @@
 //!    admin's channels (email, WeCom robot, webhook) from an outbox written
 //!    with the state change, by a sender task that retries and never holds
 //!    up the state task.
-//! 9. [`logs`]: a job's output, read from the journal (or its archive)
-//!    and served to its owner; the idle-output watchdog; per-job archives
-//!    and their retention.
+//! 9. [`logs`]: a job's output, read from the journal (in-process through
+//!    libsystemd, [`logs::sd_journal`], or `journalctl --follow` for a live
+//!    reader) or its archive, and served to its owner; the idle-output
+//!    watchdog; per-job archives and their retention.
 //! 10. [`history`]: once ended, a job leaves the daemon's live map for a
 //!     compact in-memory summary (the full record stays on disk), so memory
 //!     and per-job cost stay flat over a long history; `[retention]`

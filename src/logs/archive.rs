@@ -165,21 +165,7 @@ impl<W: Write> Write for Counting<W> {
 
 /// Creates `name` in `dir` for writing: O_CREAT|O_EXCL|O_NOFOLLOW, 0600.
 fn create_excl(dir: &OwnedFd, name: &str) -> io::Result<File> {
-    let c = cstr(name)?;
-    // SAFETY: openat with a valid dir fd and a NUL-terminated name.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is fresh and owned here.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    fsutil::create_at(dir, name, libc::O_EXCL)
 }
 
 fn unlink_at(dir: &OwnedFd, name: &str) -> io::Result<()> {
