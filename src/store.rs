@@ -17,6 +17,8 @@ use crate::users::Owner;
 
 const RECORD: &str = "record.json";
 const DESCRIPTOR: &str = "descriptor.json";
+/// The exit recorder's file, in the job's own directory.
+const EXIT: &str = "exit.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -330,13 +332,21 @@ impl Store {
         })
     }
 
-    /// The exit a unit's recorder wrote for this job, if any.
+    /// The exit a unit's recorder wrote for this job, if any: in the job's
+    /// directory, or in `exits/` where a recorder of an older ptraind (a
+    /// unit started before an upgrade) put it.
     pub fn exit_record(&self, id: &JobId) -> Option<ExitRecord> {
-        let bytes = std::fs::read(self.exits_dir.join(format!("{id}.json"))).ok()?;
+        let bytes = std::fs::read(self.job_dir(id).join(EXIT))
+            .or_else(|_| std::fs::read(self.exits_dir.join(format!("{id}.json"))))
+            .ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
-    /// Forgets a recorder's file once its result is in the job's record.
+    /// Forgets an older recorder's file in `exits/` once its result is in
+    /// the job's record. One in the job's directory stays with the record
+    /// until compaction: removing it per job would free an inode per job,
+    /// and on ext4 without a journal every new inode is found by scanning
+    /// past those freed in the last minutes.
     pub fn remove_exit_record(&self, id: &JobId) {
         let _ = std::fs::remove_file(self.exits_dir.join(format!("{id}.json")));
     }
@@ -642,8 +652,14 @@ pub fn exits_dir(state_dir: &Path) -> PathBuf {
 /// Called by `ptraind record-exit` from the unit's ExecStopPost (as root,
 /// inside the job's unit): records the exit from systemd's environment.
 pub fn record_exit(state_dir: &Path, id: &JobId, record: &ExitRecord) -> Result<(), StoreError> {
-    let dir = exits_dir(state_dir);
     let bytes = serde_json::to_vec(record).expect("records always serialise");
+    // The job's directory exists from its claim until its compaction,
+    // long after its unit is gone; `exits/` only if it is missing.
+    let job_dir = state_dir.join("jobs").join(id.as_str());
+    if job_dir.is_dir() {
+        return write_atomic(&job_dir, EXIT, &bytes).map_err(io_err("write", &job_dir));
+    }
+    let dir = exits_dir(state_dir);
     write_atomic(&dir, &format!("{id}.json"), &bytes).map_err(io_err("write", &dir))
 }
 
@@ -739,6 +755,20 @@ mod tests {
         assert_eq!(back.as_unit_result(), ("signal".into(), 2, 9));
         store.remove_exit_record(&id);
         assert!(store.exit_record(&id).is_none());
+        // A claimed job's recorder writes into its directory, where the
+        // file stays with the record until compaction.
+        let claimed = record("claimed");
+        store.claim(&claimed, b"{}").unwrap();
+        record_exit(dir.path(), &claimed.id, &rec).unwrap();
+        assert!(dir.path().join("jobs/claimed/exit.json").is_file());
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("exits")).unwrap().count(),
+            0
+        );
+        store.remove_exit_record(&claimed.id);
+        assert_eq!(store.exit_record(&claimed.id).unwrap(), rec);
+        store.compact(&claimed).unwrap();
+        assert!(store.exit_record(&claimed.id).is_none());
         assert_eq!(signal_number("SIGSEGV"), Some(11));
         assert_eq!(signal_number("TERM"), Some(15));
     }
