@@ -104,7 +104,20 @@ pub fn write_replacing(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
             // The first write: nothing to exchange with yet.
-            Some(libc::ENOENT) => std::fs::rename(dir.join(&spare), dir.join(name))?,
+            Some(libc::ENOENT) => {
+                // SAFETY: as above.
+                let renamed = unsafe {
+                    libc::renameat(
+                        dir_fd.as_raw_fd(),
+                        c_spare.as_ptr(),
+                        dir_fd.as_raw_fd(),
+                        c_name.as_ptr(),
+                    )
+                };
+                if renamed != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             Some(libc::EINVAL) => {
                 let _ = std::fs::remove_file(dir.join(&spare));
                 return write_atomic(dir, name, bytes);

@@ -357,34 +357,23 @@ impl Bench<'_> {
                 continue;
             }
             // Where the gap to the bare floor is: the unit ptraind asks
-            // for, with and without its exit recorder (ExecStopPost).
-            // GPU jobs: 1 of GPUS each, so at most GPUS alive at a time.
-            for (key, label, recorder, alive) in [
-                (
-                    "props",
-                    "bare loop with ptrain's unit properties",
-                    true,
-                    None,
-                ),
+            // for, with and without its exit recorder (ExecStopPost). The
+            // GPU jobs' floor runs beside them ([`Bench::gpu_throughput`]).
+            for (key, label, recorder) in [
+                ("props", "bare loop with ptrain's unit properties", true),
                 (
                     "props-norec",
                     "  the same without the exit recorder (ExecStopPost)",
                     false,
-                    None,
                 ),
             ] {
                 say(&format!("floor: {size} units at once ({key})"));
                 let cpu0 = procs.cpu();
-                // GPU jobs' units: each with its GPU's device allowed, as
-                // ptraind asks for them.
                 let secs = self.rt.block_on(bare.throughput(
                     &format!("bench-{key}{size}"),
                     size,
-                    alive,
-                    |i| {
-                        let gpu = alive.map(|_| i as u32 % GPUS);
-                        ptrain_props.properties_on(&format!("{key}-{i}"), false, recorder, gpu)
-                    },
+                    None,
+                    |i| ptrain_props.properties(&format!("{key}-{i}"), false, recorder),
                 ));
                 cpu.insert(
                     format!("{key}.{size}"),
