@@ -257,7 +257,9 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
     assert_eq!(field("Version"), env!("CARGO_PKG_VERSION"));
     let depends = field("Depends");
     assert!(
-        depends.contains("systemd") && depends.contains("libc6 (>="),
+        depends.contains("systemd")
+            && depends.contains("libc6 (>=")
+            && depends.contains("libsystemd0"),
         "{depends}"
     );
     let listing = succeed(
