@@ -3,7 +3,7 @@
 //!
 //! A record is durable only after: write to a temp file in the same
 //! directory, fsync it, rename it over the final name (or exchange it with
-//! the final name, [`write_replacing`]), fsync the directory.
+//! the final name through a [`SpareDir`]), fsync the directory.
 //! Any error on that path (ENOSPC, EIO) is returned, never assumed done.
 
 use std::ffi::CString;
@@ -11,7 +11,8 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 fn cstr(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
@@ -72,60 +73,157 @@ fn write_atomic_inner(dir: &Path, name: &str, bytes: &[u8], sync_dir: bool) -> i
     result
 }
 
-/// Durably replaces `dir/name` like [`write_atomic`], for a file that is
-/// rewritten many times (a job's record): the new bytes go into a spare
-/// file kept beside it, which is then swapped with `name` in one atomic
-/// step (renameat2 RENAME_EXCHANGE) and holds the old bytes until the next
-/// write. So a rewrite allocates and frees no inode: on ext4 without a
-/// journal every new inode is found by scanning past the inodes freed in
-/// the last seconds, which `make bench` showed costing ptraind a third of
-/// its CPU (and systemd, creating its unit files on the same disk, too).
-/// A crash at any point leaves `name` whole, old or new. Falls back to
-/// [`write_atomic`] where the file system cannot exchange (EINVAL).
-pub fn write_replacing(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let spare = spare_name(name);
-    let dir_fd = open_dir(dir)?;
-    let (c_spare, c_name) = (cstr(&spare)?, cstr(name)?);
-    let mut file = create_at(&dir_fd, &spare, libc::O_TRUNC)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    // SAFETY: both names NUL-terminated, relative to a valid dir fd.
-    let exchanged = unsafe {
-        libc::renameat2(
-            dir_fd.as_raw_fd(),
-            c_spare.as_ptr(),
-            dir_fd.as_raw_fd(),
-            c_name.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if exchanged != 0 {
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            // The first write: nothing to exchange with yet.
-            Some(libc::ENOENT) => {
-                // SAFETY: as above.
-                let renamed = unsafe {
-                    libc::renameat(
-                        dir_fd.as_raw_fd(),
-                        c_spare.as_ptr(),
-                        dir_fd.as_raw_fd(),
-                        c_name.as_ptr(),
-                    )
-                };
-                if renamed != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+/// The one spare file of a [`SpareDir`].
+pub const SPARE: &str = ".spare";
+
+/// A directory of files that are written whole and rewritten many times
+/// (job records, outbox entries). Every write goes into the directory's one
+/// spare file, which is then swapped with the file's name in one atomic
+/// step (renameat2 RENAME_EXCHANGE) and, holding the old bytes, is
+/// overwritten by the next write to any file here. So a rewrite allocates
+/// and frees no inode: on ext4 without a journal every new inode is found
+/// by scanning past the inodes freed in the last minutes, which `make
+/// bench` showed costing ptraind a third of its CPU. A crash at any point
+/// leaves every name whole, old or new; the spare is garbage by design.
+/// Falls back to a plain rename where the file system cannot exchange.
+pub struct SpareDir {
+    path: PathBuf,
+    fd: OwnedFd,
+    /// Writers take turns, as they share the spare: threads through this
+    /// mutex, other `SpareDir`s of the same directory (in this process or
+    /// another) through a `flock` of the directory.
+    writer: Mutex<()>,
+}
+
+/// An exclusive `flock` of a directory, released when dropped.
+struct DirLock<'a>(&'a OwnedFd);
+
+impl<'a> DirLock<'a> {
+    fn take(dir: &'a OwnedFd) -> io::Result<DirLock<'a>> {
+        loop {
+            // SAFETY: flock on a valid fd.
+            if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(DirLock(dir));
             }
-            Some(libc::EINVAL) => {
-                let _ = std::fs::remove_file(dir.join(&spare));
-                return write_atomic(dir, name, bytes);
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
             }
-            _ => return Err(e),
         }
     }
-    File::from(dir_fd).sync_all()
+}
+
+impl Drop for DirLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: flock on a valid fd.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placing {
+    Replace,
+    CreateNew,
+}
+
+impl SpareDir {
+    pub fn open(path: &Path) -> io::Result<SpareDir> {
+        Ok(SpareDir {
+            path: path.to_owned(),
+            fd: open_dir(path)?,
+            writer: Mutex::new(()),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Durably writes `bytes` as `name`, replacing what was there.
+    pub fn replace(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.write(name, bytes, Placing::Replace)
+    }
+
+    /// Durably writes `bytes` as `name`, which must not exist yet
+    /// (`AlreadyExists` otherwise, and nothing changes).
+    pub fn create(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.write(name, bytes, Placing::CreateNew)
+    }
+
+    /// Removes `name`; one already gone is fine.
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        let c = cstr(name)?;
+        // SAFETY: unlinkat with a valid dir fd and a NUL-terminated name.
+        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::NotFound {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn exists(&self, name: &str) -> bool {
+        let Ok(c) = cstr(name) else { return false };
+        // SAFETY: stat is plain old data; fstatat fills it or fails.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        unsafe {
+            libc::fstatat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            ) == 0
+        }
+    }
+
+    fn write(&self, name: &str, bytes: &[u8], placing: Placing) -> io::Result<()> {
+        let _turn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let _locked = DirLock::take(&self.fd)?;
+        let c_name = cstr(name)?;
+        if placing == Placing::CreateNew && self.exists(name) {
+            return Err(io::ErrorKind::AlreadyExists.into());
+        }
+        // Overwritten in place, then cut to length: its blocks are reused.
+        let mut spare = create_at(&self.fd, SPARE, 0)?;
+        spare.write_all(bytes)?;
+        spare.set_len(bytes.len() as u64)?;
+        spare.sync_data()?;
+        drop(spare);
+        let c_spare = cstr(SPARE)?;
+        let dir = self.fd.as_raw_fd();
+        let renameat2 = |flags| {
+            // SAFETY: both names NUL-terminated, relative to a valid dir fd.
+            let r = unsafe { libc::renameat2(dir, c_spare.as_ptr(), dir, c_name.as_ptr(), flags) };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        };
+        let placed = match placing {
+            Placing::Replace => match renameat2(libc::RENAME_EXCHANGE) {
+                // ENOENT: the first write, nothing to exchange with yet.
+                // EINVAL: the file system cannot exchange.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL)) => {
+                    renameat2(0)
+                }
+                other => other,
+            },
+            // The existence check above stands in where NOREPLACE is not
+            // supported: writers here take turns.
+            Placing::CreateNew => match renameat2(libc::RENAME_NOREPLACE) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => renameat2(0),
+                other => other,
+            },
+        };
+        placed?;
+        // SAFETY: fsync on a valid dir fd makes the exchange durable.
+        if unsafe { libc::fsync(dir) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
 
 /// Opens `name` in `dir` for writing, creating it (mode 0600) without
@@ -146,11 +244,6 @@ pub fn create_at(dir: &OwnedFd, name: &str, flags: libc::c_int) -> io::Result<Fi
     }
     // SAFETY: fd was just returned by openat and is owned by nobody else.
     Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
-}
-
-/// The spare [`write_replacing`] keeps beside `name`: remove it with it.
-pub fn spare_name(name: &str) -> String {
-    format!(".{name}.spare")
 }
 
 trait NoFollow {
@@ -368,37 +461,49 @@ mod tests {
     }
 
     #[test]
-    fn write_replacing_swaps_with_one_spare_and_reuses_its_inode() {
+    fn spare_dir_swaps_inodes_through_one_shared_spare() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
+        let files = SpareDir::open(dir.path()).unwrap();
         let ino = |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().ino();
-        write_replacing(dir.path(), "r.json", b"one").unwrap();
-        write_replacing(dir.path(), "r.json", b"two, longer").unwrap();
-        let (record, spare) = (ino("r.json"), ino(".r.json.spare"));
+        let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+        files.create("a.json", b"a1").unwrap();
+        files.create("b.json", b"b1").unwrap();
+        let err = files.create("a.json", b"again").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(read("a.json"), b"a1");
+        files.replace("a.json", b"a2, longer").unwrap();
+        assert_eq!(read("a.json"), b"a2, longer");
+        assert_eq!(read(SPARE), b"a1");
+        let inodes = [ino("a.json"), ino("b.json"), ino(SPARE)];
+        // Rewrites of any file reuse the same three inodes, and a shorter
+        // write leaves nothing of the longer one behind.
+        files.replace("b.json", b"b2").unwrap();
+        files.replace("a.json", b"a").unwrap();
         assert_eq!(
-            std::fs::read(dir.path().join(".r.json.spare")).unwrap(),
-            b"one"
+            (read("a.json"), read("b.json")),
+            (b"a".to_vec(), b"b2".to_vec())
         );
-        write_replacing(dir.path(), "r.json", b"3").unwrap();
-        assert_eq!(std::fs::read(dir.path().join("r.json")).unwrap(), b"3");
-        assert_eq!(
-            std::fs::read(dir.path().join(".r.json.spare")).unwrap(),
-            b"two, longer"
-        );
-        // The two inodes trade places; no new one is made.
-        assert_eq!((ino("r.json"), ino(".r.json.spare")), (spare, record));
-        let names = std::fs::read_dir(dir.path()).unwrap().count();
-        assert_eq!(names, 2);
+        let mut now = [ino("a.json"), ino("b.json"), ino(SPARE)];
+        now.sort();
+        let mut before = inodes;
+        before.sort();
+        assert_eq!(now, before);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
+        files.remove("b.json").unwrap();
+        files.remove("b.json").unwrap();
+        assert!(!files.exists("b.json") && files.exists("a.json"));
     }
 
     #[test]
-    fn write_replacing_refuses_a_planted_spare_symlink() {
+    fn spare_dir_refuses_a_planted_spare_symlink() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("target");
         std::fs::write(&target, b"keep").unwrap();
-        write_replacing(dir.path(), "r.json", b"one").unwrap();
-        std::os::unix::fs::symlink(&target, dir.path().join(".r.json.spare")).unwrap();
-        let err = write_replacing(dir.path(), "r.json", b"two").unwrap_err();
+        let files = SpareDir::open(dir.path()).unwrap();
+        files.create("r.json", b"one").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join(SPARE)).unwrap();
+        let err = files.replace("r.json", b"two").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
         assert_eq!(std::fs::read(&target).unwrap(), b"keep");
         assert_eq!(std::fs::read(dir.path().join("r.json")).unwrap(), b"one");

@@ -4,7 +4,7 @@
 //! compacts them), and all ptraind needs of them in memory is what a
 //! listing shows, what a dependent asks (did it succeed? whose is it?) and
 //! what recognises a spool file claimed before a crash. The full record
-//! stays on disk (`STATE/jobs/ID/record.json`) for `ptrain status`. A
+//! stays on disk (`STATE/jobs/ID.json`) for `ptrain status`. A
 //! summary is a few hundred bytes against a full record's ~2 KiB, which is
 //! what keeps an idle ptraind small with a long history.
 

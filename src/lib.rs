@@ -12,10 +12,10 @@
 //! 2. [`spec`]: the bytes are parsed into a validated [`spec::JobSpec`]
 //!    (strict, bounded, versioned). Pure: no I/O.
 //! 3. [`store`]: the job is claimed durably into the root-only state
-//!    directory (one record per job, temp + fsync + rename + fsync dir;
-//!    later rewrites exchange it with a spare, [`fsutil::write_replacing`])
-//!    before the spool file is removed; rejected files go to quarantine with
-//!    their reason.
+//!    directory (one file per job, its record and the submitted bytes,
+//!    written whole through the directory's one spare and fsynced,
+//!    [`fsutil::SpareDir`]) before the spool file is removed; rejected
+//!    files go to quarantine with their reason.
 //! 4. [`scheduler`]: the pure core that decides which queued jobs start now,
 //!    choosing GPUs from an inventory snapshot ([`gpu`]) by priority, with
 //!    reservations against starvation, within the `[policy]` ([`policy`]).

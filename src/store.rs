@@ -1,9 +1,10 @@
-//! The durable record of every job, one directory per job under
-//! `STATE/jobs/ID/`, so that the cost of a change never grows with history:
-//! a state change rewrites only that job's small `record.json`, atomically.
-//!
-//! `descriptor.json` keeps the exact bytes the user submitted. Rejected
-//! spool files go to `STATE/rejected/` with their reason.
+//! The durable record of every job, one file per job, `STATE/jobs/ID.json`,
+//! so that the cost of a change never grows with history: a state change
+//! rewrites only that job's small file, whole, through the directory's
+//! one spare ([`SpareDir`]). The file keeps the exact bytes the user
+//! submitted beside the record. Exits written by a unit's recorder wait in
+//! `STATE/exits/ID.json` until the end is recorded. Rejected spool files
+//! go to `STATE/rejected/` with their reason.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -11,14 +12,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil::{ensure_dir, fsync_dir, write_atomic};
+use crate::fsutil::{ensure_dir, fsync_dir, write_atomic, SpareDir};
 use crate::spec::{JobId, JobSpec};
 use crate::users::Owner;
-
-const RECORD: &str = "record.json";
-const DESCRIPTOR: &str = "descriptor.json";
-/// The exit recorder's file, in the job's own directory.
-const EXIT: &str = "exit.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -309,10 +305,74 @@ pub fn signal_number(name: &str) -> Option<i32> {
 }
 
 pub struct Store {
-    jobs_dir: PathBuf,
+    /// `ID.json` per job: its record and the bytes it was submitted with.
+    jobs: SpareDir,
     rejected_dir: PathBuf,
     exits_dir: PathBuf,
     groups_dir: PathBuf,
+}
+
+/// A job's file as written: its record, then the exact bytes it was
+/// submitted with (a JSON string; as numbers in the one case they are not
+/// UTF-8, which a parsed descriptor never is).
+#[derive(Serialize)]
+struct JobFileOut<'a, D: Serialize + ?Sized> {
+    record: &'a JobRecord,
+    descriptor: &'a D,
+}
+
+/// A job's file as read when only the record is wanted: the descriptor is
+/// skipped over, never copied.
+#[derive(Deserialize)]
+struct JobFileRecord {
+    record: JobRecord,
+}
+
+/// The descriptor as it stands in the file, to carry over verbatim when
+/// the record is rewritten.
+#[derive(Deserialize)]
+struct JobFileDescriptor<'a> {
+    #[serde(borrow)]
+    descriptor: &'a serde_json::value::RawValue,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum Descriptor {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+impl Descriptor {
+    fn of(bytes: &[u8]) -> Descriptor {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Descriptor::Text(text.to_owned()),
+            Err(_) => Descriptor::Bytes(bytes.to_vec()),
+        }
+    }
+
+    fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Descriptor::Text(text) => text.into_bytes(),
+            Descriptor::Bytes(bytes) => bytes,
+        }
+    }
+}
+
+/// The name of a job's file in `STATE/jobs/`. A JobId is validated
+/// ([A-Za-z0-9._-], never "." or ".."), and a name starting with a dot is
+/// never a job's, so it is one safe path component apart from the spare.
+pub fn job_file_name(id: &JobId) -> String {
+    format!("{id}.json")
+}
+
+/// The bytes of a job's file (also used to seed history in benchmarks).
+pub fn job_file_bytes(record: &JobRecord, descriptor: &[u8]) -> Vec<u8> {
+    serde_json::to_vec(&JobFileOut {
+        record,
+        descriptor: &Descriptor::of(descriptor),
+    })
+    .expect("records always serialise")
 }
 
 impl Store {
@@ -325,40 +385,35 @@ impl Store {
             ensure_dir(dir, 0o700).map_err(io_err("create directory", dir))?;
         }
         Ok(Store {
-            jobs_dir,
+            jobs: SpareDir::open(&jobs_dir).map_err(io_err("open", &jobs_dir))?,
             rejected_dir,
             exits_dir,
             groups_dir,
         })
     }
 
-    /// The exit a unit's recorder wrote for this job, if any: in the job's
-    /// directory, or in `exits/` where a recorder of an older ptraind (a
-    /// unit started before an upgrade) put it.
+    fn exit_path(&self, id: &JobId) -> PathBuf {
+        self.exits_dir.join(format!("{id}.json"))
+    }
+
+    /// The exit a unit's recorder wrote for this job, if any.
     pub fn exit_record(&self, id: &JobId) -> Option<ExitRecord> {
-        let bytes = std::fs::read(self.job_dir(id).join(EXIT))
-            .or_else(|_| std::fs::read(self.exits_dir.join(format!("{id}.json"))))
-            .ok()?;
+        let bytes = std::fs::read(self.exit_path(id)).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
-    /// Forgets an older recorder's file in `exits/` once its result is in
-    /// the job's record. One in the job's directory stays with the record
-    /// until compaction: removing it per job would free an inode per job,
-    /// and on ext4 without a journal every new inode is found by scanning
-    /// past those freed in the last minutes.
+    /// Forgets the recorder's file once its result is in the job's record:
+    /// `exits/` holds only ends not yet recorded.
     pub fn remove_exit_record(&self, id: &JobId) {
-        let _ = std::fs::remove_file(self.exits_dir.join(format!("{id}.json")));
+        let _ = std::fs::remove_file(self.exit_path(id));
     }
 
-    fn job_dir(&self, id: &JobId) -> PathBuf {
-        // A JobId is validated ([A-Za-z0-9._-], never "." or ".."), so it
-        // is one safe path component.
-        self.jobs_dir.join(id.as_str())
+    fn job_path(&self, id: &JobId) -> PathBuf {
+        self.jobs.path().join(job_file_name(id))
     }
 
     pub fn exists(&self, id: &JobId) -> bool {
-        self.job_dir(id).join(RECORD).exists()
+        self.jobs.exists(&job_file_name(id))
     }
 
     /// Every job record, in submission order (tests; ptraind streams them
@@ -373,30 +428,30 @@ impl Store {
 
     /// Reads every committed record and hands each to `each`, one at a
     /// time, in no particular order. Cleans up what a crash left
-    /// half-done: a job directory without its record (a claim that never
-    /// committed) and members of a sweep whose group commit never
-    /// happened; their spool file is still there and is claimed again.
+    /// half-done: members of a sweep whose group commit never happened
+    /// (their spool file is still there and is claimed again). Moves jobs
+    /// kept by an older ptraind (a directory each) into one file each.
     pub fn load_each(&self, mut each: impl FnMut(JobRecord)) -> Result<(), StoreError> {
-        let entries = std::fs::read_dir(&self.jobs_dir).map_err(io_err("read", &self.jobs_dir))?;
+        let jobs_dir = self.jobs.path();
+        let entries = std::fs::read_dir(jobs_dir).map_err(io_err("read", jobs_dir))?;
         let mut group_committed: HashMap<JobId, bool> = HashMap::new();
         for entry in entries {
-            let entry = entry.map_err(io_err("read", &self.jobs_dir))?;
-            let dir = entry.path();
-            if entry.file_name().to_string_lossy().starts_with('.') {
+            let entry = entry.map_err(io_err("read", jobs_dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
                 continue;
             }
-            let path = dir.join(RECORD);
-            let record: JobRecord = match std::fs::read(&path) {
-                Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    tracing::warn!(dir = %dir.display(), "removing an uncommitted claim; its spool file will be claimed again");
-                    std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
-                    continue;
+            let path = entry.path();
+            let record = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                match self.move_legacy_dir(&name, &path)? {
+                    Some(record) => record,
+                    None => continue,
                 }
-                Err(e) => return Err(io_err("read", &path)(e)),
+            } else if name.ends_with(".json") {
+                let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
+                parse_record(&path, &bytes)?
+            } else {
+                continue;
             };
             if let Some(group) = &record.group {
                 let committed = *group_committed
@@ -404,7 +459,9 @@ impl Store {
                     .or_insert_with(|| self.groups_dir.join(format!("{group}.json")).exists());
                 if !committed {
                     tracing::warn!(job = %record.id, group = %group, "removing a member of a sweep whose claim did not complete; it will be claimed again");
-                    std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+                    self.jobs
+                        .remove(&job_file_name(&record.id))
+                        .map_err(io_err("remove", &self.job_path(&record.id)))?;
                     continue;
                 }
             }
@@ -413,28 +470,60 @@ impl Store {
         Ok(())
     }
 
-    /// Durably records a new job: once this returns Ok the job exists and
-    /// the spool file may be removed.
-    pub fn claim(&self, record: &JobRecord, descriptor: &[u8]) -> Result<(), StoreError> {
-        let dir = self.job_dir(&record.id);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                if self.exists(&record.id) {
-                    return Err(StoreError::Exists(record.id.clone()));
-                }
+    /// An older ptraind kept `jobs/ID/` with `record.json`,
+    /// `descriptor.json` and the recorder's `exit.json`: the record and
+    /// descriptor become `jobs/ID.json`, the exit moves to `exits/`. A
+    /// directory without a record is a claim that never committed.
+    fn move_legacy_dir(&self, name: &str, dir: &Path) -> Result<Option<JobRecord>, StoreError> {
+        let remove_dir = || std::fs::remove_dir_all(dir).map_err(io_err("remove", dir));
+        let Ok(id) = JobId::parse(name) else {
+            tracing::warn!(dir = %dir.display(), "not a job's directory; leaving it");
+            return Ok(None);
+        };
+        let record_path = dir.join("record.json");
+        let bytes = match std::fs::read(&record_path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                tracing::warn!(dir = %dir.display(), "removing an uncommitted claim; its spool file will be claimed again");
+                remove_dir()?;
+                return Ok(None);
             }
-            Err(e) => return Err(io_err("create directory", &dir)(e)),
+            Err(e) => return Err(io_err("read", &record_path)(e)),
+        };
+        let record: JobRecord =
+            serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+                path: record_path.clone(),
+                message: e.to_string(),
+            })?;
+        let exit = dir.join("exit.json");
+        if exit.exists() && !self.exit_path(&id).exists() {
+            std::fs::rename(&exit, self.exit_path(&id)).map_err(io_err("move", &exit))?;
+            fsync_dir(&self.exits_dir).map_err(io_err("sync", &self.exits_dir))?;
         }
-        // The record's write below syncs the job directory for both files.
-        let result = crate::fsutil::write_atomic_unsynced_dir(&dir, DESCRIPTOR, descriptor)
-            .map_err(io_err("write", &dir.join(DESCRIPTOR)))
-            .and_then(|()| self.save(record))
-            .and_then(|()| fsync_dir(&self.jobs_dir).map_err(io_err("sync", &self.jobs_dir)));
-        if result.is_err() {
-            let _ = std::fs::remove_dir_all(&dir);
+        let name = job_file_name(&id);
+        if !self.jobs.exists(&name) {
+            let descriptor = std::fs::read(dir.join("descriptor.json")).unwrap_or_default();
+            self.jobs
+                .create(&name, &job_file_bytes(&record, &descriptor))
+                .map_err(io_err("write", &self.job_path(&id)))?;
         }
-        result
+        remove_dir()?;
+        Ok(Some(record))
+    }
+
+    /// Durably records a new job: once this returns Ok the job exists and
+    /// the spool file may be removed. One file, written whole.
+    pub fn claim(&self, record: &JobRecord, descriptor: &[u8]) -> Result<(), StoreError> {
+        match self.jobs.create(
+            &job_file_name(&record.id),
+            &job_file_bytes(record, descriptor),
+        ) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Err(StoreError::Exists(record.id.clone()))
+            }
+            Err(e) => Err(io_err("write", &self.job_path(&record.id))(e)),
+        }
     }
 
     /// Claims every member of a sweep, then commits the group with one
@@ -462,18 +551,18 @@ impl Store {
         }
         if result.is_err() {
             for id in claimed {
-                let _ = std::fs::remove_dir_all(self.job_dir(id));
+                let _ = self.jobs.remove(&job_file_name(id));
             }
         }
         result
     }
 
     /// Compacts a finished job: one summary line appended (and synced) to
-    /// `history.jsonl`, then its directory removed. Cost per job, never per
+    /// `history.jsonl`, then its file removed. Cost per job, never per
     /// history.
     pub fn compact(&self, record: &JobRecord) -> Result<(), StoreError> {
         use std::io::Write;
-        let history = self.jobs_dir.with_file_name("history.jsonl");
+        let history = self.jobs.path().with_file_name("history.jsonl");
         let line = serde_json::json!({
             "id": record.id,
             "owner": record.owner.name,
@@ -494,8 +583,9 @@ impl Store {
         writeln!(file, "{line}")
             .and_then(|()| file.sync_data())
             .map_err(io_err("append to", &history))?;
-        let dir = self.job_dir(&record.id);
-        std::fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+        self.jobs
+            .remove(&job_file_name(&record.id))
+            .map_err(io_err("remove", &self.job_path(&record.id)))?;
         self.remove_exit_record(&record.id);
         Ok(())
     }
@@ -505,28 +595,48 @@ impl Store {
         let _ = std::fs::remove_file(self.groups_dir.join(format!("{group}.json")));
     }
 
+    fn read_job_file(&self, id: &JobId) -> Result<(PathBuf, Vec<u8>), StoreError> {
+        let path = self.job_path(id);
+        let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
+        Ok((path, bytes))
+    }
+
     /// One job's full record, from disk.
     pub fn load(&self, id: &JobId) -> Result<JobRecord, StoreError> {
-        let path = self.job_dir(id).join(RECORD);
-        let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
-        serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
-            path,
-            message: e.to_string(),
-        })
+        let (path, bytes) = self.read_job_file(id)?;
+        parse_record(&path, &bytes)
     }
 
     /// The exact bytes the job was submitted with.
     pub fn descriptor(&self, id: &JobId) -> Result<Vec<u8>, StoreError> {
-        let path = self.job_dir(id).join(DESCRIPTOR);
-        std::fs::read(&path).map_err(io_err("read", &path))
+        #[derive(Deserialize)]
+        struct Only {
+            descriptor: Descriptor,
+        }
+        let (path, bytes) = self.read_job_file(id)?;
+        let only: Only = serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+            path,
+            message: e.to_string(),
+        })?;
+        Ok(only.descriptor.into_bytes())
     }
 
-    /// Durably replaces a job's record.
+    /// Durably replaces a job's record; its descriptor is carried over.
     pub fn save(&self, record: &JobRecord) -> Result<(), StoreError> {
-        let dir = self.job_dir(&record.id);
-        let bytes = serde_json::to_vec_pretty(record).expect("records always serialise");
-        crate::fsutil::write_replacing(&dir, RECORD, &bytes)
-            .map_err(io_err("write", &dir.join(RECORD)))
+        let (path, old) = self.read_job_file(&record.id)?;
+        let kept: JobFileDescriptor =
+            serde_json::from_slice(&old).map_err(|e| StoreError::Corrupt {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        let bytes = serde_json::to_vec(&JobFileOut {
+            record,
+            descriptor: kept.descriptor,
+        })
+        .expect("records always serialise");
+        self.jobs
+            .replace(&job_file_name(&record.id), &bytes)
+            .map_err(io_err("write", &path))
     }
 
     /// Quarantines a rejected file's bytes (if any) with its reason.
@@ -653,14 +763,17 @@ pub fn exits_dir(state_dir: &Path) -> PathBuf {
 /// inside the job's unit): records the exit from systemd's environment.
 pub fn record_exit(state_dir: &Path, id: &JobId, record: &ExitRecord) -> Result<(), StoreError> {
     let bytes = serde_json::to_vec(record).expect("records always serialise");
-    // The job's directory exists from its claim until its compaction,
-    // long after its unit is gone; `exits/` only if it is missing.
-    let job_dir = state_dir.join("jobs").join(id.as_str());
-    if job_dir.is_dir() {
-        return write_atomic(&job_dir, EXIT, &bytes).map_err(io_err("write", &job_dir));
-    }
     let dir = exits_dir(state_dir);
     write_atomic(&dir, &format!("{id}.json"), &bytes).map_err(io_err("write", &dir))
+}
+
+fn parse_record(path: &Path, bytes: &[u8]) -> Result<JobRecord, StoreError> {
+    serde_json::from_slice::<JobFileRecord>(bytes)
+        .map(|file| file.record)
+        .map_err(|e| StoreError::Corrupt {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
 }
 
 /// A file name as one safe, printable path component for the quarantine.
@@ -755,31 +868,71 @@ mod tests {
         assert_eq!(back.as_unit_result(), ("signal".into(), 2, 9));
         store.remove_exit_record(&id);
         assert!(store.exit_record(&id).is_none());
-        // A claimed job's recorder writes into its directory, where the
-        // file stays with the record until compaction.
+        // Compaction takes a recorder's file that was never removed.
         let claimed = record("claimed");
         store.claim(&claimed, b"{}").unwrap();
         record_exit(dir.path(), &claimed.id, &rec).unwrap();
-        assert!(dir.path().join("jobs/claimed/exit.json").is_file());
-        assert_eq!(
-            std::fs::read_dir(dir.path().join("exits")).unwrap().count(),
-            0
-        );
-        store.remove_exit_record(&claimed.id);
         assert_eq!(store.exit_record(&claimed.id).unwrap(), rec);
         store.compact(&claimed).unwrap();
         assert!(store.exit_record(&claimed.id).is_none());
+        assert!(!store.exists(&claimed.id));
         assert_eq!(signal_number("SIGSEGV"), Some(11));
         assert_eq!(signal_number("TERM"), Some(15));
     }
 
     #[test]
-    fn uncommitted_claim_is_dropped_at_load() {
+    fn one_file_per_job_whose_rewrites_keep_the_descriptor() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
+        let descriptor = b"{\"version\": 1,\n \"command\": [\"caf\xc3\xa9\"]}\n";
+        let mut r = record("one");
+        store.claim(&r, descriptor).unwrap();
+        for state in [JobState::Launching, JobState::Running, JobState::Ended] {
+            r.state = state;
+            store.save(&r).unwrap();
+        }
+        assert_eq!(store.descriptor(&r.id).unwrap(), descriptor);
+        assert_eq!(store.load(&r.id).unwrap(), r);
+        let names: Vec<String> = std::fs::read_dir(dir.path().join("jobs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.contains(&"one.json".to_owned()));
+        // A corrupt file is named, never skipped.
+        std::fs::write(dir.path().join("jobs/bad.json"), b"{").unwrap();
+        let err = store.load_all().unwrap_err().to_string();
+        assert!(
+            err.contains("jobs/bad.json") && err.contains("move it aside"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_older_ptrainds_job_directories_become_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut old = record("old");
+        old.state = JobState::Running;
+        let legacy = dir.path().join("jobs/old");
+        std::fs::create_dir(&legacy).unwrap();
+        std::fs::write(
+            legacy.join("record.json"),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(legacy.join("descriptor.json"), b"{\"v\":1}").unwrap();
+        std::fs::write(legacy.join("exit.json"), br#"{"invocation_id":null,"service_result":"success","exit_code":"exited","exit_status":"0","recorded_at":1}"#).unwrap();
+        // A claim that never committed its record.
         std::fs::create_dir(dir.path().join("jobs/half")).unwrap();
-        assert!(store.load_all().unwrap().is_empty());
-        assert!(!dir.path().join("jobs/half").exists());
+        assert_eq!(store.load_all().unwrap(), vec![old.clone()]);
+        assert!(!legacy.exists() && !dir.path().join("jobs/half").exists());
+        assert_eq!(store.descriptor(&old.id).unwrap(), b"{\"v\":1}");
+        assert_eq!(
+            store.exit_record(&old.id).unwrap().service_result,
+            "success"
+        );
+        assert_eq!(store.load_all().unwrap(), vec![old]);
     }
 
     #[test]

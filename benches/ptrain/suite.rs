@@ -2059,7 +2059,7 @@ fn history_record(id: &str, owner: &Owner, at: u64, state: JobState) -> JobRecor
 }
 
 /// Writes finished jobs `hist-N` for N in `range`, one second apart,
-/// ending well before now, as `STATE/jobs/ID/{record,descriptor}.json`.
+/// ending well before now, as `STATE/jobs/ID.json`.
 fn populate_history(state_dir: &Path, owner: &Owner, range: std::ops::Range<usize>) {
     ptrain::store::Store::open(state_dir).expect("the state dir opens");
     let jobs = state_dir.join("jobs");
@@ -2076,12 +2076,9 @@ fn populate_history(state_dir: &Path, owner: &Owner, range: std::ops::Range<usiz
         record.systemd_result = Some("success".into());
         record.invocation_id = Some(format!("{:032x}", i as u128 * 0x9e37_79b9_7f4a_7c15));
         record.main_pid = Some(1000 + i as u32);
-        let dir = jobs.join(&id);
-        std::fs::create_dir(&dir).expect("create a history job dir");
-        let bytes = serde_json::to_vec_pretty(&record).expect("records serialise");
-        std::fs::write(dir.join("record.json"), bytes).expect("write a history record");
-        std::fs::write(dir.join("descriptor.json"), &descriptor)
-            .expect("write a history descriptor");
+        let bytes = ptrain::store::job_file_bytes(&record, descriptor.as_bytes());
+        std::fs::write(jobs.join(ptrain::store::job_file_name(&record.id)), bytes)
+            .expect("write a history record");
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{Intent, NotifyEvent};
-use crate::fsutil::{ensure_dir, write_replacing};
+use crate::fsutil::{ensure_dir, SpareDir};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -112,13 +112,16 @@ impl DeliveryView {
 
 pub struct Outbox {
     dir: PathBuf,
+    files: SpareDir,
 }
 
 impl Outbox {
     pub fn open(state_dir: &Path) -> io::Result<Outbox> {
         let dir = state_dir.join("outbox");
         ensure_dir(&dir, 0o700)?;
-        Ok(Outbox { dir })
+        let files = SpareDir::open(&dir)?;
+        forget_own_spares(&dir);
+        Ok(Outbox { dir, files })
     }
 
     pub fn dir(&self) -> &Path {
@@ -150,9 +153,9 @@ impl Outbox {
 
     pub fn save(&self, d: &Delivery) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(d).expect("deliveries always serialise");
-        // Rewritten as the delivery goes on: by exchange with a spare, no
-        // inode made or freed per update (fsutil::write_replacing).
-        write_replacing(&self.dir, &Self::file_name(&d.intent.key), &bytes)
+        // Rewritten as the delivery goes on: by exchange with the
+        // directory's spare, no inode made or freed per update.
+        self.files.replace(&Self::file_name(&d.intent.key), &bytes)
     }
 
     /// Whether `key` is done with: delivered or dead. A key with no status
@@ -163,12 +166,7 @@ impl Outbox {
 
     /// Forgets `key` (its job is being compacted away).
     pub fn remove(&self, key: &str) -> io::Result<()> {
-        let name = Self::file_name(key);
-        let _ = std::fs::remove_file(self.dir.join(crate::fsutil::spare_name(&name)));
-        match std::fs::remove_file(self.dir.join(name)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        self.files.remove(&Self::file_name(key))
     }
 
     /// Every stored delivery, oldest first.
@@ -191,6 +189,21 @@ impl Outbox {
             (a.intent.created_at, &a.intent.key).cmp(&(b.intent.created_at, &b.intent.key))
         });
         Ok(out)
+    }
+}
+
+/// An older ptraind kept a spare beside each entry (`.KEY.json.spare`);
+/// the directory's one spare replaces them.
+fn forget_own_spares(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(".json.spare") {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 
