@@ -2,7 +2,7 @@
 //! order (spool files, systemd signals, API requests). No lock is held
 //! across an await; other tasks only send events.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::OwnedFd;
 
 use tokio::sync::mpsc;
@@ -94,8 +94,8 @@ pub struct Daemon {
     jobs: BTreeMap<JobId, JobRecord>,
     /// Finished jobs: a compact summary each (full records stay on disk).
     history: crate::history::History,
-    /// Queued jobs in arrival order.
-    queue: VecDeque<JobId>,
+    /// Queued jobs in planning order (priority, then arrival).
+    queue: scheduler::Queue,
     /// GPU index → the job holding it.
     held: BTreeMap<u32, JobId>,
     /// Units we started (or adopted) and still wait to see end.
@@ -116,6 +116,10 @@ pub struct Daemon {
     policy: crate::policy::Policy,
     /// Free GPUs the last plan kept for waiting jobs, for `ptrain gpus`.
     reserved: BTreeMap<u32, JobId>,
+    /// The GPUs (as [`scheduler::inventory_fingerprint`]) every queued job
+    /// was last checked against for whether it can ever start: a plan
+    /// checks them all again only when the GPUs change.
+    never_checked_against: Option<u64>,
     /// When to plan again although nothing happened; see [`Daemon::schedule`].
     gpu_replan_at: Option<tokio::time::Instant>,
     /// The spool queue, for rescans to feed.
@@ -248,7 +252,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         history: Default::default(),
         owners: Default::default(),
         quarantine: Default::default(),
-        queue: VecDeque::new(),
+        queue: scheduler::Queue::default(),
         held: BTreeMap::new(),
         by_unit: HashMap::new(),
         queued_per_user: HashMap::new(),
@@ -257,6 +261,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         store_failed_at: None,
         policy: crate::policy::Policy::none(),
         reserved: BTreeMap::new(),
+        never_checked_against: None,
         gpu_replan_at: None,
         groups: BTreeMap::new(),
         blocked: HashSet::new(),
@@ -519,7 +524,11 @@ impl Daemon {
                 if is_constrained(&record) {
                     self.constrained.insert(id.clone());
                 }
-                self.queue.push_back(id.clone());
+                self.queue.push(
+                    id.clone(),
+                    record.spec.priority,
+                    record.spec.gpus.count() > 0,
+                );
                 *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
             } else {
                 // Launching or running.
@@ -811,7 +820,11 @@ impl Daemon {
             if is_constrained(&record) {
                 self.constrained.insert(id.clone());
             }
-            self.queue.push_back(id.clone());
+            self.queue.push(
+                id.clone(),
+                record.spec.priority,
+                record.spec.gpus.count() > 0,
+            );
             self.jobs.insert(id.clone(), record);
             self.emit_changed(&id);
         }
@@ -880,7 +893,7 @@ impl Daemon {
                     *running_in_group.entry(g).or_default() += 1;
                 }
             }
-            for id in &self.queue {
+            for id in self.queue.iter() {
                 if !self.constrained.contains(id) {
                     continue;
                 }
@@ -1025,22 +1038,31 @@ impl Daemon {
             // a pass over the whole queue per event while a flood drains.
             return;
         }
-        // One pass over the queue (a lookup per job), however long it is.
-        let waiting: Vec<Waiting> = self
+        // Every job that asks for no GPUs starts; GPU jobs are read in
+        // planning order only as far as GPUs are left to place or keep.
+        let waiting = |id| {
+            let r = &self.jobs[id];
+            Waiting {
+                id,
+                owner: &r.owner,
+                priority: r.spec.priority,
+                request: &r.spec.gpus,
+            }
+        };
+        let not_blocked = |id: &&JobId| !self.blocked.contains(*id);
+        let cpu_jobs: Vec<Waiting> = self
             .queue
-            .iter()
-            .filter(|id| !self.blocked.contains(*id))
-            .map(|id| {
-                let r = &self.jobs[id];
-                Waiting {
-                    id,
-                    owner: &r.owner,
-                    priority: r.spec.priority,
-                    request: &r.spec.gpus,
-                }
-            })
+            .cpu_jobs()
+            .filter(not_blocked)
+            .map(waiting)
             .collect();
-        let wants_gpus = waiting.iter().any(|w| w.request.count() > 0);
+        let mut gpu_jobs = self
+            .queue
+            .gpu_jobs()
+            .filter(not_blocked)
+            .map(waiting)
+            .peekable();
+        let wants_gpus = gpu_jobs.peek().is_some();
         // None: the inventory could not be read. GPU jobs then wait, and
         // nothing is judged impossible from an empty list.
         let snapshot = if wants_gpus {
@@ -1049,6 +1071,11 @@ impl Daemon {
             Some(Vec::new())
         };
         let gpus = snapshot.as_deref().unwrap_or(&[]);
+        let fingerprint = snapshot
+            .as_deref()
+            .filter(|_| wants_gpus)
+            .map(scheduler::inventory_fingerprint);
+        let check_never = fingerprint.is_some() && fingerprint != self.never_checked_against;
         let plan = {
             let held: BTreeMap<u32, Holder> = self
                 .held
@@ -1064,17 +1091,23 @@ impl Daemon {
                     ))
                 })
                 .collect();
-            scheduler::plan(
-                &waiting,
+            scheduler::plan_in_order(
+                &cpu_jobs,
+                gpu_jobs,
                 gpus,
                 &held,
                 Rules {
                     foreign_memory_threshold_mib: self.config.gpus.foreign_memory_threshold_mib,
                     policy: &self.policy,
                 },
+                check_never,
             )
         };
-        drop(waiting);
+        drop(cpu_jobs);
+        if wants_gpus {
+            // An unreadable inventory checks everything again once it reads.
+            self.never_checked_against = fingerprint;
+        }
         self.reserved = plan.reserved;
         if snapshot.is_some() {
             // Queued before the GPUs or the policy changed (a restart).
@@ -1092,7 +1125,10 @@ impl Daemon {
         }
         // An unreadable inventory leaves every GPU job queued.
         let mut gpu_jobs_wait = plan.waiting_for_gpus || snapshot.is_none();
-        for placement in plan.placements {
+        let mut placements = plan.placements;
+        // Jobs with and without GPUs start in one planning order.
+        placements.sort_by_key(|p| self.queue.position(&p.id).cloned());
+        for placement in placements {
             if self.by_unit.len() >= MAX_TRACKED_UNITS {
                 // The rest start as these end (each end plans again).
                 gpu_jobs_wait = true;
@@ -1140,7 +1176,7 @@ impl Daemon {
         }
         self.metrics
             .job_launched(now_micros().saturating_sub(record.submitted_at));
-        self.queue.retain(|q| q != id);
+        self.queue.remove(id);
         self.constrained.remove(id);
         if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
             *n = n.saturating_sub(1);
@@ -1405,7 +1441,7 @@ impl Daemon {
             .job_finished(outcome.status(), ran.map(|(s, e)| e.saturating_sub(s)));
         self.notifier.deliver(intents);
         if was_queued {
-            self.queue.retain(|q| q != id);
+            self.queue.remove(id);
             self.constrained.remove(id);
             if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
                 *n = n.saturating_sub(1);

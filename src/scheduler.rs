@@ -75,7 +75,8 @@ pub struct Placement {
 /// What [`plan`] decided.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
-    /// Jobs to start now, in the order they were chosen.
+    /// Jobs to start now: those that ask for no GPUs, then the others in
+    /// the order they were chosen.
     pub placements: Vec<Placement>,
     /// Free GPUs kept for a waiting job (rule 5).
     pub reserved: BTreeMap<u32, JobId>,
@@ -249,12 +250,42 @@ pub fn plan(
     held: &BTreeMap<u32, Holder<'_>>,
     rules: Rules<'_>,
 ) -> Plan {
-    let mut order: Vec<&Waiting<'_>> = queue.iter().collect();
+    let mut order: Vec<Waiting<'_>> = queue.to_vec();
     // Stable: equal priorities keep arrival order.
     order.sort_by_key(|w| std::cmp::Reverse(w.priority));
+    let (cpu_jobs, gpu_jobs): (Vec<_>, Vec<_>) =
+        order.into_iter().partition(|w| w.request.count() == 0);
+    plan_in_order(&cpu_jobs, gpu_jobs, snapshot, held, rules, true)
+}
+
+/// [`plan`] for a queue kept in planning order (a [`Queue`]): the jobs
+/// that ask for no GPUs (all start), and those that do, each in order of
+/// priority, then arrival. Once every GPU is taken or kept for a job
+/// ahead, no later GPU job can start or keep anything, so the rest of
+/// `gpu_jobs` is not read unless `check_never` asks for every job to be
+/// checked against the machine (the first plan, and after the GPUs
+/// changed); each job is checked at submission too. So planning costs
+/// what it places, not the length of the queue.
+pub fn plan_in_order<'a>(
+    cpu_jobs: &[Waiting<'a>],
+    gpu_jobs: impl IntoIterator<Item = Waiting<'a>>,
+    snapshot: &[GpuInfo],
+    held: &BTreeMap<u32, Holder<'_>>,
+    rules: Rules<'_>,
+    check_never: bool,
+) -> Plan {
+    let mut plan = Plan {
+        placements: cpu_jobs
+            .iter()
+            .map(|job| Placement {
+                id: job.id.clone(),
+                gpus: Vec::new(),
+            })
+            .collect(),
+        ..Plan::default()
+    };
     let mut taken: BTreeSet<u32> = held.keys().copied().collect();
     let mut usage: Vec<(&Owner, usize)> = held.values().map(|h| (h.owner, 1)).collect();
-    let mut plan = Plan::default();
     // Once every GPU is taken or kept for a job ahead, a GPU job can
     // neither start nor keep anything: the rest of a long queue costs a
     // check each, so planning per event does not grow with the queue.
@@ -264,15 +295,12 @@ pub fn plan(
             .all(|g| taken.contains(&g.index) || plan.reserved.contains_key(&g.index))
     };
     let mut spoken_for = all_spoken_for(&taken, &plan);
-    for job in order {
+    for job in gpu_jobs {
         let request = job.request;
         let n = request.count() as usize;
-        if n == 0 {
-            plan.placements.push(Placement {
-                id: job.id.clone(),
-                gpus: Vec::new(),
-            });
-            continue;
+        if spoken_for && !check_never {
+            plan.waiting_for_gpus = true;
+            break;
         }
         if let Some(why) = never_reason(request, job.owner, snapshot, rules.policy) {
             plan.never.push((job.id.clone(), why));
@@ -332,6 +360,99 @@ pub fn plan(
         spoken_for = all_spoken_for(&taken, &plan);
     }
     plan
+}
+
+/// Where a queued job stands in planning order: priority (higher first),
+/// then arrival.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QueuePosition {
+    rank: std::cmp::Reverse<i32>,
+    arrival: u64,
+}
+
+/// The queued jobs in planning order, those that ask for GPUs apart from
+/// those that do not, so that a plan reads only as far into a long GPU
+/// queue as it can place ([`plan_in_order`]). Adding and removing a job
+/// costs O(log n): nothing walks the queue per event.
+#[derive(Debug, Default)]
+pub struct Queue {
+    cpu: BTreeSet<(QueuePosition, JobId)>,
+    gpu: BTreeSet<(QueuePosition, JobId)>,
+    positions: std::collections::HashMap<JobId, (QueuePosition, bool)>,
+    arrivals: u64,
+}
+
+impl Queue {
+    /// Queues `id` behind every job of its priority; one already queued
+    /// keeps its place.
+    pub fn push(&mut self, id: JobId, priority: i32, wants_gpus: bool) {
+        if self.positions.contains_key(&id) {
+            return;
+        }
+        let position = QueuePosition {
+            rank: std::cmp::Reverse(priority),
+            arrival: self.arrivals,
+        };
+        self.arrivals += 1;
+        self.list(wants_gpus).insert((position.clone(), id.clone()));
+        self.positions.insert(id, (position, wants_gpus));
+    }
+
+    /// Takes `id` out; false if it was not queued.
+    pub fn remove(&mut self, id: &JobId) -> bool {
+        let Some((position, wants_gpus)) = self.positions.remove(id) else {
+            return false;
+        };
+        self.list(wants_gpus).remove(&(position, id.clone()));
+        true
+    }
+
+    fn list(&mut self, wants_gpus: bool) -> &mut BTreeSet<(QueuePosition, JobId)> {
+        if wants_gpus {
+            &mut self.gpu
+        } else {
+            &mut self.cpu
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    pub fn position(&self, id: &JobId) -> Option<&QueuePosition> {
+        self.positions.get(id).map(|(position, _)| position)
+    }
+
+    /// Jobs that ask for no GPUs, in planning order.
+    pub fn cpu_jobs(&self) -> impl Iterator<Item = &JobId> {
+        self.cpu.iter().map(|(_, id)| id)
+    }
+
+    /// Jobs that ask for GPUs, in planning order.
+    pub fn gpu_jobs(&self) -> impl Iterator<Item = &JobId> {
+        self.gpu.iter().map(|(_, id)| id)
+    }
+
+    /// Every queued job: those that ask for no GPUs, then the others.
+    pub fn iter(&self) -> impl Iterator<Item = &JobId> {
+        self.cpu_jobs().chain(self.gpu_jobs())
+    }
+}
+
+/// What of the GPU inventory decides whether a job can ever start
+/// ([`never_reason`]): which GPUs exist, with what model and memory.
+/// A plan checks every queued job again when it changes.
+pub fn inventory_fingerprint(snapshot: &[GpuInfo]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for g in snapshot {
+        (g.index, &g.uuid, &g.name, g.memory_total_mib).hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// CLD_* codes systemd reports in ExecMainCode.
@@ -698,11 +819,78 @@ mod tests {
         assert!(p.waiting_for_gpus);
         // One GPU frees: the first in line takes it, the rest wait.
         let p = run(&queue, &snap, &[(1, &long)]);
-        assert_eq!(placed(&p), [("g0", vec![0]), ("cpu", vec![])]);
+        assert_eq!(placed(&p), [("cpu", vec![]), ("g0", vec![0])]);
         assert!(p.waiting_for_gpus);
         // Nothing left that wants a GPU.
         let p = run(&queue[5000..5001], &snap, &[]);
         assert!(!p.waiting_for_gpus);
+    }
+
+    #[test]
+    fn a_queue_in_planning_order_is_read_only_as_far_as_gpus_are_left() {
+        let snap = gpus(2);
+        let long = job("long", 1);
+        let jobs: Vec<Job> = (0..10_000)
+            .map(|i| job(&format!("g{i:05}"), 1).prio(i % 3))
+            .chain([job("huge", 3), job("cpu", 0)])
+            .collect();
+        let mut queue = Queue::default();
+        for j in &jobs {
+            queue.push(j.id.clone(), j.priority, j.request.count() > 0);
+        }
+        queue.push(jobs[0].id.clone(), 7, true);
+        assert_eq!(queue.len(), 10_002);
+        let by_id: std::collections::HashMap<&JobId, &Job> =
+            jobs.iter().map(|j| (&j.id, j)).collect();
+        let held: BTreeMap<u32, Holder<'_>> = [(
+            1,
+            Holder {
+                id: &long.id,
+                owner: &long.owner,
+            },
+        )]
+        .into();
+        let policy = Policy::none();
+        let rules = Rules {
+            foreign_memory_threshold_mib: 512,
+            policy: &policy,
+        };
+        let plan_reading = |queue: &Queue, check_never: bool| {
+            let read = std::cell::Cell::new(0);
+            let cpu: Vec<Waiting<'_>> = queue.cpu_jobs().map(|id| by_id[id].waiting()).collect();
+            let gpu = queue.gpu_jobs().map(|id| {
+                read.set(read.get() + 1);
+                by_id[id].waiting()
+            });
+            let p = plan_in_order(&cpu, gpu, &snap, &held, rules, check_never);
+            (p, read.get())
+        };
+        // One GPU is free: the first job of the highest priority (then
+        // arrival) takes it, and the plan stops reading right after.
+        let (p, read) = plan_reading(&queue, false);
+        assert_eq!(placed(&p), [("cpu", vec![]), ("g00002", vec![0])]);
+        assert!(p.waiting_for_gpus && p.never.is_empty());
+        assert_eq!(read, 2);
+        // After the GPUs changed, every job is checked again.
+        let (p, read) = plan_reading(&queue, true);
+        assert_eq!(placed(&p), [("cpu", vec![]), ("g00002", vec![0])]);
+        assert_eq!(p.never.len(), 1);
+        assert_eq!(p.never[0].0.as_str(), "huge");
+        assert_eq!(read, 10_001);
+        // The same decisions as planning the whole queue at once.
+        assert_eq!(placed(&run(&jobs, &snap, &[(1, &long)])), placed(&p));
+        assert!(queue.remove(&jobs[2].id) && !queue.remove(&jobs[2].id));
+        let (p, _) = plan_reading(&queue, false);
+        assert_eq!(placed(&p), [("cpu", vec![]), ("g00005", vec![0])]);
+        assert_eq!(queue.len(), 10_001);
+        assert_eq!(
+            inventory_fingerprint(&snap),
+            inventory_fingerprint(&gpus(2))
+        );
+        assert_ne!(
+            inventory_fingerprint(&snap),
+            inventory_fingerprint(&gpus(3))
+        );
     }
 
     #[test]

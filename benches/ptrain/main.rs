@@ -7,7 +7,8 @@
 //! `BENCH_SCALE=full` (default: the sizes), `ci` (about three
 //! minutes on two cores, 100,000 jobs of history included), `quick` (300
 //! jobs per throughput case, for profiling one change) or `smoke`.
-//! `BENCH_ONLY=throughput` or `history` runs one of the two harnesses.
+//! `BENCH_ONLY=throughput` or `history` runs one of the two harnesses;
+//! `BENCH_SIZES=1000,10000` replaces the scale's throughput sizes.
 //! Needs root, like the integration tests.
 //!
 //! `BENCH_ENFORCE=1` (`make bench-ci`, which CI runs): exit 1 when a figure
@@ -27,7 +28,8 @@ use suite::report::Results;
 
 fn main() {
     let name = std::env::var("BENCH_SCALE").unwrap_or_default();
-    let scale = match suite::Scale::from_name(&name) {
+    let sizes = std::env::var("BENCH_SIZES").unwrap_or_default();
+    let scale = match suite::Scale::from_name(&name).and_then(|s| s.with_sizes(&sizes)) {
         Ok(scale) => scale,
         Err(e) => {
             eprintln!("ptrain bench: {e}");

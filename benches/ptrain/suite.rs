@@ -184,6 +184,22 @@ impl Scale {
         }
     }
 
+    /// The scale with `sizes` (`BENCH_SIZES`, comma-separated; empty
+    /// keeps the scale's own) as its throughput sizes.
+    pub fn with_sizes(mut self, sizes: &str) -> Result<Scale, String> {
+        if sizes.trim().is_empty() {
+            return Ok(self);
+        }
+        self.throughput_sizes = sizes
+            .split(',')
+            .map(|n| n.trim().parse::<usize>().ok().filter(|n| *n > 0))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                format!("BENCH_SIZES={sizes:?} is not a list of job counts like 1000,10000")
+            })?;
+        Ok(self)
+    }
+
     /// `BENCH_SCALE`: full (default), ci, quick or smoke.
     pub fn from_name(name: &str) -> Result<Scale, String> {
         match name {
