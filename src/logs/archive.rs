@@ -20,7 +20,7 @@ use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
@@ -35,6 +35,10 @@ pub const SUFFIX: &str = ".log.gz";
 const MAX_ALTERNATES: u32 = 9;
 /// Archiving is skipped when less than this may be written.
 const MIN_BUDGET: u64 = 512 << 10;
+/// How long the archiver waits after a job's end for more ends to archive
+/// with it; an archive appears this much later, nobody waits on it (the
+/// journal serves the output meanwhile).
+const BATCH_WINDOW: Duration = Duration::from_millis(250);
 /// Room kept below the budget for what the compressor still holds.
 const BUDGET_MARGIN: u64 = 256 << 10;
 
@@ -298,20 +302,22 @@ pub fn write_lines(
 }
 
 /// Copies one run's output from the journal into its archive. Call
-/// [`journal::sync_blocking`] first, once for a batch of jobs that ended.
+/// [`journal::sync_blocking`] first, once for a batch of jobs that ended,
+/// and open `journal` once for the batch.
 pub fn archive_from_journal(
     log_dir: &Path,
+    journal: &mut sd_journal::Reader,
     job: &ArchiveJob,
     budget: u64,
     now: u64,
 ) -> Result<ArchiveInfo, ArchiveError> {
     let sel = &job.selection;
-    let entries = sd_journal::entries_since(&sel.unit, sel.started_at).map_err(|source| {
-        ArchiveError::Journal {
+    let entries = journal
+        .entries_since(&sel.unit, sel.started_at)
+        .map_err(|source| ArchiveError::Journal {
             id: job.id.clone(),
             source,
-        }
-    })?;
+        })?;
     let mut filter = RunFilter::new(sel);
     let lines = entries
         .filter(|e: &Entry| filter.accept(e))
@@ -462,7 +468,7 @@ pub(crate) fn spawn_archiver(
             // Archiving can wait; launching the next job cannot.
             journal::lower_this_thread_priority();
             let mut archiver = Archiver {
-                index: scan(&log_dir),
+                index: retention::ArchiveIndex::new(scan(&log_dir)),
                 log_dir,
                 policy,
                 enabled,
@@ -480,14 +486,14 @@ struct Archiver {
     log_dir: PathBuf,
     policy: RetentionPolicy,
     enabled: bool,
-    index: Vec<ArchiveInfo>,
+    index: retention::ArchiveIndex,
 }
 
 impl Archiver {
     fn run(&mut self, rx: mpsc::Receiver<ArchiverCommand>) {
         loop {
             // Sleep until the oldest archive expires, not periodically.
-            let command = match retention::next_expiry(&self.index, &self.policy) {
+            let command = match self.index.next_expiry(&self.policy) {
                 Some(at) => {
                     let wait = at.saturating_sub(crate::now_micros()) + 1;
                     match rx.recv_timeout(Duration::from_micros(wait)) {
@@ -505,37 +511,76 @@ impl Archiver {
                 self.apply_retention();
                 continue;
             };
-            // Jobs that ended together are archived as one batch: one
-            // journal sync and one retention pass before and after.
+            // Jobs that end within BATCH_WINDOW of each other are archived
+            // as one batch: one journal sync, one opening of the journal,
+            // one retention pass before and after. Jobs ending one by one
+            // (each freeing a GPU for the next) otherwise pay all of it
+            // each.
             let mut jobs = Vec::new();
-            for command in std::iter::once(first).chain(rx.try_iter()) {
-                match command {
-                    ArchiverCommand::Archive(job) => jobs.push(job),
-                    ArchiverCommand::Usage(reply) => {
-                        let _ = reply.send(self.usage());
+            let mut take = |command, archiver: &Archiver| match command {
+                ArchiverCommand::Archive(job) => jobs.push(job),
+                ArchiverCommand::Usage(reply) => {
+                    let _ = reply.send(archiver.usage());
+                }
+            };
+            let archive_asked = matches!(first, ArchiverCommand::Archive(_));
+            take(first, self);
+            let until = Instant::now() + BATCH_WINDOW;
+            let mut disconnected = false;
+            if self.enabled && archive_asked {
+                while let Some(left) = until.checked_duration_since(Instant::now()) {
+                    match rx.recv_timeout(left) {
+                        Ok(command) => take(command, self),
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => {
+                            disconnected = true;
+                            break;
+                        }
                     }
                 }
             }
-            if !self.enabled || jobs.is_empty() {
-                continue;
+            for command in rx.try_iter() {
+                take(command, self);
             }
-            journal::sync_blocking();
-            // Room first: expired and over-limit archives go before the
-            // disk is asked how much may be written.
-            self.apply_retention();
-            for job in &jobs {
-                self.archive(job);
+            if self.enabled && !jobs.is_empty() {
+                self.archive_batch(&jobs);
             }
-            self.apply_retention();
+            if disconnected {
+                return;
+            }
         }
     }
 
-    fn archive(&mut self, job: &ArchiveJob) {
-        let names = candidate_names(&job.id, job.selection.invocation_id.as_deref());
-        if self
-            .index
-            .iter()
-            .any(|a| a.uid == job.uid && names.contains(&a.name))
+    fn archive_batch(&mut self, jobs: &[ArchiveJob]) {
+        journal::sync_blocking();
+        // Room first: expired and over-limit archives go before the
+        // disk is asked how much may be written.
+        self.apply_retention();
+        match sd_journal::Reader::open() {
+            Ok(mut reader) => {
+                for job in jobs {
+                    self.archive(&mut reader, job);
+                }
+            }
+            Err(e) => {
+                for job in jobs {
+                    error!(job = %job.id, PTRAIN_JOB = %job.id, error = %e, "cannot archive the job's output: cannot open the journal: {e}");
+                }
+            }
+        }
+        self.apply_retention();
+    }
+
+    fn archive(&mut self, reader: &mut sd_journal::Reader, job: &ArchiveJob) {
+        // Archived already (its end seen again after a restart): the file
+        // says so, at no cost per archive kept.
+        if open(
+            &self.log_dir,
+            job.uid,
+            &job.id,
+            job.selection.invocation_id.as_deref(),
+        )
+        .is_some()
         {
             return;
         }
@@ -549,10 +594,10 @@ impl Archiver {
             );
             return;
         }
-        match archive_from_journal(&self.log_dir, job, budget, crate::now_micros()) {
+        match archive_from_journal(&self.log_dir, reader, job, budget, crate::now_micros()) {
             Ok(info) => {
                 info!(job = %job.id, PTRAIN_JOB = %job.id, archive = %info.name, bytes = info.bytes, "job output archived");
-                self.index.push(info);
+                self.index.insert(info);
             }
             Err(e) => {
                 error!(job = %job.id, PTRAIN_JOB = %job.id, error = %e, "cannot archive the job's output: {e}");
@@ -561,18 +606,10 @@ impl Archiver {
     }
 
     fn apply_retention(&mut self) {
-        let doomed = retention::to_delete(
-            crate::now_micros(),
-            &self.index,
-            &self.policy,
-            disk_of(&self.log_dir),
-        );
-        if doomed.is_empty() {
-            return;
-        }
-        let mut removed = vec![false; self.index.len()];
-        for i in doomed {
-            let a = &self.index[i];
+        let due = self
+            .index
+            .take_due(crate::now_micros(), &self.policy, disk_of(&self.log_dir));
+        for a in due {
             let gone = user_dir(&self.log_dir, a.uid, false)
                 .map_err(|e| e.to_string())
                 .and_then(|dir| match unlink_at(&dir, &a.name) {
@@ -583,25 +620,18 @@ impl Archiver {
             match gone {
                 Ok(()) => {
                     info!(uid = a.uid, archive = %a.name, "removed an old job output archive ([logs] retention)");
-                    removed[i] = true;
                 }
                 Err(e) => {
                     // Forgotten until the next start's scan: an archive
                     // that cannot go must not wake the archiver forever.
                     warn!(uid = a.uid, archive = %a.name, error = %e, "cannot remove an old archive");
-                    removed[i] = true;
                 }
             }
         }
-        let mut i = 0;
-        self.index.retain(|_| {
-            i += 1;
-            !removed[i - 1]
-        });
     }
 
     fn usage(&self) -> LogUsage {
-        let mut users = retention::usage(&self.index);
+        let mut users = self.index.usage();
         for u in &mut users {
             u.user = crate::users::owner_of_uid(u.uid).map(|o| o.name);
         }
@@ -610,7 +640,7 @@ impl Archiver {
             archive: self.enabled,
             policy: self.policy.clone(),
             count: self.index.len() as u64,
-            bytes: self.index.iter().map(|a| a.bytes).sum(),
+            bytes: self.index.total_bytes(),
             disk: disk_of(&self.log_dir),
             users,
         }

@@ -35,6 +35,7 @@ struct Api {
     open: unsafe extern "C" fn(*mut Handle, c_int) -> c_int,
     close: unsafe extern "C" fn(Handle),
     add_match: unsafe extern "C" fn(Handle, *const c_void, usize) -> c_int,
+    flush_matches: unsafe extern "C" fn(Handle),
     set_data_threshold: unsafe extern "C" fn(Handle, usize) -> c_int,
     seek_realtime_usec: unsafe extern "C" fn(Handle, u64) -> c_int,
     seek_tail: unsafe extern "C" fn(Handle) -> c_int,
@@ -68,6 +69,7 @@ fn load() -> Result<Api, libloading::Error> {
             open: *lib.get(b"sd_journal_open\0")?,
             close: *lib.get(b"sd_journal_close\0")?,
             add_match: *lib.get(b"sd_journal_add_match\0")?,
+            flush_matches: *lib.get(b"sd_journal_flush_matches\0")?,
             set_data_threshold: *lib.get(b"sd_journal_set_data_threshold\0")?,
             seek_realtime_usec: *lib.get(b"sd_journal_seek_realtime_usec\0")?,
             seek_tail: *lib.get(b"sd_journal_seek_tail\0")?,
@@ -106,8 +108,8 @@ impl Drop for Journal {
 
 impl Journal {
     /// The local journal (system and per-user files, as journalctl as root
-    /// reads it), showing only `unit`'s entries.
-    fn of_unit(unit: &str) -> io::Result<Journal> {
+    /// reads it).
+    fn open() -> io::Result<Journal> {
         let api = api()?;
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: handle is a valid out pointer.
@@ -115,16 +117,28 @@ impl Journal {
             (api.open)(&mut handle, SD_JOURNAL_LOCAL_ONLY)
         })?;
         let journal = Journal { api, handle };
-        let data = format!("_SYSTEMD_UNIT={unit}");
-        // SAFETY: handle is open; data outlives the call (sd-journal copies it).
-        check("sd_journal_add_match", unsafe {
-            (api.add_match)(handle, data.as_ptr().cast(), data.len())
-        })?;
         // Long messages in full (journalctl --all).
         // SAFETY: handle is open.
         check("sd_journal_set_data_threshold", unsafe {
             (api.set_data_threshold)(handle, 0)
         })?;
+        Ok(journal)
+    }
+
+    /// From now on, only `unit`'s entries.
+    fn show_only(&mut self, unit: &str) -> io::Result<()> {
+        let data = format!("_SYSTEMD_UNIT={unit}");
+        // SAFETY: handle is open; data outlives the call (sd-journal copies it).
+        unsafe { (self.api.flush_matches)(self.handle) };
+        check("sd_journal_add_match", unsafe {
+            (self.api.add_match)(self.handle, data.as_ptr().cast(), data.len())
+        })?;
+        Ok(())
+    }
+
+    fn of_unit(unit: &str) -> io::Result<Journal> {
+        let mut journal = Journal::open()?;
+        journal.show_only(unit)?;
         Ok(journal)
     }
 
@@ -194,29 +208,46 @@ impl Journal {
     }
 }
 
+/// The journal opened once for reading several units in turn: the
+/// archiver's batch of ended jobs. Opening maps every journal file, which
+/// `make bench` found costing more than reading a short job's lines; it is
+/// closed with the batch, so nothing stays mapped while ptraind idles.
+pub struct Reader {
+    journal: Journal,
+}
+
+impl Reader {
+    pub fn open() -> io::Result<Reader> {
+        Ok(Reader {
+            journal: Journal::open()?,
+        })
+    }
+
+    /// Every entry of `unit` received at or after `since` (µs).
+    pub fn entries_since(&mut self, unit: &str, since: u64) -> io::Result<EntriesSince<'_>> {
+        let journal = &mut self.journal;
+        journal.show_only(unit)?;
+        // SAFETY: handle is open.
+        check("sd_journal_seek_realtime_usec", unsafe {
+            (journal.api.seek_realtime_usec)(journal.handle, since)
+        })?;
+        Ok(EntriesSince {
+            journal,
+            since,
+            done: false,
+        })
+    }
+}
+
 /// The entries of one unit received at or after a time, in journal order
 /// (`journalctl --since`). A read error ends it, logged.
-pub struct EntriesSince {
-    journal: Journal,
+pub struct EntriesSince<'a> {
+    journal: &'a mut Journal,
     since: u64,
     done: bool,
 }
 
-/// Every entry of `unit` received at or after `since` (µs).
-pub fn entries_since(unit: &str, since: u64) -> io::Result<EntriesSince> {
-    let journal = Journal::of_unit(unit)?;
-    // SAFETY: handle is open.
-    check("sd_journal_seek_realtime_usec", unsafe {
-        (journal.api.seek_realtime_usec)(journal.handle, since)
-    })?;
-    Ok(EntriesSince {
-        journal,
-        since,
-        done: false,
-    })
-}
-
-impl Iterator for EntriesSince {
+impl Iterator for EntriesSince<'_> {
     type Item = Entry;
 
     fn next(&mut self) -> Option<Entry> {
