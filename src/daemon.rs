@@ -122,6 +122,8 @@ pub struct Daemon {
     never_checked_against: Option<u64>,
     /// When to plan again although nothing happened; see [`Daemon::schedule`].
     gpu_replan_at: Option<tokio::time::Instant>,
+    /// The status line systemd shows, coalesced.
+    status: StatusLine,
     /// The spool queue, for rescans to feed.
     spool_events: mpsc::UnboundedSender<Event>,
     /// Sweep id → its members, in expansion order.
@@ -160,6 +162,19 @@ const MAX_TRACKED_UNITS: usize = 256;
 const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long GPU jobs that wait on an NVML inventory go without a new plan.
 const GPU_REPLAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+/// The status line (`systemctl status ptraind`) is sent at most this often:
+/// each one is a message systemd handles and announces on the bus, and in
+/// a burst the line changes with every event, several times per job.
+const STATUS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What was last sent as the status line, and when the next may go.
+#[derive(Default)]
+struct StatusLine {
+    sent: String,
+    sent_at: Option<tokio::time::Instant>,
+    /// A newer line waits until then.
+    flush_at: Option<tokio::time::Instant>,
+}
 
 /// Whether a queued job waits on something besides GPUs: other jobs
 /// (`after`) or its sweep's `max_parallel`.
@@ -262,6 +277,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         policy: crate::policy::Policy::none(),
         reserved: BTreeMap::new(),
         never_checked_against: None,
+        status: StatusLine::default(),
         gpu_replan_at: None,
         groups: BTreeMap::new(),
         blocked: HashSet::new(),
@@ -335,6 +351,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         // nothing signals that space came back, so look again in a while.
         let retry_at = daemon.store_failed_at.map(|t| t + STORE_RETRY_INTERVAL);
         let replan_at = daemon.gpu_replan_at;
+        let status_at = daemon.status.flush_at;
         tokio::select! {
             // In this order: a flood of spool files must starve neither the
             // watchdog nor the recording of jobs that end.
@@ -367,6 +384,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             }
             _ = tokio::time::sleep_until(replan_at.unwrap_or_else(tokio::time::Instant::now)), if replan_at.is_some() => {
                 daemon.schedule().await;
+                daemon.notify_status();
+            }
+            _ = tokio::time::sleep_until(status_at.unwrap_or_else(tokio::time::Instant::now)), if status_at.is_some() => {
                 daemon.notify_status();
             }
             event = spool_rx.recv() => {
@@ -454,7 +474,7 @@ impl Daemon {
         }
     }
 
-    fn notify_status(&self) {
+    fn notify_status(&mut self) {
         // Tracked units are the launching and running jobs: counting them
         // costs nothing per finished job in history.
         let running = self.by_unit.len();
@@ -469,7 +489,7 @@ impl Daemon {
                 "; state directory not writable (disk full?), new files wait in the spool",
             );
         }
-        let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);
+        self.offer_status(status);
         let launching = self
             .by_unit
             .values()
@@ -483,6 +503,30 @@ impl Daemon {
         let running = running.saturating_sub(launching);
         self.metrics
             .set_active(queued, launching, running, self.held.len());
+    }
+
+    /// Sends `status` now, or once STATUS_INTERVAL has passed since the
+    /// last one (the loop wakes at `status.flush_at`); an unchanged line
+    /// is not sent again.
+    fn offer_status(&mut self, status: String) {
+        let line = &mut self.status;
+        if status == line.sent {
+            line.flush_at = None;
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if let Some(next) = line.sent_at.map(|at| at + STATUS_INTERVAL) {
+            if now < next {
+                line.flush_at = Some(next);
+                return;
+            }
+        }
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);
+        *line = StatusLine {
+            sent: status,
+            sent_at: Some(now),
+            flush_at: None,
+        };
     }
 
     /// Loads every record and re-attaches to units that were launched
@@ -1268,10 +1312,17 @@ impl Daemon {
                 state: Some(state),
                 ..
             } => self.apply_unit_state(&unit, &state).await,
-            // A running job's JobRemoved (its stop's) adds nothing: taking
-            // the job away changes the unit's Job property, which systemd
-            // announces with a state pair.
-            UnitSignal::JobRemoved { .. } if job_state != JobState::Launching => {}
+            // A JobRemoved adds nothing when the job went as planned, or
+            // when the unit's job runs already (its stop's): systemd
+            // uninstalls the job and queues the unit's state for a
+            // PropertiesChanged pair (its Job property changed), which
+            // carries what a round trip would read. A start job done came
+            // before the unit's "active" in most launches, and looking at
+            // the unit then cost a tenth of ptraind's CPU per GPU job
+            // (GetUnit and two GetAll into a busy systemd). A start job that
+            // failed, timed out or was cancelled is looked at.
+            UnitSignal::JobRemoved { result, .. }
+                if job_state != JobState::Launching || result == "done" => {}
             signal => self.check_unit(signal.unit()).await,
         }
     }

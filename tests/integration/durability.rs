@@ -212,8 +212,12 @@ fn a_full_state_disk_keeps_files_in_the_spool_and_recovers_by_itself() {
         ["running", "succeeded"].contains(&before["status"].as_str().unwrap()),
         "{before}"
     );
-    let status_line = d.unit_property("ptraind.service", "StatusText");
-    assert!(status_line.contains("not writable"), "{status_line}");
+    // The status line is sent at most once a second.
+    wait_for("the status line to tell", WAIT, || {
+        d.unit_property("ptraind.service", "StatusText")
+            .contains("not writable")
+            .then_some(())
+    });
     // Space comes back: everything proceeds without a restart.
     std::fs::remove_file(&filler).unwrap();
     for id in during {
