@@ -565,15 +565,7 @@ impl Daemon {
         for record in live {
             let id = record.id.clone();
             if record.state == JobState::Queued {
-                if is_constrained(&record) {
-                    self.constrained.insert(id.clone());
-                }
-                self.queue.push(
-                    id.clone(),
-                    record.spec.priority,
-                    record.spec.gpus.count() > 0,
-                );
-                *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
+                self.enqueue(&record);
             } else {
                 // Launching or running.
                 for gpu in &record.gpus {
@@ -860,17 +852,32 @@ impl Daemon {
                 "job accepted"
             );
             let id = record.id.clone();
-            *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
-            if is_constrained(&record) {
-                self.constrained.insert(id.clone());
-            }
-            self.queue.push(
-                id.clone(),
-                record.spec.priority,
-                record.spec.gpus.count() > 0,
-            );
+            self.enqueue(&record);
             self.jobs.insert(id.clone(), record);
             self.emit_changed(&id);
+        }
+    }
+
+    /// Queues a job in planning order, counted against its owner's
+    /// `max_queued_per_user`.
+    fn enqueue(&mut self, record: &JobRecord) {
+        if is_constrained(record) {
+            self.constrained.insert(record.id.clone());
+        }
+        self.queue.push(
+            record.id.clone(),
+            record.spec.priority,
+            record.spec.gpus.count() > 0,
+        );
+        *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
+    }
+
+    /// Takes a job out of the queue: it launches, or ends without running.
+    fn dequeue(&mut self, id: &JobId, owner_uid: u32) {
+        self.queue.remove(id);
+        self.constrained.remove(id);
+        if let Some(n) = self.queued_per_user.get_mut(&owner_uid) {
+            *n = n.saturating_sub(1);
         }
     }
 
@@ -1171,7 +1178,7 @@ impl Daemon {
         let mut gpu_jobs_wait = plan.waiting_for_gpus || snapshot.is_none();
         let mut placements = plan.placements;
         // Jobs with and without GPUs start in one planning order.
-        placements.sort_by_key(|p| self.queue.position(&p.id).cloned());
+        placements.sort_by_key(|p| self.queue.position(&p.id));
         for placement in placements {
             if self.by_unit.len() >= MAX_TRACKED_UNITS {
                 // The rest start as these end (each end plans again).
@@ -1220,11 +1227,8 @@ impl Daemon {
         }
         self.metrics
             .job_launched(now_micros().saturating_sub(record.submitted_at));
-        self.queue.remove(id);
-        self.constrained.remove(id);
-        if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
-            *n = n.saturating_sub(1);
-        }
+        let owner_uid = record.owner.uid;
+        self.dequeue(id, owner_uid);
         for gpu in gpus {
             self.held.insert(*gpu, id.clone());
         }
@@ -1492,11 +1496,7 @@ impl Daemon {
             .job_finished(outcome.status(), ran.map(|(s, e)| e.saturating_sub(s)));
         self.notifier.deliver(intents);
         if was_queued {
-            self.queue.remove(id);
-            self.constrained.remove(id);
-            if let Some(n) = self.queued_per_user.get_mut(&record.owner.uid) {
-                *n = n.saturating_sub(1);
-            }
+            self.dequeue(id, record.owner.uid);
         }
         self.jobs.remove(id);
         info!(

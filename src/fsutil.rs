@@ -44,16 +44,6 @@ pub fn fsync_dir(path: &Path) -> io::Result<()> {
 
 /// Writes `bytes` to `dir/name` atomically and durably.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    write_atomic_inner(dir, name, bytes, true)
-}
-
-/// Like [`write_atomic`] but leaves the directory's fsync to the caller,
-/// who writes another file into the same directory next and syncs once.
-pub fn write_atomic_unsynced_dir(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    write_atomic_inner(dir, name, bytes, false)
-}
-
-fn write_atomic_inner(dir: &Path, name: &str, bytes: &[u8], sync_dir: bool) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
     // A stale temp file from a crash is ours to replace (the dir is root-only).
     let _ = std::fs::remove_file(&tmp);
@@ -66,7 +56,7 @@ fn write_atomic_inner(dir: &Path, name: &str, bytes: &[u8], sync_dir: bool) -> i
         .write_all(bytes)
         .and_then(|()| file.sync_all())
         .and_then(|()| std::fs::rename(&tmp, dir.join(name)))
-        .and_then(|()| if sync_dir { fsync_dir(dir) } else { Ok(()) });
+        .and_then(|()| fsync_dir(dir));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -74,7 +64,7 @@ fn write_atomic_inner(dir: &Path, name: &str, bytes: &[u8], sync_dir: bool) -> i
 }
 
 /// The one spare file of a [`SpareDir`].
-pub const SPARE: &str = ".spare";
+const SPARE: &str = ".spare";
 
 /// A directory of files that are written whole and rewritten many times
 /// (job records, outbox entries). Every write goes into the directory's one

@@ -287,8 +287,8 @@ pub fn plan_in_order<'a>(
     let mut taken: BTreeSet<u32> = held.keys().copied().collect();
     let mut usage: Vec<(&Owner, usize)> = held.values().map(|h| (h.owner, 1)).collect();
     // Once every GPU is taken or kept for a job ahead, a GPU job can
-    // neither start nor keep anything: the rest of a long queue costs a
-    // check each, so planning per event does not grow with the queue.
+    // neither start nor keep anything: the rest of the queue is not read,
+    // or only checked against the machine (`check_never`).
     let all_spoken_for = |taken: &BTreeSet<u32>, plan: &Plan| {
         snapshot
             .iter()
@@ -364,7 +364,7 @@ pub fn plan_in_order<'a>(
 
 /// Where a queued job stands in planning order: priority (higher first),
 /// then arrival.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueuePosition {
     rank: std::cmp::Reverse<i32>,
     arrival: u64,
@@ -376,8 +376,8 @@ pub struct QueuePosition {
 /// costs O(log n): nothing walks the queue per event.
 #[derive(Debug, Default)]
 pub struct Queue {
-    cpu: BTreeSet<(QueuePosition, JobId)>,
-    gpu: BTreeSet<(QueuePosition, JobId)>,
+    cpu: BTreeMap<QueuePosition, JobId>,
+    gpu: BTreeMap<QueuePosition, JobId>,
     positions: std::collections::HashMap<JobId, (QueuePosition, bool)>,
     arrivals: u64,
 }
@@ -394,7 +394,7 @@ impl Queue {
             arrival: self.arrivals,
         };
         self.arrivals += 1;
-        self.list(wants_gpus).insert((position.clone(), id.clone()));
+        self.list(wants_gpus).insert(position, id.clone());
         self.positions.insert(id, (position, wants_gpus));
     }
 
@@ -403,11 +403,11 @@ impl Queue {
         let Some((position, wants_gpus)) = self.positions.remove(id) else {
             return false;
         };
-        self.list(wants_gpus).remove(&(position, id.clone()));
+        self.list(wants_gpus).remove(&position);
         true
     }
 
-    fn list(&mut self, wants_gpus: bool) -> &mut BTreeSet<(QueuePosition, JobId)> {
+    fn list(&mut self, wants_gpus: bool) -> &mut BTreeMap<QueuePosition, JobId> {
         if wants_gpus {
             &mut self.gpu
         } else {
@@ -423,18 +423,18 @@ impl Queue {
         self.positions.is_empty()
     }
 
-    pub fn position(&self, id: &JobId) -> Option<&QueuePosition> {
-        self.positions.get(id).map(|(position, _)| position)
+    pub fn position(&self, id: &JobId) -> Option<QueuePosition> {
+        self.positions.get(id).map(|(position, _)| *position)
     }
 
     /// Jobs that ask for no GPUs, in planning order.
     pub fn cpu_jobs(&self) -> impl Iterator<Item = &JobId> {
-        self.cpu.iter().map(|(_, id)| id)
+        self.cpu.values()
     }
 
     /// Jobs that ask for GPUs, in planning order.
     pub fn gpu_jobs(&self) -> impl Iterator<Item = &JobId> {
-        self.gpu.iter().map(|(_, id)| id)
+        self.gpu.values()
     }
 
     /// Every queued job: those that ask for no GPUs, then the others.

@@ -762,8 +762,8 @@ pub fn exits_dir(state_dir: &Path) -> PathBuf {
 /// Called by `ptraind record-exit` from the unit's ExecStopPost (as root,
 /// inside the job's unit): records the exit from systemd's environment.
 pub fn record_exit(state_dir: &Path, id: &JobId, record: &ExitRecord) -> Result<(), StoreError> {
-    let bytes = serde_json::to_vec(record).expect("records always serialise");
     let dir = exits_dir(state_dir);
+    let bytes = serde_json::to_vec(record).expect("records always serialise");
     write_atomic(&dir, &format!("{id}.json"), &bytes).map_err(io_err("write", &dir))
 }
 

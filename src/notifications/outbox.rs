@@ -5,7 +5,7 @@
 //! retry` re-send a dead letter without the job.
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -111,7 +111,6 @@ impl DeliveryView {
 }
 
 pub struct Outbox {
-    dir: PathBuf,
     files: SpareDir,
 }
 
@@ -121,11 +120,11 @@ impl Outbox {
         ensure_dir(&dir, 0o700)?;
         let files = SpareDir::open(&dir)?;
         forget_own_spares(&dir);
-        Ok(Outbox { dir, files })
+        Ok(Outbox { files })
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.files.path()
     }
 
     /// A key is `JOB.EVENT.CHANNEL` of validated parts: one safe file name
@@ -138,7 +137,7 @@ impl Outbox {
     /// short of disk damage: writes are atomic) reads as absent, so the
     /// notification is sent again rather than lost.
     pub fn load(&self, key: &str) -> io::Result<Option<Delivery>> {
-        match std::fs::read(self.dir.join(Self::file_name(key))) {
+        match std::fs::read(self.dir().join(Self::file_name(key))) {
             Ok(bytes) => match serde_json::from_slice(&bytes) {
                 Ok(d) => Ok(Some(d)),
                 Err(e) => {
@@ -172,7 +171,7 @@ impl Outbox {
     /// Every stored delivery, oldest first.
     pub fn list(&self) -> io::Result<Vec<Delivery>> {
         let mut out = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
+        for entry in std::fs::read_dir(self.dir())? {
             let entry = entry?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
