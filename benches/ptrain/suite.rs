@@ -240,8 +240,8 @@ pub fn run(scale: &Scale) -> Results {
         results: &mut results,
     };
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    if only.is_empty() || only == "throughput" {
-        bench.throughput_daemon();
+    if only.is_empty() || only == "throughput" || only == "gpu" {
+        bench.throughput_daemon(only == "gpu");
     }
     if only.is_empty() || only == "history" {
         bench.history_daemon();
@@ -275,7 +275,9 @@ impl Bench<'_> {
     // The throughput daemon: floors, latency, throughput, queued jobs,
     // notifications.
 
-    fn throughput_daemon(&mut self) {
+    /// `gpu_only` (`BENCH_ONLY=gpu`): the GPU bursts and their floors
+    /// alone, for profiling them.
+    fn throughput_daemon(&mut self, gpu_only: bool) {
         let endpoint = SlowEndpoint::start(SLOW_ENDPOINT_DELAY);
         let extra = format!(
             "max_queued_per_user = 1000000\n\
@@ -292,21 +294,47 @@ impl Bench<'_> {
             },
         );
         let dropper = Dropper::new(&d);
+        let (tracker, bare_floors) = if gpu_only {
+            let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
+            (tracker, HashMap::new())
+        } else {
+            self.trivial_jobs(&d, &dropper)
+        };
+        for &n in &self.scale.throughput_sizes.clone() {
+            let floor = bare_floors.get(&n).copied();
+            self.gpu_throughput(&d, &tracker, &dropper, n, floor);
+        }
+        if !gpu_only {
+            self.notifications(&d, &tracker, &dropper, &endpoint);
+        }
+        drop(tracker);
+        let root = d.root.clone();
+        drop(d);
+        let _ = std::fs::remove_dir_all(root);
+    }
 
+    /// The floors, drop-to-active latency, the queued footprint and the
+    /// trivial bursts; returns the tracker of ptraind's job signals and
+    /// the bare loop's throughput by burst size.
+    fn trivial_jobs(
+        &mut self,
+        d: &TestDaemon,
+        dropper: &Dropper,
+    ) -> (Tracker, HashMap<usize, f64>) {
         // The floors first, with ptraind stopped: systemd alone.
         let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
         assert!(ok, "cannot stop ptraind for the floors: {out}");
-        let floors = self.floors(&d, &dropper);
+        let floors = self.floors(d, dropper);
         d.start_service();
         let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
 
-        self.latency(&d, &tracker, &dropper, &floors);
+        self.latency(d, &tracker, dropper, &floors);
         // Before the bursts: a heap grown by them hides new allocations.
-        self.queued_footprint(&d, &tracker, &dropper);
+        self.queued_footprint(d, &tracker, dropper);
         for &n in &self.scale.throughput_sizes.clone() {
             let floor = floors.throughput.get(&n).copied();
             let props = floors.props_throughput(n);
-            self.throughput(&d, &tracker, &dropper, n, floor, props);
+            self.throughput(d, &tracker, dropper, n, floor, props);
             for (key, label, rate) in floors
                 .variants
                 .iter()
@@ -315,15 +343,7 @@ impl Bench<'_> {
                 self.push(Figure::new(key, label, "jobs/s", Some(*rate)).floor(floor, "bare"));
             }
         }
-        for &n in &self.scale.throughput_sizes.clone() {
-            let floor = floors.throughput.get(&n).copied();
-            self.gpu_throughput(&d, &tracker, &dropper, n, floor);
-        }
-        self.notifications(&d, &tracker, &dropper, &endpoint);
-        drop(tracker);
-        let root = d.root.clone();
-        drop(d);
-        let _ = std::fs::remove_dir_all(root);
+        (tracker, floors.throughput)
     }
 
     fn floors(&mut self, d: &TestDaemon, dropper: &Dropper) -> Floors {
@@ -650,6 +670,7 @@ impl Bench<'_> {
         let pairs = if n <= 1000 { GPU_PAIRS } else { 1 };
         let ptrain_props = PtrainProps::new(d);
         let mut floors = Vec::new();
+        let mut floor_cpu = Vec::new();
         let mut runs = Vec::new();
         for pair in 0..pairs {
             say(&format!(
@@ -660,6 +681,8 @@ impl Bench<'_> {
             assert!(ok, "cannot stop ptraind for the floor: {out}");
             let bare = self.rt.block_on(Bare::connect(&d.harness.bus_address()));
             let prefix = format!("bench-gpu{n}p{pair}");
+            let procs = Procs::find(&d.harness);
+            let cpu0 = procs.cpu();
             let secs = self
                 .rt
                 .block_on(bare.throughput(&prefix, n, Some(GPUS as usize), |i| {
@@ -671,6 +694,7 @@ impl Bench<'_> {
                     )
                 }));
             drop(bare);
+            floor_cpu.push(procs.cpu().since(&cpu0).per_job_all(n));
             floors.push(n as f64 / secs);
             d.start_service();
             say(&format!(
@@ -731,6 +755,9 @@ impl Bench<'_> {
         ));
         let mut detail = run.to_json(n);
         detail["floor_jobs_per_s"] = json!(floors);
+        // Where the CPU of a job goes, floor beside ptraind: on 2 cores
+        // the host is saturated, so any CPU a job adds lowers the rate.
+        detail["floor_cpu_ms_per_job"] = json!(floor_cpu);
         detail["pairs"] = json!(pairs);
         self.detail(&key, detail);
     }

@@ -92,9 +92,15 @@ if [ -d "$CG" ]; then   # leftover from a crashed run: must be empty
     find "$CG" -depth -type d -exec rmdir {} \; 2>/dev/null || \
         die "$CG is busy; run HARNESS_NAME=$HARNESS_NAME $HERE/teardown.sh"
 fi
+# a crashed run may have left its /run mounted (teardown.sh unmounts it)
+if mountpoint -q "$STATE/run" 2>/dev/null; then umount -l "$STATE/run"; fi
 rm -rf "$STATE"
-mkdir -p "$STATE"
+mkdir -p "$STATE/run"
 : > "$STATE/.ptrain-harness"    # teardown.sh removes only dirs carrying this marker
+# /run is a tmpfs on every systemd host: systemd's transient unit files, the
+# units' runtime directories and the volatile journal churn no disk inodes,
+# as in production (on a disk, each new inode elsewhere pays for them).
+mount -t tmpfs -o mode=755,nosuid,nodev,size=1G tmpfs "$STATE/run"
 mkdir "$CG"
 
 # From here on a failure prints diagnostics and tears the half-booted harness down.

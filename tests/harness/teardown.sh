@@ -75,6 +75,9 @@ if [ -d "$CG" ]; then
         exit 1
     fi
 fi
+if [ -e "$STATE/.ptrain-harness" ] && mountpoint -q "$STATE/run" 2>/dev/null; then
+    umount -l "$STATE/run"
+fi
 if [ -d "$STATE" ]; then
     if [ -e "$STATE/.ptrain-harness" ] || [ -z "$(ls -A "$STATE")" ]; then
         rm -rf "$STATE"
