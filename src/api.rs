@@ -273,6 +273,18 @@ async fn caller_uid(
     dbus.get_connection_unix_user(sender.clone().into()).await
 }
 
+/// Hands freed heap pages back to the kernel. A listing of the whole
+/// history is tens of thousands of small strings, freed in the middle of
+/// glibc's arenas where they stay: one `ptrain list --all` over 100,000
+/// jobs left the idle daemon 2 MiB larger for good (`make bench`).
+fn release_freed_memory() {
+    // SAFETY: malloc_trim only returns free memory; it is thread-safe.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 fn to_json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("views always serialise")
 }
@@ -281,7 +293,11 @@ fn to_json<T: Serialize>(value: &T) -> String {
 impl DaemonApi {
     /// Every job, as a JSON array of JobView.
     async fn list(&self) -> zbus::fdo::Result<String> {
-        Ok(to_json(&self.ask(ApiRequest::List).await?))
+        let views = self.ask(ApiRequest::List).await?;
+        let json = to_json(&views);
+        drop(views);
+        release_freed_memory();
+        Ok(json)
     }
 
     /// Queued and running jobs plus the `limit` most recently ended, as a

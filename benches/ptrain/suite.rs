@@ -1060,7 +1060,11 @@ impl Bench<'_> {
                         "MiB",
                         ProcSample::read(pid).map(|s| s.rss_kib as f64 / 1024.0),
                     )
-                    .target(Target::MaxValue(20.0)),
+                    .target(Target::MaxValue(20.0))
+                    .enforce(
+                        Target::MaxValue(20.0),
+                        "the issue's idle target: an idle ptraind keeps nothing of a long listing",
+                    ),
                 );
             }
             let growth = Growth {
