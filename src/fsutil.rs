@@ -218,6 +218,32 @@ impl SpareDir {
 
 /// Opens `name` in `dir` for writing, creating it (mode 0600) without
 /// following a symlink planted there; `flags` adds O_EXCL or O_TRUNC.
+/// Renames `from` to `to` unless `to` exists (renameat2 RENAME_NOREPLACE):
+/// AlreadyExists then.
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: both are NUL-terminated paths that outlive the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 pub fn create_at(dir: &OwnedFd, name: &str, flags: libc::c_int) -> io::Result<File> {
     let c = cstr(name)?;
     // SAFETY: openat with a valid dir fd and a NUL-terminated name.

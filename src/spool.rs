@@ -145,11 +145,60 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
 pub fn scan(spool_dir: &Path) -> std::io::Result<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(spool_dir)?
         .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
+        .filter_map(|e| entry_name(spool_dir, &e.file_name()))
         .filter(|n| is_candidate_name(n))
         .collect();
     names.sort();
     Ok(names)
+}
+
+/// Longest escaped name [`entry_name`] renames to (a file name is at most
+/// 255 bytes; room is left for a `~N` suffix).
+const MAX_ESCAPED_NAME: usize = 240;
+
+/// The name of a spool entry as text. A job file whose name is not UTF-8
+/// could be neither named in a reason nor kept in quarantine, and would
+/// sit in the spool unseen: it is renamed within the spool (never over
+/// another entry) to its name with each invalid byte written `\xNN`,
+/// which the name check then refuses, with its reason, to its owner.
+/// None: not a job file's name, or the entry is gone.
+pub fn entry_name(spool_dir: &Path, raw: &std::ffi::OsStr) -> Option<String> {
+    use std::fmt::Write;
+    use std::os::unix::ffi::OsStrExt;
+    if let Some(name) = raw.to_str() {
+        return Some(name.to_owned());
+    }
+    let bytes = raw.as_bytes();
+    if bytes.starts_with(b".") || !bytes.ends_with(b".json") {
+        return None;
+    }
+    let mut escaped = String::new();
+    for chunk in bytes[..bytes.len() - ".json".len()].utf8_chunks() {
+        escaped.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            let _ = write!(escaped, "\\x{b:02x}");
+        }
+    }
+    while escaped.len() > MAX_ESCAPED_NAME {
+        escaped.pop();
+    }
+    let from = spool_dir.join(raw);
+    for n in 0..100 {
+        let name = match n {
+            0 => format!("{escaped}.json"),
+            n => format!("{escaped}~{n}.json"),
+        };
+        match fsutil::rename_noreplace(&from, &spool_dir.join(&name)) {
+            Ok(()) => return Some(name),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(spool = %spool_dir.display(), name = %escaped, error = %e, "cannot rename a spool entry whose name is not UTF-8");
+                return None;
+            }
+        }
+    }
+    None
 }
 
 /// Refuses a spool directory (or parent) that someone other than root
@@ -254,10 +303,13 @@ pub fn watch(
             return;
         }
         for path in event.paths {
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            let (Some(dir), Some(raw)) = (path.parent(), path.file_name()) else {
                 continue;
             };
-            if !is_candidate_name(name) {
+            let Some(name) = entry_name(dir, raw) else {
+                continue;
+            };
+            if !is_candidate_name(&name) {
                 continue;
             }
             // A symlink, hard link, FIFO, device, socket or directory is
@@ -265,12 +317,13 @@ pub fn watch(
             // this it would sit in the spool unseen until the next rescan.
             // The lstat only decides whether to look; what to do with the
             // entry is decided from fstat of the opened fd, as always.
+            let path = dir.join(&name);
             if created
                 && !std::fs::symlink_metadata(&path).is_ok_and(|m| created_entry_is_complete(&m))
             {
                 continue;
             }
-            on_event(SpoolEvent::File(name.to_owned()));
+            on_event(SpoolEvent::File(name));
         }
     })?;
     watcher.watch(spool_dir, RecursiveMode::NonRecursive)?;
@@ -391,5 +444,43 @@ mod tests {
         std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o777)).unwrap();
         let err = check_spool_dir(&spool).unwrap_err();
         assert!(err.contains("1733"), "{err}");
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_renamed_to_one_the_name_check_refuses() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let raw = std::ffi::OsStr::from_bytes(b"r\xe9sum\xe9.json");
+        std::fs::write(p.join(raw), b"{}").unwrap();
+        // Taken already: the renamed entry must not replace it.
+        std::fs::write(p.join("r\\xe9sum\\xe9.json"), b"taken").unwrap();
+        // Not a job file's name: left alone.
+        let hidden = std::ffi::OsStr::from_bytes(b".tmp\xff.json");
+        std::fs::write(p.join(hidden), b"{}").unwrap();
+
+        let names = scan(p).unwrap();
+        assert_eq!(names, ["r\\xe9sum\\xe9.json", "r\\xe9sum\\xe9~1.json"]);
+        assert_eq!(
+            std::fs::read(p.join("r\\xe9sum\\xe9.json")).unwrap(),
+            b"taken"
+        );
+        assert!(!p.join(raw).exists());
+        assert!(p.join(hidden).exists());
+        let fd = fsutil::open_dir(p).unwrap();
+        match read_spool_file(&fd, "r\\xe9sum\\xe9~1.json") {
+            SpoolRead::Refused { reason, .. } => assert!(reason.contains("file name"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        // A long one stays within the file name limit.
+        let long: Vec<u8> = [vec![0xff; 200], b".json".to_vec()].concat();
+        std::fs::write(p.join(std::ffi::OsStr::from_bytes(&long)), b"{}").unwrap();
+        let names = scan(p).unwrap();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("\\xff") && n.len() <= 250),
+            "{names:?}"
+        );
     }
 }

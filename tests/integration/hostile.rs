@@ -299,6 +299,16 @@ fn hostile_spool_entries_are_refused_without_opening_what_they_point_at() {
     let long = format!("{}.json", "a".repeat(65));
     drop_bytes(&d, ALICE, &long, br#"{"version": 1, "command": ["true"]}"#);
     expected.push(expect(&long, ALICE, &["file name"]));
+    // A name that is not UTF-8 ("résumé" in Latin-1): renamed to one that
+    // shows its bytes, and refused with the reason.
+    sh(
+        &d,
+        ALICE,
+        &format!(
+            r#"printf '{{"version": 1, "command": ["true"]}}' > "$(printf '{spool}/r\351sum\351.json')""#
+        ),
+    );
+    expected.push(expect(r"r\xe9sum\xe9.json", ALICE, &["file name"]));
 
     // A root-owned job file while allow_root_jobs is false (the default).
     std::fs::write(
