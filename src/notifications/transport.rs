@@ -604,6 +604,8 @@ pub fn build_all(config: &NotificationsConfig) -> HashMap<String, Arc<dyn Transp
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     #[test]
     fn signature_is_hmac_sha256_hex() {
@@ -698,5 +700,108 @@ mod tests {
                 && content.contains("job b"),
             "{content}"
         );
+    }
+
+    /// A CA and a server certificate for 127.0.0.1 signed by it: (CA PEM,
+    /// server TLS config).
+    fn private_ca(name: &str) -> (String, Arc<rustls::ServerConfig>) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, format!("{name} CA"));
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let server_key = rcgen::KeyPair::generate().unwrap();
+        let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&server_key, &ca_cert, &ca_key)
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into());
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![server.der().clone()], key)
+            .unwrap();
+        (ca_cert.pem(), Arc::new(config))
+    }
+
+    /// An HTTPS endpoint on loopback that answers every request 200 and
+    /// counts the requests it read whole.
+    async fn https_endpoint(config: Arc<rustls::ServerConfig>) -> (u16, Arc<AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, count) = (acceptor.clone(), count.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let _ = tls
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        (port, served)
+    }
+
+    #[tokio::test]
+    async fn a_webhook_behind_a_private_ca_is_trusted_only_through_ca_file() {
+        let (ca_pem, server_config) = private_ca("ptrain test");
+        let (other_ca_pem, _) = private_ca("someone else's");
+        let (port, served) = https_endpoint(server_config).await;
+        let dir = tempfile::tempdir().unwrap();
+        let webhook = |ca: Option<&str>| {
+            let ca_file = ca.map(|pem| {
+                let path = dir.path().join(format!("ca-{}.pem", pem.len()));
+                std::fs::write(&path, pem).unwrap();
+                path
+            });
+            let cfg = WebhookConfig {
+                url: format!("https://127.0.0.1:{port}/hook").parse().unwrap(),
+                secret_file: None,
+                token_file: None,
+                ca_file,
+            };
+            Webhook::new("hook", &cfg, Duration::from_secs(5)).unwrap()
+        };
+        let intent =
+            || super::super::sender::tests::intent("a", super::super::NotifyEvent::Failed, "hook");
+        // Not trusted by the system's roots, nor by another CA: a retry
+        // that says why, and nothing reaches the endpoint.
+        for ca in [None, Some(other_ca_pem.as_str())] {
+            match webhook(ca).send(vec![intent()]).await {
+                Verdict::Retry(why) => assert!(
+                    why.to_lowercase().contains("certificate"),
+                    "ca {:?}: {why}",
+                    ca.map(|_| "other")
+                ),
+                other => panic!("ca {:?}: {other:?}", ca.map(|_| "other")),
+            }
+        }
+        assert_eq!(served.load(Ordering::SeqCst), 0);
+        // Trusted through ca_file: delivered.
+        assert_eq!(
+            webhook(Some(&ca_pem)).send(vec![intent()]).await,
+            Verdict::Delivered
+        );
+        assert_eq!(served.load(Ordering::SeqCst), 1);
     }
 }
