@@ -656,21 +656,7 @@ fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<(), Failure
         return Err(io("write the job file", e));
     }
     drop(f);
-    let from = std::ffi::CString::new(tmp.as_os_str().as_encoded_bytes()).expect("no NUL");
-    let to =
-        std::ffi::CString::new(spool.join(name).as_os_str().as_encoded_bytes()).expect("no NUL");
-    // SAFETY: renameat2 with NUL-terminated absolute or cwd-relative paths.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = ptrain::fsutil::rename_noreplace(&tmp, &spool.join(name)) {
         let _ = std::fs::remove_file(&tmp);
         if e.raw_os_error() == Some(libc::EEXIST) {
             return Err(fail(
