@@ -4,7 +4,7 @@
 //! `target/bench/results.json`; the previous results, if any, are kept as
 //! `results.prev.json` and shown in the table's last column.
 //!
-//! `BENCH_SCALE=full` (default: the sizes), `ci` (about three
+//! `BENCH_SCALE=full` (default: the sizes), `ci` (about ten
 //! minutes on two cores, 100,000 jobs of history included), `quick` (300
 //! jobs per throughput case, for profiling one change) or `smoke`.
 //! `BENCH_ONLY=throughput` or `history` runs one of the two harnesses

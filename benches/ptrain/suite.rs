@@ -155,7 +155,9 @@ impl Scale {
     pub fn ci() -> Scale {
         Scale {
             name: "ci".into(),
-            latency_jobs: 200,
+            // The p99 of 500 is their 5th worst: one stall of a shared
+            // disk or CPU does not decide it (of 200, two did).
+            latency_jobs: 500,
             throughput_sizes: vec![500],
             history_marks: vec![1, 10_000, 100_000],
             // Enough that CPU per job, the enforced figure, holds still.
@@ -163,7 +165,8 @@ impl Scale {
             idle_mark: 10_000,
             idle_window: IDLE_WINDOW,
             queued_jobs: 200,
-            notify_jobs: 200,
+            // Runs of a few seconds moved the ratio by 10 % and more.
+            notify_jobs: 500,
             cli_runs: 5,
         }
     }
