@@ -17,11 +17,12 @@
 #   make bench [BENCH_SCALE=ci] benchmarks against a real systemd harness (root):
 #                               one table, each figure beside its floor, and
 #                               target/bench/results.json (full: the issue's
-#                               sizes, tens of minutes; ci: about 3 minutes,
+#                               sizes, tens of minutes; ci: about 10 minutes,
 #                               plus the release build)
 #   make bench-ci               the ci scale with its enforced limits
 #                               (BENCH_ENFORCE=1): fails when CPU per job grows
-#                               with history, `ptrain status` slows with it, or
+#                               with history, `ptrain status` slows with it, idle
+#                               RSS (also after `ptrain list --all`) tops 20 MiB, or
 #                               idle ptraind wakes up; .ci/run runs it
 #   make clean
 
