@@ -6,9 +6,10 @@
 //!
 //! 1. [`spool`]: a user drops `NAME.json` into the spool directory. The
 //!    watcher (inotify, through `notify`) reports close-write and moved-to
-//!    events; [`spool::open_spool_file`] opens the file relative to the
-//!    spool's fd without following links and decides everything from `fstat`
-//!    of the open fd (owner, type, link count, size).
+//!    events (a name that is not UTF-8 is first renamed to one showing its
+//!    bytes, [`spool::entry_name`]); [`spool::read_spool_file`] opens the
+//!    file relative to the spool's fd without following links and decides
+//!    everything from `fstat` of the open fd (owner, type, link count, size).
 //! 2. [`spec`]: the bytes are parsed into a validated [`spec::JobSpec`]
 //!    (strict, bounded, versioned). Pure: no I/O.
 //! 3. [`store`]: the job is claimed durably into the root-only state
@@ -19,7 +20,7 @@
 //! 4. [`scheduler`]: the pure core that decides which queued jobs start now,
 //!    choosing GPUs from an inventory snapshot ([`gpu`]) by priority, with
 //!    reservations against starvation, within the `[policy]` ([`policy`]).
-//! 5. [`unit`]: the transient unit's properties (identity, confinement, GPU
+//! 5. [`unit`](mod@unit): the transient unit's properties (identity, confinement, GPU
 //!    device allow-list, environment) are built from the record. Pure.
 //! 6. [`systemd`]: `StartTransientUnit` over D-Bus, and one stream of
 //!    `JobRemoved` / `PropertiesChanged` signals that tells when a unit ends;

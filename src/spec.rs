@@ -201,7 +201,7 @@ pub fn spool_file_stem(file_name: &str) -> Option<&str> {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct JobSpec {
     pub id: JobId,
-    /// argv; non-empty, argv[0] non-empty, no NUL anywhere.
+    /// argv; non-empty, `argv[0]` non-empty, no NUL anywhere.
     pub command: Vec<String>,
     /// Absolute and normalised (no `.`/`..` components, no repeated `/`).
     #[serde(default)]

@@ -345,7 +345,7 @@ impl Systemd {
     }
 
     /// Lets systemd collect a unit whose end is recorded (see
-    /// [`release_unit`]), without waiting: the job's end is on disk
+    /// `release_unit`), without waiting: the job's end is on disk
     /// already, and the next job (on the GPU this one freed) need not wait
     /// behind two more calls into a busy systemd.
     pub fn release_in_background(&self, unit: String) {

@@ -11,7 +11,7 @@
 //! by something ptraind did not put there is left alone and the archive
 //! gets the next free name.
 //!
-//! All of it runs on one archiver thread ([`spawn_archiver`]): writing,
+//! All of it runs on one archiver thread (`spawn_archiver`): writing,
 //! the retention policy ([`super::retention`]) and the usage figures.
 
 use std::ffi::CString;

@@ -4,7 +4,7 @@
 //! A job's stdout and stderr go to journald (`ptrain-job@ID.service`).
 //! Users cannot read the system journal, so ptraind serves it:
 //! `ptrain logs` calls `OpenLogs` and gets the read end of a pipe that
-//! [`serve`] fills from the journal (or the archive) as root, following a
+//! `serve` fills from the journal (or the archive) as root, following a
 //! running job until it ends. Which entries are one run is decided in
 //! [`journal`].
 //!
