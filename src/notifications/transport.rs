@@ -770,7 +770,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let webhook = |ca: Option<&str>| {
             let ca_file = ca.map(|pem| {
-                let path = dir.path().join(format!("ca-{}.pem", pem.len()));
+                let path = dir.path().join("ca.pem");
                 std::fs::write(&path, pem).unwrap();
                 path
             });
