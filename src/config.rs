@@ -33,6 +33,7 @@ struct RawConfig {
     spool_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     log_dir: Option<PathBuf>,
+    runtime_dir: Option<PathBuf>,
     slice: Option<String>,
     allow_root_jobs: Option<bool>,
     max_queued_per_user: Option<usize>,
@@ -54,6 +55,7 @@ struct RawJobs {
     /// "30m" or seconds; checked by [`crate::logs::validate_idle_timeout`].
     idle_timeout: Option<serde_json::Value>,
     idle_requires_gpu_idle: Option<bool>,
+    stop_grace: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -82,12 +84,19 @@ pub const DEFAULT_REJECTED_PER_USER: usize = 1000;
 pub const DEFAULT_REJECTED_MAX_AGE: std::time::Duration =
     std::time::Duration::from_secs(30 * 24 * 3600);
 
+/// `[jobs] stop_grace` by default, and its ceiling.
+pub const DEFAULT_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+pub const MAX_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// The validated configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub spool_dir: PathBuf,
     pub state_dir: PathBuf,
     pub log_dir: PathBuf,
+    /// Per-job files that live while a job does (its launch credential,
+    /// staged secrets, its result directory); see [`crate::runtime`].
+    pub runtime_dir: PathBuf,
     pub slice: String,
     pub allow_root_jobs: bool,
     pub max_queued_per_user: usize,
@@ -103,6 +112,10 @@ pub struct Config {
     /// `[jobs] idle_requires_gpu_idle`: a silent job is stopped only if
     /// its GPUs are idle too (NVML utilization).
     pub idle_requires_gpu_idle: bool,
+    /// `[jobs] stop_grace`: how long a stopped or timed-out job has between
+    /// SIGTERM and SIGKILL (the unit's TimeoutStopSec); its GPUs stay held
+    /// until then.
+    pub stop_grace: std::time::Duration,
     /// `[logs]`: output archives and their retention.
     pub logs: crate::logs::LogsConfig,
     /// Which GPUs users and groups may use, and how many at once (`[policy]`).
@@ -149,6 +162,7 @@ impl Config {
         let spool_dir = absolute("spool_dir", raw.spool_dir, "/var/spool/ptrain")?;
         let state_dir = absolute("state_dir", raw.state_dir, "/var/lib/ptrain")?;
         let log_dir = absolute("log_dir", raw.log_dir, "/var/log/ptrain")?;
+        let runtime_dir = absolute("runtime_dir", raw.runtime_dir, "/run/ptrain")?;
         if spool_dir.starts_with(&state_dir) || state_dir.starts_with(&spool_dir) {
             return Err(invalid(
                 "state_dir",
@@ -237,6 +251,21 @@ impl Config {
             .as_ref()
             .and_then(|j| j.idle_requires_gpu_idle)
             .unwrap_or(false);
+        let stop_grace = duration(
+            "jobs.stop_grace",
+            raw.jobs.as_ref().and_then(|j| j.stop_grace.clone()),
+        )?
+        .unwrap_or(DEFAULT_STOP_GRACE);
+        if stop_grace.is_zero() || stop_grace > MAX_STOP_GRACE {
+            return Err(invalid(
+                "jobs.stop_grace",
+                format!(
+                    "{} is outside 1s..{}; a job that ignores SIGTERM keeps its GPUs this long",
+                    humantime::format_duration(stop_grace),
+                    humantime::format_duration(MAX_STOP_GRACE)
+                ),
+            ));
+        }
         let logs = raw
             .logs
             .unwrap_or_default()
@@ -258,6 +287,7 @@ impl Config {
             spool_dir,
             state_dir,
             log_dir,
+            runtime_dir,
             slice,
             allow_root_jobs: raw.allow_root_jobs.unwrap_or(false),
             max_queued_per_user,
@@ -267,6 +297,7 @@ impl Config {
             retention,
             idle_timeout,
             idle_requires_gpu_idle,
+            stop_grace,
             logs,
             policy,
             notifications,

@@ -62,6 +62,8 @@ pub enum DaemonError {
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
+    #[error(transparent)]
     Systemd(#[from] SystemdError),
     #[error(transparent)]
     Gpu(#[from] crate::gpu::GpuError),
@@ -108,8 +110,13 @@ pub struct Daemon {
     /// Spool entries we could neither claim nor remove (a user's non-empty
     /// directory): refused once, then left alone.
     stuck_entries: HashSet<(u64, u64)>,
-    /// The ptraind binary, run by each unit as its exit recorder.
-    recorder: std::path::PathBuf,
+    /// The ptraind binary: each unit's ExecStart is `ptraind exec-job`.
+    ptraind: std::path::PathBuf,
+    /// Each job's launch files and result directory.
+    runtime: crate::runtime::JobRuntime,
+    /// Jobs whose unit is gone while its exit recorder still runs: their
+    /// end is recorded when the recorder's unit ends.
+    awaiting_recorder: HashSet<JobId>,
     /// When a state write last failed; cleared by a retry that succeeds.
     store_failed_at: Option<tokio::time::Instant>,
     /// `[policy]` with group names resolved.
@@ -193,8 +200,8 @@ fn process_uids(pid: u32) -> Option<Vec<u32>> {
         .collect()
 }
 
-/// This binary's path, for the units' ExecStopPost recorder.
-fn recorder_path() -> std::path::PathBuf {
+/// This binary's path, for the units' ExecStart (`ptraind exec-job`).
+fn ptraind_path() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap_or_else(|_| "/usr/sbin/ptraind".into());
     // After a package upgrade replaced the binary, name the new one.
     let text = exe.display().to_string();
@@ -217,6 +224,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     let spool_fd =
         fsutil::open_dir(&config.spool_dir).map_err(setup("spool directory", &config.spool_dir))?;
     let store = Store::open(&config.state_dir)?;
+    let runtime = crate::runtime::JobRuntime::open(&config.runtime_dir)?;
     let inventory = crate::gpu::open_inventory(&config.gpus)?;
     info!(backend = inventory.backend(), "GPU inventory ready");
 
@@ -232,7 +240,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     let lost_name = lost_stream.clone();
     systemd
         .forward_signals(
-            JOB_UNIT_PREFIX,
+            &[JOB_UNIT_PREFIX, crate::spec::RECORDER_PREFIX],
             move |signal| {
                 let _ = unit_tx.send(Event::Unit(signal));
             },
@@ -272,7 +280,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         by_unit: HashMap::new(),
         queued_per_user: HashMap::new(),
         stuck_entries: HashSet::new(),
-        recorder: recorder_path(),
+        ptraind: ptraind_path(),
+        runtime,
+        awaiting_recorder: HashSet::new(),
         store_failed_at: None,
         policy: crate::policy::Policy::none(),
         reserved: BTreeMap::new(),
@@ -576,6 +586,12 @@ impl Daemon {
             }
             self.jobs.insert(id, record);
         }
+        // Recorders that wrote after ptraind had recorded the end itself.
+        for id in self.store.exit_record_ids() {
+            if !self.jobs.contains_key(&id) {
+                self.store.remove_exit_record(&id);
+            }
+        }
         for id in to_check {
             self.reattach(&id).await;
         }
@@ -587,7 +603,6 @@ impl Daemon {
             return;
         };
         let unit = record.unit.clone();
-        let state = record.state;
         match self.systemd.ref_unit(&unit).await {
             Ok(()) => {
                 info!(job = %id, unit, "re-attached to its unit");
@@ -602,30 +617,39 @@ impl Daemon {
                 return;
             }
         }
-        if let Some(exit) = self.store.exit_record(id) {
-            // It ended while ptraind was down and systemd collected it:
-            // the unit's recorder kept the true result.
-            info!(job = %id, unit, "job ended while ptraind was down; using its recorded exit");
-            let (result, code, status) = exit.as_unit_result();
-            let unit_state = UnitState {
-                active_state: "inactive".into(),
-                invocation_id: exit.invocation_id.clone(),
-                result: result.clone(),
-                exec_main_code: code,
-                exec_main_status: status,
-                exec_main_exit: exit.recorded_at,
-                ..UnitState::default()
-            };
-            let stop_requested_by = self.jobs[id].stop_requested_by;
-            let outcome = scheduler::outcome_of_unit(&result, code, status, stop_requested_by);
-            self.finish(id, outcome, Some(&unit_state)).await;
-        } else if state == JobState::Launching {
+        self.unit_gone(id).await;
+    }
+
+    /// The job's unit is not loaded: it ended and was collected while
+    /// ptraind did not watch, or it never started.
+    async fn unit_gone(&mut self, id: &JobId) {
+        let Some(record) = self.jobs.get(id) else {
+            return;
+        };
+        let unit = record.unit.clone();
+        let state = record.state;
+        if self.finish_from_exit_record(id).await {
+            return;
+        }
+        if self.recorder_pending(id).await {
+            // systemd started the recorder when the unit ended; its end
+            // (a signal) brings the record.
+            info!(job = %id, unit, "job ended; waiting for its exit recorder");
+            self.awaiting_recorder.insert(id.clone());
+            return;
+        }
+        // The recorder may have finished between the two looks.
+        if self.finish_from_exit_record(id).await {
+            return;
+        }
+        if state == JobState::Launching {
             // Recorded as launching, but systemd never got the unit and
             // it left no exit: it never ran. Start it now, once.
             warn!(job = %id, unit, "launch was interrupted; launching now");
             self.by_unit.remove(&unit);
             let gpus: Vec<u32> = self.jobs[id].gpus.iter().map(|g| g.index).collect();
-            self.start_unit(id, gpus).await;
+            // Boxed: start_unit comes back here when systemd cannot be read.
+            Box::pin(self.start_unit(id, gpus)).await;
         } else {
             warn!(job = %id, unit, "unit is gone without a recorded exit; its result is unknown");
             self.finish(
@@ -637,6 +661,63 @@ impl Daemon {
                 None,
             )
             .await;
+        }
+    }
+
+    /// Records the job's end from what its exit recorder wrote, if it did:
+    /// the facts systemd gave the recorder unit.
+    async fn finish_from_exit_record(&mut self, id: &JobId) -> bool {
+        let Some(exit) = self.store.exit_record(id) else {
+            return false;
+        };
+        let Some(record) = self.jobs.get(id) else {
+            return false;
+        };
+        if exit.invocation_id.is_some()
+            && record.invocation_id.is_some()
+            && exit.invocation_id != record.invocation_id
+        {
+            // A namesake's: an earlier job with this id ended after ptraind
+            // had recorded it.
+            self.store.remove_exit_record(id);
+            return false;
+        }
+        info!(job = %id, unit = %record.unit, "job ended while ptraind was not watching; using its recorded exit");
+        let (result, code, status) = exit.as_unit_result();
+        let unit_state = UnitState {
+            active_state: "inactive".into(),
+            invocation_id: exit.invocation_id.clone(),
+            result: result.clone(),
+            exec_main_code: code,
+            exec_main_status: status,
+            exec_main_exit: exit.recorded_at,
+            ..UnitState::default()
+        };
+        let outcome = scheduler::outcome_of_unit(&result, code, status, record.stop_requested_by);
+        self.finish(id, outcome, Some(&unit_state)).await;
+        true
+    }
+
+    /// Whether systemd still runs (or has queued) one of the job's exit
+    /// recorders.
+    async fn recorder_pending(&self, id: &JobId) -> bool {
+        for unit in id.recorder_units() {
+            if let Ok(state) = self.systemd.unit_state(&unit).await {
+                if !state.has_ended() {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// An exit recorder's unit ended: its record is complete.
+    async fn recorder_ended(&mut self, id: &JobId) {
+        if self.awaiting_recorder.remove(id) {
+            self.unit_gone(id).await;
+        } else if !self.jobs.contains_key(id) {
+            // ptraind recorded this end from the unit itself already.
+            self.store.remove_exit_record(id);
         }
     }
 
@@ -1239,10 +1320,28 @@ impl Daemon {
     async fn start_unit(&mut self, id: &JobId, gpus: Vec<u32>) {
         let record = &self.jobs[id];
         let unit = record.unit.clone();
+        let launch = unit::launch_file(record, self.parent_results(record).as_deref());
+        let prepared = match self.runtime.prepare(
+            id,
+            &record.owner,
+            &launch,
+            &record.spec.credentials,
+        ) {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot prepare the job's launch");
+                let reason = e.to_string();
+                self.finish(id, Outcome::LaunchFailed { reason }, None)
+                    .await;
+                return;
+            }
+        };
+        let result_file = self.runtime.result_file(id);
         let ctx = unit::LaunchContext {
             home_exists: record.owner.home.is_dir(),
-            recorder: &self.recorder,
-            parent_results: self.parent_results(record),
+            ptraind: &self.ptraind,
+            prepared: &prepared,
+            result_file: &result_file,
         };
         let props = unit::job_unit_properties(record, &self.config, &ctx);
         crash_point("before-start-unit");
@@ -1291,6 +1390,14 @@ impl Daemon {
     }
 
     async fn on_unit_signal(&mut self, signal: UnitSignal) {
+        if let Some(id) = JobId::from_recorder_unit(signal.unit()) {
+            if let UnitSignal::StateChanged { active_state, .. } = &signal {
+                if matches!(active_state.as_str(), "inactive" | "failed") {
+                    self.recorder_ended(&id).await;
+                }
+            }
+            return;
+        }
         let Some(job_state) = self
             .by_unit
             .get(signal.unit())
@@ -1339,15 +1446,9 @@ impl Daemon {
         let state = match self.systemd.unit_state(unit).await {
             Ok(state) => state,
             Err(SystemdError::NoSuchUnit(_)) => {
-                // We hold a reference, so this means the unit never loaded.
-                self.finish(
-                    &id,
-                    Outcome::LaunchFailed {
-                        reason: "systemd dropped the unit before it could be read".into(),
-                    },
-                    None,
-                )
-                .await;
+                // Collected before we could read it (our reference went
+                // with a lost bus connection), or never loaded.
+                self.unit_gone(&id).await;
                 return;
             }
             Err(e) => {
@@ -1460,8 +1561,13 @@ impl Daemon {
             record.ended_at = Some(now);
         }
         record.outcome = Some(outcome.clone());
-        if let Some(exit) = self.store.exit_record(id) {
-            record.result = exit.result;
+        match self.runtime.read_result(id, &record.owner) {
+            Ok(Some(result)) => record.result = Some(result),
+            Ok(None) => {}
+            // Shown with the job's own entries (`journalctl PTRAIN_JOB=ID`).
+            Err(e) => {
+                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "ignoring the job's result file")
+            }
         }
         // The end and its notification intents are one durable write. A job
         // that ran and ended before ptraind saw it running is announced as
@@ -1509,6 +1615,7 @@ impl Daemon {
         );
         crash_point("after-record-exit");
         self.store.remove_exit_record(id);
+        self.runtime.remove(id, &record.owner);
         let unit = record.unit.clone();
         self.held.retain(|_, holder| holder != id);
         if self.by_unit.remove(&unit).is_some() && state.is_some() {

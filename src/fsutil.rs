@@ -9,7 +9,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -410,22 +410,58 @@ pub fn read_bounded(file: &mut File, limit: usize) -> io::Result<Vec<u8>> {
 /// Most bytes of a job's result file that are read.
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
 
-/// Reads a JSON object from a path the job's user controls, with that
-/// user's file-system identity (setfsuid/setfsgid), never following a
-/// symlink, never blocking on a FIFO, and bounded. For the single-threaded
-/// exit recorder: fsuid is per thread.
-pub fn read_user_json(path: &Path, uid: u32, gid: u32) -> Result<serde_json::Value, String> {
-    // SAFETY: setfsuid/setfsgid only change this thread's file-system ids.
-    let (old_uid, old_gid) = unsafe { (libc::setfsuid(uid), libc::setfsgid(gid)) };
-    let result = (|| {
+/// Runs `f` with the file-system identity of a user: fsuid, fsgid and the
+/// supplementary groups `groups`, on this thread only (the raw syscalls, not
+/// glibc's wrappers, which would change every thread of ptraind). A fsuid
+/// other than 0 also drops CAP_DAC_OVERRIDE and friends from the effective
+/// set, so `f` can open exactly what the user could open.
+pub fn as_user<T>(uid: u32, gid: u32, groups: &[u32], f: impl FnOnce() -> T) -> T {
+    let mut saved = vec![0 as libc::gid_t; 256];
+    // SAFETY: getgroups fills at most `saved.len()` entries.
+    let n = unsafe { libc::getgroups(saved.len() as libc::c_int, saved.as_mut_ptr()) };
+    saved.truncate(n.max(0) as usize);
+    // SAFETY: per-thread syscalls with valid pointers and lengths; the old
+    // identity is restored below before anything else runs on this thread.
+    let (old_uid, old_gid) = unsafe {
+        libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
+        (libc::setfsgid(gid), libc::setfsuid(uid))
+    };
+    let result = f();
+    // SAFETY: as above, restoring the previous ids.
+    unsafe {
+        libc::setfsuid(old_uid as u32);
+        libc::setfsgid(old_gid as u32);
+        libc::syscall(libc::SYS_setgroups, saved.len(), saved.as_ptr());
+    }
+    result
+}
+
+/// Reads a file a job's owner controls, as that owner ([`as_user`]), never
+/// following a symlink in its last component, never blocking on a FIFO,
+/// bounded to `limit` bytes. `Ok(None)`: there is no such file.
+pub fn read_user_file(
+    path: &Path,
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+    limit: usize,
+) -> Result<Option<Vec<u8>>, String> {
+    as_user(uid, gid, groups, || {
         let dir = path.parent().ok_or("no directory")?;
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
             .ok_or("no file name")?;
-        let dir_fd = open_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut file =
-            open_at_nofollow(&dir_fd, name).map_err(|e| format!("{}: {e}", path.display()))?;
+        let dir_fd = match open_dir(dir) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        };
+        let mut file = match open_at_nofollow(&dir_fd, name) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
         let id = fstat(&file).map_err(|e| e.to_string())?;
         if !id.is_regular() {
             return Err(format!(
@@ -434,29 +470,124 @@ pub fn read_user_json(path: &Path, uid: u32, gid: u32) -> Result<serde_json::Val
                 id.kind()
             ));
         }
-        let bytes = read_bounded(&mut file, MAX_RESULT_BYTES).map_err(|e| e.to_string())?;
-        if bytes.len() > MAX_RESULT_BYTES {
-            return Err(format!(
-                "{} is larger than {MAX_RESULT_BYTES} bytes",
-                path.display()
-            ));
+        let bytes = read_bounded(&mut file, limit).map_err(|e| e.to_string())?;
+        if bytes.len() > limit {
+            return Err(format!("{} is larger than {limit} bytes", path.display()));
         }
-        let value: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
-        if !value.is_object() {
-            return Err(format!(
-                "{} must hold a JSON object like {{\"accuracy\": 0.9}}",
-                path.display()
-            ));
-        }
-        Ok(value)
-    })();
-    // SAFETY: as above, restoring the previous ids.
-    unsafe {
-        libc::setfsuid(old_uid as u32);
-        libc::setfsgid(old_gid as u32);
+        Ok(Some(bytes))
+    })
+}
+
+/// A job's result file: a JSON object, read as its owner. `Ok(None)`: the
+/// job wrote none.
+pub fn read_user_json(
+    path: &Path,
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+) -> Result<Option<serde_json::Value>, String> {
+    let Some(bytes) = read_user_file(path, uid, gid, groups, MAX_RESULT_BYTES)? else {
+        return Ok(None);
+    };
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    if !value.is_object() {
+        return Err(format!(
+            "{} must hold a JSON object like {{\"accuracy\": 0.9}}",
+            path.display()
+        ));
     }
-    result
+    Ok(Some(value))
+}
+
+/// Removes everything inside the directory `dir` as the user who owns it
+/// ([`as_user`]): entries are unlinked relative to directory fds opened
+/// without following links, so nothing the user planted can redirect the
+/// removal elsewhere. The directory itself stays.
+pub fn clear_user_dir(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    fn clear(fd: &OwnedFd, depth: usize) -> io::Result<()> {
+        if depth > 64 {
+            return Err(io::Error::other("directory tree deeper than 64 levels"));
+        }
+        let names = read_dir_fd(fd.try_clone()?)?;
+        for (name, is_dir) in names {
+            if is_dir {
+                let sub = open_dir_at(fd, &name)?;
+                clear(&sub, depth + 1)?;
+            }
+            unlink_at(fd, &name, is_dir)?;
+        }
+        Ok(())
+    }
+    as_user(uid, gid, groups, || {
+        let fd = match open_dir(dir) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        clear(&fd, 0)
+    })
+}
+
+/// The entries of an open directory (without `.` and `..`), each with
+/// whether it is a directory (by `fstatat` without following links).
+fn read_dir_fd(fd: OwnedFd) -> io::Result<Vec<(String, bool)>> {
+    // SAFETY: fdopendir takes ownership of a valid directory fd.
+    let dirp = unsafe { libc::fdopendir(fd.as_raw_fd()) };
+    if dirp.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    std::mem::forget(fd);
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: dirp is a valid DIR* until closedir below.
+        let entry = unsafe { libc::readdir(dirp) };
+        if entry.is_null() {
+            break;
+        }
+        // SAFETY: d_name is NUL-terminated within the entry.
+        let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
+        let Ok(name) = name.to_str() else {
+            continue;
+        };
+        if name == "." || name == ".." {
+            continue;
+        }
+        // SAFETY: as above.
+        let dir_fd = unsafe { libc::dirfd(dirp) };
+        let is_dir = lstat_at(&BorrowedDir(dir_fd), name)
+            .map(|id| id.kind() == "directory")
+            .unwrap_or(false);
+        out.push((name.to_owned(), is_dir));
+    }
+    // SAFETY: dirp came from fdopendir and is closed once.
+    unsafe { libc::closedir(dirp) };
+    Ok(out)
+}
+
+struct BorrowedDir(RawFd);
+impl AsRawFd for BorrowedDir {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Opens the directory `name` inside `dir`, never following a symlink.
+pub fn open_dir_at(dir: &impl AsRawFd, name: &str) -> io::Result<OwnedFd> {
+    let c = cstr(name)?;
+    // SAFETY: openat(2) with a NUL-terminated name relative to a valid dir fd.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is fresh and owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

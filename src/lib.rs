@@ -61,6 +61,7 @@ pub mod metrics;
 pub mod notifications;
 pub mod policy;
 pub mod resources;
+pub mod runtime;
 pub mod scheduler;
 pub mod spec;
 pub mod spool;

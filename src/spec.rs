@@ -33,6 +33,8 @@ pub const MAX_JSON_DEPTH: usize = 32;
 pub const MAX_ARGV: usize = 4096;
 /// Most variables accepted in `env`.
 pub const MAX_ENV: usize = 1024;
+/// Most secrets accepted in `credentials`.
+pub const MAX_CREDENTIALS: usize = 32;
 /// Most GPUs one job may request.
 pub const MAX_GPUS: u32 = 64;
 /// Range of `priority`: higher runs first, 0 when absent.
@@ -52,6 +54,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "command",
     "workdir",
     "env",
+    "credentials",
     "gpus",
     "timeout",
     "idle_timeout",
@@ -87,6 +90,10 @@ const RESERVED_ENV: &[(&str, &str)] = &[
         "injecting libraries into jobs is not allowed (link or load the library from your program)",
     ),
     ("LD_AUDIT", "loader audit modules are not allowed"),
+    (
+        "CREDENTIALS_DIRECTORY",
+        "it names the directory of the job's secrets (field `credentials`)",
+    ),
     ("USER", "it is set from the account that owns the job file"),
     (
         "LOGNAME",
@@ -112,6 +119,9 @@ const PATH_MAX_BYTES: usize = 200;
 pub struct JobId(String);
 
 const UNIT_PREFIX: &str = "ptrain-job@";
+/// The exit recorder's template, `units/ptrain-exit@.service`.
+pub const RECORDER_PREFIX: &str = "ptrain-exit@";
+const RECORDER_KINDS: [&str; 2] = ["ok", "failed"];
 const UNIT_SUFFIX: &str = ".service";
 
 impl JobId {
@@ -136,6 +146,24 @@ impl JobId {
     /// Inverse of [`JobId::unit_name`]; `None` for any other unit.
     pub fn from_unit_name(unit: &str) -> Option<JobId> {
         let id = unit.strip_prefix(UNIT_PREFIX)?.strip_suffix(UNIT_SUFFIX)?;
+        JobId::parse(id).ok()
+    }
+
+    /// The units that record how this job's unit ended, its OnSuccess= and
+    /// OnFailure= (`ptrain-exit@.service`): two instances, because systemd
+    /// hands the end ($MONITOR_*) only to a unit with exactly one trigger.
+    pub fn recorder_units(&self) -> [String; 2] {
+        RECORDER_KINDS.map(|kind| format!("{RECORDER_PREFIX}{kind}-{}{UNIT_SUFFIX}", self.0))
+    }
+
+    /// Inverse of [`JobId::recorder_units`]; `None` for any other unit.
+    pub fn from_recorder_unit(unit: &str) -> Option<JobId> {
+        let instance = unit
+            .strip_prefix(RECORDER_PREFIX)?
+            .strip_suffix(UNIT_SUFFIX)?;
+        let id = RECORDER_KINDS
+            .iter()
+            .find_map(|kind| instance.strip_prefix(kind)?.strip_prefix('-'))?;
         JobId::parse(id).ok()
     }
 }
@@ -245,6 +273,11 @@ pub struct JobSpec {
     /// Events to notify about; `None`: every end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify_on: Option<Vec<crate::notifications::NotifyEvent>>,
+    /// Secrets by name: files the owner names, read as the owner when the
+    /// job starts and handed to it as systemd credentials (files in
+    /// `$CREDENTIALS_DIRECTORY`), never through the environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub credentials: BTreeMap<String, PathBuf>,
 }
 
 mod timeout_serde {
@@ -373,6 +406,8 @@ pub enum SpecError {
 
     #[error("field `env` must not set `{key}`: {why}; remove it")]
     EnvReserved { key: String, why: &'static str },
+    #[error("field `credentials`: {0}")]
+    Credentials(String),
 
     #[error("field `gpus` must be a whole number from 0 to {MAX_GPUS} or an object such as {{\"count\": 2, \"model\": \"A100\"}}, not {found}; write e.g. \"gpus\": 1")]
     GpusInvalid { found: String },
@@ -786,6 +821,7 @@ struct RawSpec {
     command: Option<Value>,
     workdir: Option<Value>,
     env: Option<Value>,
+    credentials: Option<Value>,
     gpus: Option<Value>,
     timeout: Option<Value>,
     idle_timeout: Option<Value>,
@@ -812,6 +848,7 @@ impl RawSpec {
                 "command" => &mut raw.command,
                 "workdir" => &mut raw.workdir,
                 "env" => &mut raw.env,
+                "credentials" => &mut raw.credentials,
                 "gpus" => &mut raw.gpus,
                 "timeout" => &mut raw.timeout,
                 "idle_timeout" => &mut raw.idle_timeout,
@@ -855,6 +892,11 @@ impl RawSpec {
         };
         let workdir = self.workdir.map(validate_workdir).transpose()?;
         let env = self.env.map(validate_env).transpose()?.unwrap_or_default();
+        let credentials = self
+            .credentials
+            .map(validate_credentials)
+            .transpose()?
+            .unwrap_or_default();
         let gpus = self
             .gpus
             .map(|v| gpu_request::validate_gpus(&v))
@@ -925,6 +967,7 @@ impl RawSpec {
             sweep,
             notify,
             notify_on,
+            credentials,
         })
     }
 }
@@ -1071,6 +1114,54 @@ fn validate_env(v: Value) -> Result<BTreeMap<String, String>, SpecError> {
         }
     }
     Ok(env)
+}
+
+/// `credentials`: `{"NAME": "/absolute/path"}`. Names become file names in
+/// the job's `$CREDENTIALS_DIRECTORY`; `ptrain.` is ptraind's own prefix.
+fn validate_credentials(v: Value) -> Result<BTreeMap<String, PathBuf>, SpecError> {
+    const HINT: &str = "write e.g. {\"wandb\": \"/home/alice/.secrets/wandb\"}";
+    let Value::Object(map) = v else {
+        return Err(wrong_type("credentials", "an object of paths", &v, HINT));
+    };
+    let bad = |message: String| SpecError::Credentials(message);
+    if map.len() > MAX_CREDENTIALS {
+        return Err(bad(format!(
+            "{} secrets, more than the limit of {MAX_CREDENTIALS}; put them in one file",
+            map.len()
+        )));
+    }
+    let mut out = BTreeMap::new();
+    for (name, value) in map {
+        let name_ok = !name.is_empty()
+            && name.len() <= 64
+            && !name.starts_with('.')
+            && !name.starts_with("ptrain.")
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !name_ok {
+            return Err(bad(format!(
+                "name {} is not a credential name; use up to 64 of [A-Za-z0-9._-], not starting with `.` or `ptrain.`",
+                quote(&name)
+            )));
+        }
+        let Value::String(path) = value else {
+            return Err(wrong_type(
+                &format!("credentials.{name}"),
+                "a path string",
+                &value,
+                HINT,
+            ));
+        };
+        if path.contains('\0') || !path.starts_with('/') {
+            return Err(bad(format!(
+                "`credentials.{name}`: {} is not an absolute path; name the file like /home/you/.secrets/{name}",
+                quote(&path)
+            )));
+        }
+        out.insert(name, PathBuf::from(path));
+    }
+    Ok(out)
 }
 
 fn is_env_name(s: &str) -> bool {

@@ -402,6 +402,20 @@ impl Store {
         serde_json::from_slice(&bytes).ok()
     }
 
+    /// The jobs with a recorder's file, to forget those already recorded.
+    pub fn exit_record_ids(&self) -> Vec<JobId> {
+        let Ok(entries) = std::fs::read_dir(&self.exits_dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                JobId::parse(name.strip_suffix(".json")?).ok()
+            })
+            .collect()
+    }
+
     /// Forgets the recorder's file once its result is in the job's record:
     /// `exits/` holds only ends not yet recorded.
     pub fn remove_exit_record(&self, id: &JobId) {

@@ -198,6 +198,67 @@ pub struct Systemd {
     manager: ManagerProxy<'static>,
 }
 
+/// Tells systemd's messages from everyone else's: the unique name that owns
+/// org.freedesktop.systemd1, asked of dbus-daemon again whenever a message
+/// comes from another sender (systemd gets a new name when it re-executes
+/// or reconnects, and a signal of the new name may come before we hear of
+/// the change).
+#[derive(Clone)]
+struct SystemdSender {
+    dbus: zbus::fdo::DBusProxy<'static>,
+    owner: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl SystemdSender {
+    async fn new(conn: &Connection) -> Result<SystemdSender, SystemdError> {
+        let dbus = zbus::fdo::DBusProxy::new(conn)
+            .await
+            .map_err(SystemdError::Connect)?;
+        let this = SystemdSender {
+            dbus,
+            owner: Default::default(),
+        };
+        this.refresh().await;
+        Ok(this)
+    }
+
+    async fn refresh(&self) -> Option<String> {
+        let name = zbus::names::BusName::try_from(SYSTEMD).expect("a valid bus name");
+        let owner = match self.dbus.get_name_owner(name).await {
+            Ok(owner) => Some(owner.to_string()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask dbus-daemon who owns {SYSTEMD}");
+                None
+            }
+        };
+        if let Ok(mut cached) = self.owner.lock() {
+            cached.clone_from(&owner);
+        }
+        owner
+    }
+
+    async fn is_systemd(&self, msg: &zbus::Message) -> bool {
+        let header = msg.header();
+        let Some(sender) = header.sender() else {
+            return false;
+        };
+        let cached = self.owner.lock().ok().and_then(|o| o.clone());
+        if cached.as_deref() == Some(sender.as_str()) {
+            return true;
+        }
+        let is_owner = self.refresh().await.as_deref() == Some(sender.as_str());
+        if !is_owner {
+            tracing::warn!(
+                sender = sender.as_str(),
+                member = header.member().map(|m| m.as_str()).unwrap_or("-"),
+                path = header.path().map(|p| p.as_str()).unwrap_or("-"),
+                "ignoring a systemd signal that systemd did not send"
+            );
+        }
+        is_owner
+    }
+}
+
 /// Drops our reference on a unit and clears a failed state, so systemd
 /// collects it. Failures only mean it is gone already.
 async fn release_unit(manager: &ManagerProxy<'static>, unit: &str) {
@@ -228,38 +289,64 @@ impl Systemd {
         &self.conn
     }
 
-    /// Starts forwarding unit signals of units whose name starts with
-    /// `unit_prefix` to `sink`. Two tasks drain the D-Bus streams
+    /// Starts forwarding unit signals of units whose name starts with one
+    /// of `unit_prefixes` to `sink`. Two tasks drain the D-Bus streams
     /// continuously so that a busy consumer can never block the connection
     /// (and with it the replies to our own calls). A stream that ends (the
     /// bus connection is gone) is reported to `lost` with its name: without
     /// it ptraind would never again see a job end.
+    ///
+    /// Only systemd's own signals pass. A match rule's sender does not
+    /// filter what reaches us: any client may send a signal addressed to
+    /// our unique name, with any path and body. The sender field, though,
+    /// is set by dbus-daemon, so each message's sender is checked against
+    /// the current owner of org.freedesktop.systemd1 ([`SystemdSender`]).
     pub async fn forward_signals(
         &self,
-        unit_prefix: &'static str,
+        unit_prefixes: &'static [&'static str],
         sink: impl Fn(UnitSignal) + Send + Sync + Clone + 'static,
         lost: impl Fn(&'static str) + Send + Sync + Clone + 'static,
     ) -> Result<(), SystemdError> {
-        let mut removed = self
-            .manager
-            .receive_job_removed()
+        let sender = SystemdSender::new(&self.conn).await?;
+        let path_prefixes: Vec<String> =
+            unit_prefixes.iter().map(|p| unit_object_path(p)).collect();
+        let wanted_unit = move |unit: &str| unit_prefixes.iter().any(|p| unit.starts_with(p));
+        let wanted_path =
+            move |path: &str| path_prefixes.iter().any(|p| path.starts_with(p.as_str()));
+        let removed_rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .sender(SYSTEMD)
+            .interface("org.freedesktop.systemd1.Manager")
+            .member("JobRemoved")
+            .path("/org/freedesktop/systemd1")
+            .build()
+            .map_err(call_err("build match rule", "-"))?;
+        let mut removed = zbus::MessageStream::for_match_rule(removed_rule, &self.conn, None)
             .await
             .map_err(call_err("AddMatch JobRemoved", "-"))?;
         let sink1 = sink.clone();
         let lost1 = lost.clone();
+        let sender1 = sender.clone();
+        let wanted_unit1 = wanted_unit.clone();
         tokio::spawn(async move {
-            while let Some(signal) = removed.next().await {
-                let Ok(args) = signal.args() else { continue };
-                if args.unit.starts_with(unit_prefix) {
-                    sink1(UnitSignal::JobRemoved {
-                        unit: args.unit.clone(),
-                        result: args.result.clone(),
-                    });
+            while let Some(msg) = removed.next().await {
+                let Ok(msg) = msg else { continue };
+                if !sender1.is_systemd(&msg).await {
+                    continue;
+                }
+                let Ok((_, _, unit, result)) =
+                    msg.body()
+                        .deserialize::<(u32, zbus::ObjectPath<'_>, String, String)>()
+                else {
+                    continue;
+                };
+                if wanted_unit1(&unit) {
+                    sink1(UnitSignal::JobRemoved { unit, result });
                 }
             }
             lost1("JobRemoved");
         });
-        let rule = zbus::MatchRule::builder()
+        let changes_rule = zbus::MatchRule::builder()
             .msg_type(zbus::message::Type::Signal)
             .sender(SYSTEMD)
             .interface("org.freedesktop.DBus.Properties")
@@ -267,10 +354,9 @@ impl Systemd {
             .path_namespace("/org/freedesktop/systemd1/unit")
             .build()
             .map_err(call_err("build match rule", "-"))?;
-        let mut changes = zbus::MessageStream::for_match_rule(rule, &self.conn, None)
+        let mut changes = zbus::MessageStream::for_match_rule(changes_rule, &self.conn, None)
             .await
             .map_err(call_err("AddMatch PropertiesChanged", "-"))?;
-        let path_prefix = unit_object_path(unit_prefix);
         tokio::spawn(async move {
             // The Service half of each pair, until its Unit half comes.
             let mut service_half: HashMap<String, HashMap<String, OwnedVariant>> = HashMap::new();
@@ -278,12 +364,15 @@ impl Systemd {
                 let Ok(msg) = msg else { continue };
                 let header = msg.header();
                 let Some(path) = header.path() else { continue };
-                if !path.as_str().starts_with(&path_prefix) {
+                if !wanted_path(path.as_str()) {
                     continue;
                 }
                 let Some(unit) = unit_name_from_path(path.as_str()) else {
                     continue;
                 };
+                if !sender.is_systemd(&msg).await {
+                    continue;
+                }
                 let Ok((interface, changed, _)) =
                     msg.body()
                         .deserialize::<(String, HashMap<String, OwnedVariant>, Vec<String>)>()
@@ -412,7 +501,7 @@ pub fn to_variant(value: &PropValue) -> OwnedVariant {
         PropValue::ByteStrings(list) => zbus::Variant::from(list.clone()),
         PropValue::StrList(list) => zbus::Variant::from(list.clone()),
         PropValue::Exec(cmds) => zbus::Variant::from(cmds.clone()),
-        PropValue::DeviceAllow(devs) => zbus::Variant::from(devs.clone()),
+        PropValue::Pairs(pairs) => zbus::Variant::from(pairs.clone()),
     };
     OwnedVariant::try_from(variant).expect("plain values convert without file descriptors")
 }

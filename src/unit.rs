@@ -6,11 +6,20 @@
 //! file can loosen: the descriptor has no field that reaches these
 //! properties, and user environment entries cannot name the daemon's
 //! variables (the spec rejects them).
+//!
+//! Nothing the job's owner wrote is a unit property but the working
+//! directory and the numbers ptraind checked: the command and the
+//! environment travel in the launch file ([`crate::runtime`]), so
+//! other users cannot read them with `systemctl show`, and every property
+//! survives `daemon-reload` (systemd 252 rewrites a transient unit from its
+//! file then, and cannot read back `ExecStartEx=`, nor `$` and `%` in
+//! arguments, as written).
 
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
 use crate::gpu::NVIDIA_CONTROL_NODES;
+use crate::runtime::{LaunchFile, PreparedLaunch};
 use crate::store::JobRecord;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -22,10 +31,11 @@ pub enum PropValue {
     /// An array of byte strings (`aay`), e.g. LogExtraFields.
     ByteStrings(Vec<Vec<u8>>),
     StrList(Vec<String>),
-    /// ExecStartEx: (path, argv, flags).
-    Exec(Vec<(String, Vec<String>, Vec<String>)>),
-    /// DeviceAllow: (node, "rw").
-    DeviceAllow(Vec<(String, String)>),
+    /// ExecStart (`a(sasb)`): (path, argv, ignore failure).
+    Exec(Vec<(String, Vec<String>, bool)>),
+    /// `a(ss)`: DeviceAllow (node, "rw"), TemporaryFileSystem (path,
+    /// options).
+    Pairs(Vec<(String, String)>),
 }
 
 pub type UnitProperties = Vec<(&'static str, PropValue)>;
@@ -40,55 +50,67 @@ pub fn workdir(record: &JobRecord, home_exists: bool) -> PathBuf {
     }
 }
 
-/// The environment the daemon sets; user entries come first so the
-/// daemon's own always win (the spec already rejects those names).
-pub fn environment(record: &JobRecord, parent_results: Option<&str>) -> Vec<String> {
-    let mut env: Vec<String> = record
-        .spec
-        .env
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
+/// The variables ptraind sets for every job, as unit properties (visible
+/// to all, fixed names, values ptraind chose): which GPUs, the job's id and
+/// where its result goes.
+pub fn daemon_environment(record: &JobRecord, result_file: &Path) -> Vec<String> {
     let uuids: Vec<&str> = record.gpus.iter().map(|g| g.uuid.as_str()).collect();
     let indices: Vec<String> = record.gpus.iter().map(|g| g.index.to_string()).collect();
     // UUIDs name the same GPU for CUDA and NVML whatever the enumeration
     // order; PCI_BUS_ID order makes plain indices agree too.
-    env.push(format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")));
-    env.push("CUDA_DEVICE_ORDER=PCI_BUS_ID".into());
-    env.push(format!("PTRAIN_JOB_ID={}", record.id));
-    env.push(format!("PTRAIN_GPUS={}", indices.join(",")));
-    env.push(format!(
-        "PTRAIN_RESULT_FILE={}",
-        result_file(record).display()
-    ));
+    vec![
+        format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")),
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID".into(),
+        format!("PTRAIN_JOB_ID={}", record.id),
+        format!("PTRAIN_GPUS={}", indices.join(",")),
+        format!("PTRAIN_RESULT_FILE={}", result_file.display()),
+    ]
+}
+
+/// What the job's command runs with besides the unit's own variables: its
+/// `env`, and its parents' results (private to the owner).
+pub fn launch_file(record: &JobRecord, parent_results: Option<&str>) -> LaunchFile {
+    let mut env = record.spec.env.clone();
     if let Some(results) = parent_results {
-        env.push(format!("PTRAIN_PARENT_RESULTS={results}"));
+        env.insert("PTRAIN_PARENT_RESULTS".into(), results.to_owned());
     }
-    env
+    LaunchFile {
+        argv: record.spec.command.clone(),
+        env,
+    }
 }
 
 /// What a launch needs besides the record and the config.
 pub struct LaunchContext<'a> {
     pub home_exists: bool,
-    /// The ptraind binary: the unit runs `ptraind record-exit` as its
-    /// ExecStopPost, so the true exit survives a daemon that is down when
-    /// the job ends (systemd may collect the unit before ptraind is back).
-    pub recorder: &'a Path,
-    /// JSON of the parents' results, for `PTRAIN_PARENT_RESULTS`.
-    pub parent_results: Option<String>,
+    /// The ptraind binary: the unit's ExecStart is `ptraind exec-job`.
+    pub ptraind: &'a Path,
+    /// The launch credential and secrets, and the result directory
+    /// ([`crate::runtime::JobRuntime::prepare`]).
+    pub prepared: &'a PreparedLaunch,
+    /// Where the job writes its result.
+    pub result_file: &'a Path,
 }
 
-/// Where a job may write its results (a JSON object): a runtime directory
-/// systemd creates for the job's user and removes after the exit recorder
-/// has read it.
-pub fn runtime_dir_name(record: &JobRecord) -> String {
-    format!("ptrain-job-{}", record.id)
-}
-
-pub fn result_file(record: &JobRecord) -> PathBuf {
-    Path::new("/run")
-        .join(runtime_dir_name(record))
-        .join("result.json")
+/// A name for the job's output in the journal (`SYSLOG_IDENTIFIER`, what
+/// `journalctl` prints before each line): the command's base name when it
+/// is plain, else "ptrain-job". Without it every line would say "ptraind",
+/// the program systemd starts.
+pub fn syslog_identifier(record: &JobRecord) -> String {
+    let base = record.spec.command[0]
+        .rsplit('/')
+        .next()
+        .unwrap_or_default();
+    let plain = !base.is_empty()
+        && base.len() <= 64
+        && base
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b));
+    if plain {
+        base.to_owned()
+    } else {
+        "ptrain-job".into()
+    }
 }
 
 pub fn job_unit_properties(
@@ -96,9 +118,7 @@ pub fn job_unit_properties(
     config: &Config,
     ctx: &LaunchContext,
 ) -> UnitProperties {
-    let recorder = ctx.recorder;
     let workdir = workdir(record, ctx.home_exists);
-    let argv = record.spec.command.clone();
     let mut devices: Vec<(String, String)> = Vec::new();
     if !record.gpus.is_empty() {
         devices.extend(
@@ -113,7 +133,7 @@ pub fn job_unit_properties(
                 .map(|g| (g.device.display().to_string(), "rw".into())),
         );
     }
-    let mut read_write: Vec<String> = Vec::new();
+    let mut read_write: Vec<String> = vec![ctx.prepared.result_dir.display().to_string()];
     if workdir != Path::new("/") {
         read_write.push(workdir.display().to_string());
     }
@@ -125,47 +145,35 @@ pub fn job_unit_properties(
             .iter()
             .map(|p| format!("-{}", p.display())),
     );
+    let ptraind = ctx.ptraind.display().to_string();
+    let [on_success, on_failure] = record.id.recorder_units();
     let mut props: UnitProperties = vec![
         (
             "Description",
             PropValue::Str(format!("ptrain job {} of {}", record.id, record.owner.name)),
         ),
         ("Type", PropValue::Str("exec".into())),
-        // argv is passed as written: "no-env-expand" keeps systemd from
-        // expanding `$VAR` (and turning `$$` into `$`) in the user's command.
+        // `ptraind exec-job` reads the command from the launch file and
+        // execs it, as the job's user: no argument here holds a byte of the
+        // user's (the path is made of the checked id), so none can be
+        // expanded or misread on reload.
         (
-            "ExecStartEx",
-            PropValue::Exec(vec![(argv[0].clone(), argv, vec!["no-env-expand".into()])]),
-        ),
-        // Numeric ids: a user name systemd cannot parse would make it run
-        // the job as root (CVE-2017-1000082).
-        (
-            "ExecStopPostEx",
+            "ExecStart",
             PropValue::Exec(vec![(
-                recorder.display().to_string(),
+                ptraind.clone(),
                 vec![
-                    recorder.display().to_string(),
-                    "record-exit".into(),
-                    "--state-dir".into(),
-                    config.state_dir.display().to_string(),
-                    "--job".into(),
-                    record.id.to_string(),
-                    "--result-file".into(),
-                    result_file(record).display().to_string(),
-                    "--uid".into(),
-                    record.owner.uid.to_string(),
-                    "--gid".into(),
-                    record.owner.gid.to_string(),
+                    ptraind,
+                    "exec-job".into(),
+                    ctx.prepared.launch_file.display().to_string(),
                 ],
-                // Root, outside the job's sandbox (it writes the root-only
-                // state dir); a failure must not change the job's result.
-                vec![
-                    "privileged".into(),
-                    "ignore-failure".into(),
-                    "no-env-expand".into(),
-                ],
+                false,
             )]),
         ),
+        // The end is recorded by a unit of its own (units/ptrain-exit@.service)
+        // whose facts come from systemd, not by a command inside this unit,
+        // which would share the job's environment.
+        ("OnSuccess", PropValue::StrList(vec![on_success])),
+        ("OnFailure", PropValue::StrList(vec![on_failure])),
         ("User", PropValue::Str(record.owner.uid.to_string())),
         ("Group", PropValue::Str(record.owner.gid.to_string())),
         (
@@ -178,14 +186,16 @@ pub fn job_unit_properties(
         ),
         (
             "Environment",
-            PropValue::StrList(environment(record, ctx.parent_results.as_deref())),
+            PropValue::StrList(daemon_environment(record, ctx.result_file)),
         ),
-        (
-            "RuntimeDirectory",
-            PropValue::StrList(vec![runtime_dir_name(record)]),
-        ),
-        ("RuntimeDirectoryMode", PropValue::U32(0o700)),
         ("StandardOutput", PropValue::Str("journal".into())),
+        (
+            "SyslogIdentifier",
+            PropValue::Str(syslog_identifier(record)),
+        ),
+        // A job's output is its record: journald's default rate limit
+        // (10,000 lines in 30 s) would silently drop most of a fast one.
+        ("LogRateLimitIntervalUSec", PropValue::U64(0)),
         // `journalctl PTRAIN_JOB=ID` shows the job's output next to
         // ptraind's own entries about it.
         (
@@ -201,8 +211,24 @@ pub fn job_unit_properties(
         // The confinement baseline.
         ("NoNewPrivileges", PropValue::Bool(true)),
         ("PrivateTmp", PropValue::Bool(true)),
+        // Writable: the workdir, the result directory and the admin's data
+        // paths; nothing else, the owner's home and /run/user included.
         ("ProtectSystem", PropValue::Str("strict".into())),
+        ("ProtectHome", PropValue::Str("read-only".into())),
         ("ReadWritePaths", PropValue::StrList(read_write)),
+        // Shared memory of the job's own (PyTorch's DataLoader needs a
+        // writable /dev/shm), gone with it, never shared with other users'
+        // jobs: a private IPC namespace, a private tmpfs on /dev/shm, and the
+        // host's POSIX message queue file system out of reach.
+        ("PrivateIPC", PropValue::Bool(true)),
+        (
+            "TemporaryFileSystem",
+            PropValue::Pairs(vec![("/dev/shm".into(), "mode=1777,nosuid,nodev".into())]),
+        ),
+        (
+            "InaccessiblePaths",
+            PropValue::StrList(vec!["-/dev/mqueue".into()]),
+        ),
         ("ProtectKernelTunables", PropValue::Bool(true)),
         ("ProtectKernelModules", PropValue::Bool(true)),
         ("ProtectKernelLogs", PropValue::Bool(true)),
@@ -212,7 +238,13 @@ pub fn job_unit_properties(
         // CUDA_VISIBLE_DEVICES isolates nothing (a job can unset it); the
         // device cgroup does.
         ("DevicePolicy", PropValue::Str("closed".into())),
-        ("DeviceAllow", PropValue::DeviceAllow(devices)),
+        ("DeviceAllow", PropValue::Pairs(devices)),
+        // SIGTERM, then SIGKILL after the admin's grace: a job that ignores
+        // SIGTERM does not keep its GPUs systemd's default 90 s.
+        (
+            "TimeoutStopUSec",
+            PropValue::U64(config.stop_grace.as_micros() as u64),
+        ),
     ];
     let limits = &record.limits;
     if let Some(bytes) = limits.memory_bytes {
@@ -269,12 +301,22 @@ mod tests {
         JobRecord::new(spec, owner, source, 0)
     }
 
-    fn ctx(home_exists: bool) -> LaunchContext<'static> {
-        LaunchContext {
-            home_exists,
-            recorder: Path::new("/usr/sbin/ptraind"),
-            parent_results: None,
+    fn prepared() -> PreparedLaunch {
+        PreparedLaunch {
+            launch_file: "/run/ptrain/launch/job1/ptrain.job".into(),
+            result_dir: "/run/ptrain/results/job1".into(),
         }
+    }
+
+    fn props(r: &JobRecord, config: &Config, home_exists: bool) -> UnitProperties {
+        let prepared = prepared();
+        let ctx = LaunchContext {
+            home_exists,
+            ptraind: Path::new("/usr/sbin/ptraind"),
+            prepared: &prepared,
+            result_file: Path::new("/run/ptrain/results/job1/result.json"),
+        };
+        job_unit_properties(r, config, &ctx)
     }
 
     fn get<'a>(props: &'a UnitProperties, key: &str) -> &'a PropValue {
@@ -296,7 +338,7 @@ mod tests {
             uuid: "GPU-1".into(),
             device: "/dev/nvidia1".into(),
         }];
-        let props = job_unit_properties(&r, &config, &ctx(true));
+        let props = props(&r, &config, true);
         assert_eq!(get(&props, "User"), &PropValue::Str("1234".into()));
         assert_eq!(get(&props, "Group"), &PropValue::Str("4321".into()));
         assert_eq!(
@@ -311,7 +353,7 @@ mod tests {
             get(&props, "DevicePolicy"),
             &PropValue::Str("closed".into())
         );
-        let PropValue::DeviceAllow(devs) = get(&props, "DeviceAllow") else {
+        let PropValue::Pairs(devs) = get(&props, "DeviceAllow") else {
             panic!()
         };
         assert!(devs.iter().any(|(d, _)| d == "/dev/nvidia1"));
@@ -330,15 +372,64 @@ mod tests {
         assert!(env.contains(&"CUDA_VISIBLE_DEVICES=GPU-1".to_string()));
         assert!(env.contains(&"PTRAIN_JOB_ID=job1".to_string()));
         assert!(env.contains(&"PTRAIN_GPUS=1".to_string()));
-        assert!(env.contains(&"PTRAIN_RESULT_FILE=/run/ptrain-job-job1/result.json".to_string()));
+        assert!(
+            env.contains(&"PTRAIN_RESULT_FILE=/run/ptrain/results/job1/result.json".to_string())
+        );
+        // The job's own variables and its command are no unit property.
+        assert!(!env.iter().any(|e| e.starts_with("A=")), "{env:?}");
+        let shown = format!("{props:?}");
+        assert!(!shown.contains("train.py"), "{shown}");
+        assert_eq!(
+            get(&props, "ExecStart"),
+            &PropValue::Exec(vec![(
+                "/usr/sbin/ptraind".into(),
+                vec![
+                    "/usr/sbin/ptraind".into(),
+                    "exec-job".into(),
+                    "/run/ptrain/launch/job1/ptrain.job".into()
+                ],
+                false
+            )])
+        );
+        assert_eq!(
+            get(&props, "OnFailure"),
+            &PropValue::StrList(vec!["ptrain-exit@failed-job1.service".into()])
+        );
+        assert_eq!(
+            get(&props, "OnSuccess"),
+            &PropValue::StrList(vec!["ptrain-exit@ok-job1.service".into()])
+        );
+        assert_eq!(
+            get(&props, "SyslogIdentifier"),
+            &PropValue::Str("python3".into())
+        );
+        assert_eq!(get(&props, "TimeoutStopUSec"), &PropValue::U64(30_000_000));
+        let launch = launch_file(&r, Some("{}"));
+        assert_eq!(launch.argv, ["python3", "train.py"]);
+        assert_eq!(launch.env["A"], "b");
+        assert_eq!(launch.env["PTRAIN_PARENT_RESULTS"], "{}");
+    }
+
+    #[test]
+    fn no_property_carries_what_systemd_252_cannot_read_back() {
+        // `$`, `%` or a flag list (ExecStartEx) in a property of a
+        // transient unit break its reload; none may come from the job.
+        let config = Config::from_toml(Path::new("t"), "").unwrap();
+        let r =
+            record(r#"{"version":1,"command":["sh","-c","echo $HOME %h $$"],"env":{"X":"$Y %n"}}"#);
+        for (key, value) in props(&r, &config, true) {
+            let text = format!("{value:?}");
+            assert!(!key.ends_with("Ex"), "{key}");
+            assert!(!text.contains('$') && !text.contains('%'), "{key}: {text}");
+        }
     }
 
     #[test]
     fn no_gpus_means_no_nvidia_nodes_and_empty_cuda_list() {
         let config = Config::from_toml(Path::new("t"), "").unwrap();
         let r = record(r#"{"version":1,"command":["true"]}"#);
-        let props = job_unit_properties(&r, &config, &ctx(false));
-        assert_eq!(get(&props, "DeviceAllow"), &PropValue::DeviceAllow(vec![]));
+        let props = props(&r, &config, false);
+        assert_eq!(get(&props, "DeviceAllow"), &PropValue::Pairs(vec![]));
         assert_eq!(get(&props, "WorkingDirectory"), &PropValue::Str("/".into()));
         assert!(!props.iter().any(|(k, _)| *k == "RuntimeMaxUSec"));
     }

@@ -2036,7 +2036,9 @@ fn variant(value: zbus::Variant<'_>) -> OwnedVariant {
 struct PtrainProps {
     config: ptrain::config::Config,
     owner: Owner,
-    recorder: PathBuf,
+    ptraind: PathBuf,
+    /// Launch files and result directories, as ptraind makes them.
+    runtime: ptrain::runtime::JobRuntime,
     /// The harness's declared GPUs, as ptraind sees them.
     gpus: Vec<ptrain::gpu::GpuInfo>,
 }
@@ -2054,12 +2056,15 @@ impl PtrainProps {
         PtrainProps {
             config,
             owner: ptrain::users::owner_of_uid(uid).expect("the bench user exists"),
-            recorder: PathBuf::from(crate::daemon::PTRAIND),
+            ptraind: crate::daemon::ptraind_bin().to_owned(),
+            runtime: ptrain::runtime::JobRuntime::open(&d.root.join("floor-runtime"))
+                .expect("a runtime dir for the floor"),
             gpus,
         }
     }
 
-    /// Without `recorder`, the unit lacks its ExecStopPost exit recorder.
+    /// Without `recorder`, the unit lacks its OnSuccess=/OnFailure= exit
+    /// recorders.
     fn properties(&self, id: &str, add_ref: bool, recorder: bool) -> Vec<(String, OwnedVariant)> {
         self.properties_on(id, add_ref, recorder, None)
     }
@@ -2083,15 +2088,22 @@ impl PtrainProps {
                 device: g.device.clone(),
             })
             .collect();
+        let launch = ptrain::unit::launch_file(&record, None);
+        let prepared = self
+            .runtime
+            .prepare(&record.id, &record.owner, &launch, &Default::default())
+            .expect("the floor's launch files");
+        let result_file = self.runtime.result_file(&record.id);
         let ctx = ptrain::unit::LaunchContext {
             home_exists: record.owner.home.is_dir(),
-            recorder: &self.recorder,
-            parent_results: None,
+            ptraind: &self.ptraind,
+            prepared: &prepared,
+            result_file: &result_file,
         };
         let mut props: Vec<(String, OwnedVariant)> =
             ptrain::unit::job_unit_properties(&record, &self.config, &ctx)
                 .into_iter()
-                .filter(|(k, _)| recorder || *k != "ExecStopPostEx")
+                .filter(|(k, _)| recorder || !matches!(*k, "OnSuccess" | "OnFailure"))
                 .map(|(k, v)| (k.to_string(), prop_variant(&v)))
                 .collect();
         props.push(("AddRef".into(), variant(zbus::Variant::from(add_ref))));

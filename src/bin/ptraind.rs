@@ -35,60 +35,58 @@ enum Sub {
         #[arg(long)]
         man: PathBuf,
     },
-    /// Record a job unit's exit (run by systemd as the unit's ExecStopPost;
-    /// reads SERVICE_RESULT, EXIT_CODE, EXIT_STATUS, INVOCATION_ID).
+    /// Record how a job unit ended: the ExecStart of ptrain-exit@.service,
+    /// which the job unit's OnSuccess=/OnFailure= start. The facts come from
+    /// systemd alone ($MONITOR_UNIT, $MONITOR_SERVICE_RESULT,
+    /// $MONITOR_EXIT_CODE, $MONITOR_EXIT_STATUS, $MONITOR_INVOCATION_ID).
     #[command(hide = true)]
     RecordExit {
-        #[arg(long)]
-        state_dir: PathBuf,
-        #[arg(long)]
-        job: String,
-        /// The job's result file, read as the job's user.
-        #[arg(long)]
-        result_file: Option<PathBuf>,
-        #[arg(long)]
-        uid: Option<u32>,
-        #[arg(long)]
-        gid: Option<u32>,
+        /// The recorder unit's instance: ok-ID or failed-ID.
+        instance: String,
     },
+    /// Run a job's command (the job unit's ExecStart, as the job's user):
+    /// reads the command and environment from its launch file.
+    #[command(hide = true)]
+    ExecJob { launch_file: PathBuf },
 }
 
-fn record_exit(
-    state_dir: &std::path::Path,
-    job: &str,
-    result_file: Option<&std::path::Path>,
-    uid: Option<u32>,
-    gid: Option<u32>,
-) -> ExitCode {
-    let Ok(id) = ptrain::spec::JobId::parse(job) else {
-        eprintln!("ptraind record-exit: invalid job id {job:?}");
-        return ExitCode::from(2);
+/// `ptraind record-exit`: runs as root in its own unit, whose environment
+/// PID 1 builds (the static unit's settings and the MONITOR_* facts), so
+/// nothing the job set reaches this process or its loader.
+fn record_exit(config_path: &std::path::Path, instance: &str) -> ExitCode {
+    let fail = |message: String| {
+        eprintln!("ptraind record-exit {instance}: {message}");
+        ExitCode::FAILURE
     };
     let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let unit = var("MONITOR_UNIT");
+    let Some(id) = ptrain::spec::JobId::from_unit_name(&unit) else {
+        return fail(format!(
+            "$MONITOR_UNIT is {unit:?}, not a ptrain job unit; this runs only from a job unit's OnSuccess=/OnFailure="
+        ));
+    };
+    let this = format!("{}{instance}.service", ptrain::spec::RECORDER_PREFIX);
+    if !id.recorder_units().contains(&this) {
+        return fail(format!(
+            "was triggered by {unit}, whose recorders are {:?}",
+            id.recorder_units()
+        ));
+    }
+    let config = match Config::load(config_path) {
+        Ok(config) => config,
+        Err(e) => return fail(e.to_string()),
+    };
     let record = ptrain::store::ExitRecord {
-        invocation_id: std::env::var("INVOCATION_ID").ok(),
-        service_result: var("SERVICE_RESULT"),
-        exit_code: var("EXIT_CODE"),
-        exit_status: var("EXIT_STATUS"),
+        invocation_id: Some(var("MONITOR_INVOCATION_ID")).filter(|s| !s.is_empty()),
+        service_result: var("MONITOR_SERVICE_RESULT"),
+        exit_code: var("MONITOR_EXIT_CODE"),
+        exit_status: var("MONITOR_EXIT_STATUS"),
         recorded_at: ptrain::now_micros(),
         result: None,
     };
-    let mut record = record;
-    if let (Some(path), Some(uid), Some(gid)) = (result_file, uid, gid) {
-        if path.exists() {
-            match ptrain::fsutil::read_user_json(path, uid, gid) {
-                Ok(value) => record.result = Some(value),
-                // Shown in the job's own journal, next to its output.
-                Err(e) => eprintln!("ptrain: ignoring the job's result file: {e}"),
-            }
-        }
-    }
-    match ptrain::store::record_exit(state_dir, &id, &record) {
+    match ptrain::store::record_exit(&config.state_dir, &id, &record) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ptraind record-exit: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail(e.to_string()),
     }
 }
 
@@ -163,15 +161,10 @@ fn main() -> ExitCode {
     if let Some(Sub::Generate { man }) = &args.command {
         return generate_man(man);
     }
-    if let Some(Sub::RecordExit {
-        state_dir,
-        job,
-        result_file,
-        uid,
-        gid,
-    }) = &args.command
-    {
-        return record_exit(state_dir, job, result_file.as_deref(), *uid, *gid);
+    match &args.command {
+        Some(Sub::RecordExit { instance }) => return record_exit(&args.config, instance),
+        Some(Sub::ExecJob { launch_file }) => return ptrain::runtime::exec_job(launch_file),
+        _ => {}
     }
     let config = match Config::load(&args.config) {
         Ok(config) => config,

@@ -15,6 +15,38 @@ pub const PTRAIND: &str = env!("CARGO_BIN_EXE_ptraind");
 pub const PTRAIN: &str = env!("CARGO_BIN_EXE_ptrain");
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// ptraind where every test user can run it: a job unit's ExecStart is
+/// `ptraind exec-job`, run as the job's owner, and a checkout may sit where
+/// those users cannot reach (under /root). A hard link (a copy across file
+/// systems) under /srv/ptrain-tests, made once per test process; the ones
+/// of earlier processes are removed.
+pub fn ptraind_bin() -> &'static Path {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let base = Path::new("/srv/ptrain-tests");
+        std::fs::create_dir_all(base).unwrap();
+        std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mine = format!("bin-{}", std::process::id());
+        for entry in std::fs::read_dir(base).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("bin-") {
+                if name != mine && !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = base.join(mine);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.join("ptraind");
+        let _ = std::fs::remove_file(&bin);
+        if std::fs::hard_link(PTRAIND, &bin).is_err() {
+            std::fs::copy(PTRAIND, &bin).unwrap();
+        }
+        bin
+    })
+}
+
 /// Local users the tests drop files as.
 pub const ALICE: &str = "ptrain-alice";
 pub const BOB: &str = "ptrain-bob";
@@ -113,7 +145,11 @@ impl TestDaemon {
         let unit = unit
             .replace(
                 "ExecStart=/usr/sbin/ptraind",
-                &format!("ExecStart={PTRAIND} --config {}", config.display()),
+                &format!(
+                    "ExecStart={} --config {}",
+                    ptraind_bin().display(),
+                    config.display()
+                ),
             )
             .replace(
                 "ReadWritePaths=/var/spool/ptrain",
@@ -125,9 +161,7 @@ impl TestDaemon {
             .replace("LogsDirectory=ptrain", "#LogsDirectory=ptrain");
         // A checkout under /tmp (CI clones anywhere) would be hidden from
         // the service by its private /tmp: the binary would not be found.
-        let unit = if Path::new(PTRAIND).starts_with("/tmp")
-            || Path::new(PTRAIND).starts_with("/var/tmp")
-        {
+        let unit = if ptraind_bin().starts_with("/tmp") || ptraind_bin().starts_with("/var/tmp") {
             assert!(unit.contains("\nPrivateTmp=yes\n"));
             unit.replace("\nPrivateTmp=yes\n", "\nPrivateTmp=no\n")
         } else {
@@ -135,6 +169,31 @@ impl TestDaemon {
         };
         assert!(unit.contains(&format!("ReadWritePaths={}", root.display())));
         std::fs::write(units.join("ptraind.service"), unit).unwrap();
+        // The exit recorder, pointed at the same binary and config.
+        let recorder =
+            std::fs::read_to_string(crate::harness::repo_root().join("units/ptrain-exit@.service"))
+                .expect("units/ptrain-exit@.service");
+        let recorder = recorder
+            .replace(
+                "ExecStart=/usr/sbin/ptraind record-exit",
+                &format!(
+                    "ExecStart={} --config {} record-exit",
+                    ptraind_bin().display(),
+                    config.display()
+                ),
+            )
+            .replace(
+                "ReadWritePaths=/var/lib/ptrain",
+                &format!("ReadWritePaths={}", root.display()),
+            );
+        let recorder = if ptraind_bin().starts_with("/tmp") || ptraind_bin().starts_with("/var/tmp")
+        {
+            recorder.replace("\nPrivateTmp=yes\n", "\nPrivateTmp=no\n")
+        } else {
+            recorder
+        };
+        assert!(recorder.contains(&format!("--config {} record-exit", config.display())));
+        std::fs::write(units.join("ptrain-exit@.service"), recorder).unwrap();
         let harness = Harness::boot(test, opts.gpus, Some(&units));
         let daemon = TestDaemon {
             harness,

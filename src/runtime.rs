@@ -1,0 +1,361 @@
+//! The files a job has while it lives, under `runtime_dir` (`/run/ptrain`,
+//! a tmpfs that ptraind.service keeps across its restarts):
+//!
+//! - `launch/ID/` (the owner's, 0500, its files 0400): `ptrain.job`, the
+//!   job's command and its whole environment as JSON, and one file per
+//!   secret it named in `credentials`, copied there as its owner. The job
+//!   finds the secrets in `$CREDENTIALS_DIRECTORY`, which names this
+//!   directory, as systemd's credentials would (systemd's `LoadCredential=`
+//!   left the files unreadable to the job's user in the test harness's
+//!   systemd 252). Written whole by root while the directory is still
+//!   root's, then handed over: no link the user planted is followed. So the
+//!   command and the environment are never unit properties (which any user
+//!   can read with `systemctl show`, and which systemd 252 cannot read back
+//!   from its transient unit file after a `daemon-reload` when they hold
+//!   `$` or `%`), and nothing the job sets is ever in the environment of a
+//!   process that runs with more privilege than the job.
+//! - `results/ID/` (the owner's, 0700): where the job writes its result
+//!   (`PTRAIN_RESULT_FILE`). ptraind reads it as the owner when it records
+//!   the end, then removes it.
+//!
+//! The unit's `ExecStart` is `ptraind exec-job PATH` ([`exec_job`]), which
+//! runs as the job's user inside its sandbox, reads `ptrain.job` and `execvp`s
+//! the command with that environment. It is a program of ptraind's, started
+//! with the unit's own environment (fixed names and values ptraind chose),
+//! so what the job sets reaches only the job's own program.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil;
+use crate::spec::JobId;
+use crate::users::Owner;
+
+/// The file that carries [`LaunchFile`]; the `ptrain.` prefix is not open
+/// to users' own credential names.
+pub const LAUNCH_FILE: &str = "ptrain.job";
+/// Largest secret file copied for a job.
+pub const MAX_SECRET_BYTES: usize = 256 * 1024;
+/// The exit status `exec-job` ends with when the command cannot be run:
+/// systemd's own for "could not exec", so the outcome reads the same.
+pub const EXEC_FAILED: u8 = 203;
+
+/// What `exec-job` runs: argv and the environment the job asked for (with
+/// the daemon's own variables that must stay private, e.g. the parents'
+/// results).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchFile {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+/// What the unit needs from a prepared launch.
+#[derive(Debug, Clone)]
+pub struct PreparedLaunch {
+    /// The launch file, for `ptraind exec-job`.
+    pub launch_file: PathBuf,
+    /// The job's result directory, made writable for it.
+    pub result_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("cannot prepare {path}: {source}; check that {root} is a root-owned directory on a tmpfs (runtime_dir in ptrain.toml)", root = .root.display(), path = .path.display())]
+    Io {
+        root: PathBuf,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("cannot read the secret `{name}` from {path} as {user}: {message}; make it a regular file the job's owner can read")]
+    Secret {
+        name: String,
+        path: PathBuf,
+        user: String,
+        message: String,
+    },
+}
+
+/// The runtime directory of one ptraind.
+#[derive(Debug, Clone)]
+pub struct JobRuntime {
+    root: PathBuf,
+}
+
+impl JobRuntime {
+    /// Creates `root`, `root/launch` and `root/results` (0711: jobs reach
+    /// their own directories, nobody lists the others).
+    pub fn open(root: &Path) -> Result<JobRuntime, RuntimeError> {
+        let this = JobRuntime {
+            root: root.to_owned(),
+        };
+        for (path, mode) in [
+            (root.to_owned(), 0o711),
+            (this.launch_root(), 0o711),
+            (this.results_root(), 0o711),
+        ] {
+            fsutil::ensure_dir(&path, mode).map_err(|source| this.io_err(&path, source))?;
+        }
+        Ok(this)
+    }
+
+    fn io_err(&self, path: &Path, source: io::Error) -> RuntimeError {
+        RuntimeError::Io {
+            root: self.root.clone(),
+            path: path.to_owned(),
+            source,
+        }
+    }
+
+    fn launch_root(&self) -> PathBuf {
+        self.root.join("launch")
+    }
+
+    fn results_root(&self) -> PathBuf {
+        self.root.join("results")
+    }
+
+    pub fn launch_dir(&self, id: &JobId) -> PathBuf {
+        self.launch_root().join(id.as_str())
+    }
+
+    pub fn result_dir(&self, id: &JobId) -> PathBuf {
+        self.results_root().join(id.as_str())
+    }
+
+    pub fn result_file(&self, id: &JobId) -> PathBuf {
+        self.result_dir(id).join("result.json")
+    }
+
+    /// Writes the launch file and the secrets, and makes the result
+    /// directory, for a job about to start. Redone whole on a relaunch.
+    pub fn prepare(
+        &self,
+        id: &JobId,
+        owner: &Owner,
+        launch: &LaunchFile,
+        secrets: &BTreeMap<String, PathBuf>,
+    ) -> Result<PreparedLaunch, RuntimeError> {
+        let dir = self.launch_dir(id);
+        self.remove_launch(id);
+        fsutil::ensure_dir(&dir, 0o700).map_err(|e| self.io_err(&dir, e))?;
+        let mut written = Vec::new();
+        let mut write = |name: &str, bytes: &[u8]| {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).map_err(|e| self.io_err(&path, e))?;
+            written.push(path);
+            Ok::<(), RuntimeError>(())
+        };
+        let mut launch = launch.clone();
+        launch
+            .env
+            .insert("CREDENTIALS_DIRECTORY".into(), dir.display().to_string());
+        let json = serde_json::to_vec(&launch).expect("a launch file always serialises");
+        write(LAUNCH_FILE, &json)?;
+        for (name, path) in secrets {
+            let secret_err = |message: String| RuntimeError::Secret {
+                name: name.clone(),
+                path: path.clone(),
+                user: owner.name.clone(),
+                message,
+            };
+            let bytes =
+                fsutil::read_user_file(path, owner.uid, owner.gid, &owner.groups, MAX_SECRET_BYTES)
+                    .map_err(secret_err)?
+                    .ok_or_else(|| secret_err("there is no such file".into()))?;
+            write(name, &bytes)?;
+        }
+        // Handed over only now, whole: until here the directory was root's.
+        for path in written.iter().chain([&dir]) {
+            let mode = if path == &dir { 0o500 } else { 0o400 };
+            hand_over(path, owner, mode).map_err(|e| self.io_err(path, e))?;
+        }
+        let result_dir = self.result_dir(id);
+        self.make_result_dir(&result_dir, owner)
+            .map_err(|e| self.io_err(&result_dir, e))?;
+        Ok(PreparedLaunch {
+            launch_file: dir.join(LAUNCH_FILE),
+            result_dir,
+        })
+    }
+
+    /// The owner's result directory: made by root inside the root-owned
+    /// `results/` (or found there, when a launch is redone), then handed
+    /// over, so no path the user controls is ever followed. What a job left
+    /// there goes when its end is recorded ([`JobRuntime::remove`]).
+    fn make_result_dir(&self, path: &Path, owner: &Owner) -> io::Result<()> {
+        let parent = fsutil::open_dir(&self.results_root())?;
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| io::Error::other("no directory name"))?;
+        let c = std::ffi::CString::new(name)?;
+        // SAFETY: mkdirat with a valid dir fd and a NUL-terminated name.
+        if unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o700) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+        }
+        let dir = fsutil::open_dir_at(&parent, name)?;
+        // SAFETY: fchown/fchmod on a directory fd opened without following links.
+        unsafe {
+            if libc::fchown(dir.as_raw_fd(), owner.uid, owner.gid) != 0
+                || libc::fchmod(dir.as_raw_fd(), 0o700) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// The job's result, read as its owner. `Ok(None)`: it wrote none.
+    pub fn read_result(
+        &self,
+        id: &JobId,
+        owner: &Owner,
+    ) -> Result<Option<serde_json::Value>, String> {
+        fsutil::read_user_json(&self.result_file(id), owner.uid, owner.gid, &owner.groups)
+    }
+
+    /// Removes the launch directory (its copies of the secrets with it).
+    pub fn remove_launch(&self, id: &JobId) {
+        // remove_dir_all works through directory fds and never follows a
+        // link, so the owner's files in it cannot redirect it.
+        let dir = self.launch_dir(id);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(job = %id, path = %dir.display(), error = %e, "cannot remove a job's launch files");
+            }
+        }
+    }
+
+    /// Everything the job had here: once its end is recorded.
+    pub fn remove(&self, id: &JobId, owner: &Owner) {
+        self.remove_launch(id);
+        let dir = self.result_dir(id);
+        let cleared = fsutil::clear_user_dir(&dir, owner.uid, owner.gid, &owner.groups);
+        let removed = cleared.and_then(|()| std::fs::remove_dir(&dir));
+        if let Err(e) = removed {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(job = %id, path = %dir.display(), error = %e, "cannot remove a job's result directory");
+            }
+        }
+    }
+}
+
+/// Gives a file root wrote to the job's owner (never following a link:
+/// root made it a moment ago in a directory nobody else can write).
+fn hand_over(path: &Path, owner: &Owner, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::lchown(path, Some(owner.uid), Some(owner.gid))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// `ptraind exec-job PATH`: the unit's ExecStart, as the job's user.
+/// Replaces itself with the job's command; returns only when that cannot
+/// be done.
+pub fn exec_job(path: &Path) -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt;
+    let fail = |message: String| {
+        eprintln!("ptrain: {message}");
+        std::process::ExitCode::from(EXEC_FAILED)
+    };
+    let launch: LaunchFile = match std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(launch) => launch,
+        Err(e) => {
+            return fail(format!(
+                "cannot read the job's launch file {}: {e}",
+                path.display()
+            ))
+        }
+    };
+    let Some((program, args)) = launch.argv.split_first() else {
+        return fail("the job's launch file has an empty command".into());
+    };
+    let mut command = std::process::Command::new(program);
+    command.args(args).envs(&launch.env);
+    let error = command.exec();
+    // Debug quoting: the name is the user's and may hold control bytes.
+    fail(format!("cannot run {program:?}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> Owner {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Owner {
+            uid,
+            gid,
+            name: "me".into(),
+            home: "/".into(),
+            groups: vec![gid],
+        }
+    }
+
+    #[test]
+    fn prepare_writes_the_launch_file_and_secrets_and_remove_clears_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rt = JobRuntime::open(&tmp.path().join("rt")).unwrap();
+        let id = JobId::parse("j1").unwrap();
+        let secret = tmp.path().join("token");
+        std::fs::write(&secret, "s3cret").unwrap();
+        let launch = LaunchFile {
+            argv: vec!["python3".into(), "$HOME %h".into()],
+            env: BTreeMap::from([("A".into(), "x $y".into())]),
+        };
+        let secrets = BTreeMap::from([("wandb".to_string(), secret)]);
+        let prepared = rt.prepare(&id, &owner(), &launch, &secrets).unwrap();
+        let back: LaunchFile =
+            serde_json::from_slice(&std::fs::read(&prepared.launch_file).unwrap()).unwrap();
+        assert_eq!(back.argv, launch.argv);
+        assert_eq!(back.env["A"], "x $y");
+        let dir = rt.launch_dir(&id);
+        assert_eq!(back.env["CREDENTIALS_DIRECTORY"], dir.display().to_string());
+        assert_eq!(std::fs::read(dir.join("wandb")).unwrap(), b"s3cret");
+        std::fs::write(rt.result_file(&id), r#"{"acc": 1}"#).unwrap();
+        std::fs::create_dir(prepared.result_dir.join("sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", prepared.result_dir.join("sub/etc")).unwrap();
+        assert_eq!(
+            rt.read_result(&id, &owner()).unwrap(),
+            Some(serde_json::json!({"acc": 1}))
+        );
+        rt.remove(&id, &owner());
+        assert!(!rt.launch_dir(&id).exists());
+        assert!(!prepared.result_dir.exists());
+        assert!(
+            Path::new("/etc/passwd").exists(),
+            "the symlink was not followed"
+        );
+        assert_eq!(rt.read_result(&id, &owner()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_missing_secret_names_the_file_and_the_fix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rt = JobRuntime::open(tmp.path()).unwrap();
+        let id = JobId::parse("j2").unwrap();
+        let launch = LaunchFile {
+            argv: vec!["true".into()],
+            env: BTreeMap::new(),
+        };
+        let secrets = BTreeMap::from([("key".to_string(), tmp.path().join("nope"))]);
+        let err = rt
+            .prepare(&id, &owner(), &launch, &secrets)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`key`") && err.contains("nope") && err.contains("no such file"),
+            "{err}"
+        );
+    }
+}
