@@ -972,3 +972,417 @@ fn a_flood_of_bad_files_pushes_out_only_its_owners_oldest_quarantine() {
     );
     d.assert_alive();
 }
+
+// ---------------------------------------------------------------------
+// Issue 16: no way up. Each test fails on a build whose job units carry
+// the job's environment into a privileged ExecStopPost, trust any sender's
+// signals, leave the home and /dev/shm writable, read the result file as
+// root, or show the environment in the unit's properties.
+
+/// A root-only directory: anything that appears in it was made by root.
+fn root_only_dir(d: &TestDaemon, name: &str) -> std::path::PathBuf {
+    let dir = d.root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
+}
+
+/// What systemd shows every user about a unit, and its transient file.
+fn public_unit_text(d: &TestDaemon, unit: &str) -> String {
+    let (_, shown) = d.harness.systemctl(&["show", unit]);
+    let file = d
+        .harness
+        .command("cat")
+        .arg(format!("/run/systemd/transient/{unit}"))
+        .output()
+        .unwrap();
+    format!("{shown}\n{}", String::from_utf8_lossy(&file.stdout))
+}
+
+#[test]
+fn a_jobs_environment_never_reaches_a_privileged_process_nor_its_record() {
+    let d = TestDaemon::start("envpriv");
+    let trap = root_only_dir(&d, "trap");
+    let trap_s = trap.display().to_string();
+    // Every loader and libc variable a privileged process would honour,
+    // and the recorder facts an ExecStopPost reads from its environment.
+    let env = json!({
+        "LD_LIBRARY_PATH": format!("{trap_s}/lib"),
+        "LD_DEBUG": "all",
+        "LD_DEBUG_OUTPUT": format!("{trap_s}/ld-debug"),
+        "LD_PROFILE": "libc.so.6",
+        "LD_PROFILE_OUTPUT": trap_s.clone(),
+        "LD_SHOW_AUXV": "1",
+        "LD_BIND_NOW": "1",
+        "GLIBC_TUNABLES": "glibc.malloc.check=3",
+        "GCONV_PATH": format!("{trap_s}/gconv"),
+        "MALLOC_TRACE": format!("{trap_s}/mtrace"),
+        "LOCPATH": format!("{trap_s}/locale"),
+        "NLSPATH": format!("{trap_s}/nls"),
+        "HOSTALIASES": format!("{trap_s}/hosts"),
+        "TZDIR": trap_s.clone(),
+        "SERVICE_RESULT": "success",
+        "EXIT_CODE": "exited",
+        "EXIT_STATUS": "0",
+        "MONITOR_SERVICE_RESULT": "success",
+        "MONITOR_EXIT_CODE": "exited",
+        "MONITOR_EXIT_STATUS": "0",
+        "WANDB_API_KEY": "hunter2-secret-token",
+    });
+    let job = json!({"version": 1, "command": ["/bin/sh", "-c", "sleep 2; exit 3"], "env": env});
+    d.drop_job(ALICE, "envjob.json", &job.to_string());
+    d.drop_job(
+        ALICE,
+        "after-envjob.json",
+        r#"{"version": 1, "command": ["true"], "after_ok": ["envjob"]}"#,
+    );
+    d.wait_running("envjob");
+    let unit = "ptrain-job@envjob.service";
+    let public = public_unit_text(&d, unit);
+    for needle in [
+        "hunter2-secret-token",
+        "sleep 2",
+        "GLIBC_TUNABLES",
+        "LD_DEBUG",
+    ] {
+        assert!(
+            !public.contains(needle),
+            "{needle} is readable by every user:\n{public}"
+        );
+    }
+    // The job ends while ptraind is down: only the recorder sees it.
+    let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+    assert!(ok, "{out}");
+    wait_for("the job to end", WAIT, || {
+        (d.unit_property(unit, "ActiveState") != "active").then_some(())
+    });
+    d.start_service();
+    let end = d.wait_ended("envjob");
+    assert_eq!(end["status"], "failed", "{end}");
+    assert_eq!(end["exit_code"], 3, "{end}");
+    assert_eq!(d.wait_ended("after-envjob")["status"], "dependency-failed");
+    let made: Vec<_> = std::fs::read_dir(&trap)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        made.is_empty(),
+        "a privileged process honoured the job's variables: {made:?}"
+    );
+}
+
+#[test]
+fn forged_systemd_signals_from_a_user_are_ignored() {
+    let d = TestDaemon::start("forged");
+    d.drop_job(
+        BOB,
+        "victim.json",
+        r#"{"version": 1, "command": ["sleep", "30"], "gpus": 2}"#,
+    );
+    d.drop_job(
+        ALICE,
+        "waiter.json",
+        r#"{"version": 1, "command": ["true"], "gpus": 1}"#,
+    );
+    d.wait_running("victim");
+    let owner = d.as_user(
+        ALICE,
+        "busctl",
+        &[
+            "--system",
+            "call",
+            "org.freedesktop.DBus",
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus",
+            "GetNameOwner",
+            "s",
+            "org.ptrain.Daemon1",
+        ],
+    );
+    let owner = String::from_utf8_lossy(&owner.stdout);
+    let ptraind = owner
+        .trim()
+        .trim_start_matches("s ")
+        .trim_matches('"')
+        .to_owned();
+    assert!(ptraind.starts_with(':'), "ptraind's unique name: {owner}");
+    let path = "/org/freedesktop/systemd1/unit/ptrain_2djob_40victim_2eservice";
+    let emit = |args: &[&str]| {
+        let mut full = vec!["--system", "emit", "--destination", ptraind.as_str()];
+        full.extend_from_slice(args);
+        let out = d.as_user(ALICE, "busctl", &full);
+        assert!(out.status.success(), "busctl emit: {}", text(&out));
+    };
+    // Every stream ptraind acts on: the Service and Unit halves of a
+    // PropertiesChanged pair, and JobRemoved.
+    emit(&[
+        path,
+        "org.freedesktop.DBus.Properties",
+        "PropertiesChanged",
+        "sa{sv}as",
+        "org.freedesktop.systemd1.Service",
+        "4",
+        "Result",
+        "s",
+        "success",
+        "ExecMainCode",
+        "i",
+        "1",
+        "ExecMainStatus",
+        "i",
+        "0",
+        "MainPID",
+        "u",
+        "0",
+        "0",
+    ]);
+    emit(&[
+        path,
+        "org.freedesktop.DBus.Properties",
+        "PropertiesChanged",
+        "sa{sv}as",
+        "org.freedesktop.systemd1.Unit",
+        "2",
+        "ActiveState",
+        "s",
+        "inactive",
+        "SubState",
+        "s",
+        "dead",
+        "0",
+    ]);
+    emit(&[
+        "/org/freedesktop/systemd1",
+        "org.freedesktop.systemd1.Manager",
+        "JobRemoved",
+        "uoss",
+        "9",
+        "/org/freedesktop/systemd1/job/9",
+        "ptrain-job@victim.service",
+        "failed",
+    ]);
+    wait_for("ptraind to refuse all three forged signals", WAIT, || {
+        (d.daemon_log().matches("systemd did not send").count() >= 3).then_some(())
+    });
+    let victim = d.status("victim").unwrap();
+    assert_eq!(
+        victim["status"], "running",
+        "a forged signal ended bob's job: {victim}"
+    );
+    let waiter = d.status("waiter").unwrap();
+    assert_eq!(
+        waiter["status"], "queued",
+        "bob's GPUs were handed on: {waiter}"
+    );
+    d.assert_alive();
+}
+
+#[test]
+fn jobs_write_only_their_workdir_and_results_and_their_shm_is_their_own() {
+    let d = TestDaemon::start("writable");
+    let (uid, gid) = ensure_user(ALICE);
+    let home = Path::new("/home").join(format!("ptrain-t-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(uid), Some(gid)).unwrap();
+    let probe = format!(
+        "echo x > /dev/shm/ptrain-probe && test -s /dev/shm/ptrain-probe \
+         && ! touch {home}/escaped 2>/dev/null && ! touch /dev/mqueue/q 2>/dev/null \
+         && touch ./inside \
+         && printf '{{\"probe\": \"ok\"}}' > \"$PTRAIN_RESULT_FILE\"",
+        home = home.display()
+    );
+    let job = json!({"version": 1, "command": ["/bin/sh", "-c", probe],
+                     "workdir": d.workdir(ALICE)});
+    d.drop_job(ALICE, "probe.json", &job.to_string());
+    let end = d.wait_ended("probe");
+    assert_eq!(
+        end["status"],
+        "succeeded",
+        "{end}\n{}",
+        d.harness.journal(&["-u", "ptrain-job@probe.service"])
+    );
+    assert_eq!(end["result"], json!({"probe": "ok"}), "{end}");
+    assert!(!home.join("escaped").exists());
+    let shm = d
+        .harness
+        .command("test")
+        .args(["-e", "/dev/shm/ptrain-probe"])
+        .status()
+        .unwrap();
+    assert!(
+        !shm.success(),
+        "the job's /dev/shm outlived it, shared with every user"
+    );
+    assert!(d.workdir(ALICE).join("inside").exists());
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn the_result_file_is_read_as_the_jobs_owner_never_through_a_link() {
+    let d = TestDaemon::start("resultlink");
+    let secret = root_only_dir(&d, "rootonly").join("secret.json");
+    std::fs::write(&secret, r#"{"root": "secret"}"#).unwrap();
+    for (id, target) in [
+        ("to-root", secret.display().to_string()),
+        ("to-nothing", "/root/none.json".into()),
+    ] {
+        let script = format!("ln -s {target} \"$PTRAIN_RESULT_FILE\"");
+        let job = json!({"version": 1, "command": ["/bin/sh", "-c", script]});
+        d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+    }
+    for id in ["to-root", "to-nothing"] {
+        let end = d.wait_ended(id);
+        assert_eq!(end["status"], "succeeded", "{end}");
+        assert!(end["result"].is_null(), "{end}");
+    }
+    // Both links are refused alike: nothing tells whether the target exists.
+    let log = d.daemon_log();
+    assert_eq!(
+        log.matches("ignoring the job's result file").count(),
+        2,
+        "{log}"
+    );
+}
+
+#[test]
+fn secrets_reach_only_their_job_through_credentials() {
+    let d = TestDaemon::start("secrets");
+    let secret = d.workdir(ALICE).join(".wandb");
+    std::fs::write(&secret, "tok-123").unwrap();
+    chown(&secret, ALICE);
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let check = r#"test "$(cat "$CREDENTIALS_DIRECTORY/wandb")" = tok-123"#;
+    let job = |id: &str| {
+        json!({"version": 1, "id": id, "command": ["/bin/sh", "-c", check],
+               "credentials": {"wandb": secret}})
+        .to_string()
+    };
+    d.drop_job(ALICE, "mine.json", &job("mine"));
+    d.drop_job(BOB, "theirs.json", &job("theirs"));
+    let mine = d.wait_ended("mine");
+    assert_eq!(mine["status"], "succeeded", "{mine}");
+    // Bob names Alice's file: read as Bob, it is refused.
+    let theirs = d.wait_ended("theirs");
+    assert_eq!(theirs["status"], "launch-failed", "{theirs}");
+    let detail = theirs["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        detail.contains("wandb") && detail.contains("Permission denied"),
+        "{theirs}"
+    );
+    assert!(!public_unit_text(&d, "ptrain-job@mine.service").contains("tok-123"));
+}
+
+#[test]
+fn a_job_that_ignores_sigterm_is_killed_after_the_admins_grace() {
+    let d = TestDaemon::start_with(
+        "grace",
+        Opts {
+            extra_config: "[jobs]\nstop_grace = \"2s\"\n".into(),
+            ..Opts::default()
+        },
+    );
+    let job = r#"{"version": 1, "command": ["/bin/sh", "-c", "trap '' TERM; sleep 60 & wait; sleep 60"], "timeout": "1s"}"#;
+    d.drop_job(ALICE, "stubborn.json", job);
+    d.wait_running("stubborn");
+    assert_eq!(
+        d.unit_property("ptrain-job@stubborn.service", "TimeoutStopUSec"),
+        "2s"
+    );
+    let start = Instant::now();
+    let end = d.wait_ended("stubborn");
+    assert_eq!(end["status"], "timeout", "{end}");
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "ended after {:?}",
+        start.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------
+// Issue 17: nothing lost. daemon-reload and daemon-reexec during a job,
+// with ptraind up and down: the outcome, exit code and result are exact.
+
+#[test]
+fn daemon_reload_and_reexec_during_jobs_lose_nothing() {
+    let d = TestDaemon::start("reload");
+    let script =
+        r#"sleep 3; printf '{"epoch": 7, "arg": "%s"}' "$1" > "$PTRAIN_RESULT_FILE"; exit 5"#;
+    for id in ["up", "down"] {
+        let job = json!({"version": 1, "command": ["/bin/sh", "-c", script, "sh", "$HOME %h $$"]});
+        d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+    }
+    d.wait_running("up");
+    d.wait_running("down");
+    let before = d.unit_property("ptrain-job@up.service", "ExecStart");
+    for verb in ["daemon-reload", "daemon-reexec"] {
+        let (ok, out) = d.harness.systemctl(&[verb]);
+        assert!(ok, "{verb}: {out}");
+    }
+    for id in ["up", "down"] {
+        let unit = format!("ptrain-job@{id}.service");
+        assert_eq!(d.unit_property(&unit, "LoadState"), "loaded");
+        assert_eq!(d.unit_property(&unit, "ActiveState"), "active");
+    }
+    assert_eq!(
+        d.unit_property("ptrain-job@up.service", "ExecStart")
+            .split("start_time")
+            .next(),
+        before.split("start_time").next()
+    );
+    let journal = d.harness.journal(&["-b"]);
+    assert!(!journal.contains("Unknown key"), "{journal}");
+    // "down" ends while ptraind is stopped, after another reload.
+    let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+    assert!(ok, "{out}");
+    let (ok, out) = d.harness.systemctl(&["daemon-reload"]);
+    assert!(ok, "{out}");
+    wait_for("both jobs to end", WAIT, || {
+        ["up", "down"]
+            .iter()
+            .all(|id| {
+                d.unit_property(&format!("ptrain-job@{id}.service"), "ActiveState") != "active"
+            })
+            .then_some(())
+    });
+    d.start_service();
+    for id in ["up", "down"] {
+        let end = d.wait_ended(id);
+        assert_eq!(end["status"], "failed", "{id}: {end}");
+        assert_eq!(end["exit_code"], 5, "{id}: {end}");
+        assert_eq!(
+            end["result"],
+            json!({"epoch": 7, "arg": "$HOME %h $$"}),
+            "{id}: {end}"
+        );
+    }
+}
+
+#[test]
+fn a_burst_of_output_is_kept_whole() {
+    let d = TestDaemon::start("fastlog");
+    // journald's default rate limit keeps 10,000 lines per 30 s of a unit.
+    const LINES: usize = 100_000;
+    let job = format!(r#"{{"version": 1, "command": ["seq", "1", "{LINES}"]}}"#);
+    d.drop_job(ALICE, "chatty.json", &job);
+    assert_eq!(d.wait_ended("chatty")["status"], "succeeded");
+    // journald may still be writing: wait until every line is there, or
+    // until the count stops growing for a while.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (mut seen, mut last_growth) = (0, Instant::now());
+    while seen < LINES
+        && Instant::now() < deadline
+        && last_growth.elapsed() < Duration::from_secs(15)
+    {
+        let out = d.harness.journal(&["-u", "ptrain-job@chatty.service"]);
+        let now = out
+            .lines()
+            .filter(|l| !l.is_empty() && l.bytes().all(|c| c.is_ascii_digit()))
+            .count();
+        if now > seen {
+            (seen, last_growth) = (now, Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(seen, LINES, "the journal kept {seen} of {LINES} lines");
+}
