@@ -238,6 +238,10 @@ fn truncate_id(id: &str, max: usize) -> &str {
 pub enum ParentState {
     Pending,
     Succeeded,
+    /// Ended without running because it was not needed (`not-needed`):
+    /// neither a success nor a failure, so a branch that waits on it is
+    /// not needed either.
+    NotNeeded,
     /// Ended any other way; the status word says how.
     NotOk(String),
 }
@@ -248,20 +252,42 @@ pub enum Readiness {
     Ready,
     /// Still waiting for these jobs.
     Waiting(Vec<String>),
-    /// Can never run; which parent and why.
+    /// Can never run because a parent failed (`dependency-failed`): which
+    /// parent and why.
     Never {
+        parent: String,
+        reason: String,
+    },
+    /// Will never run, and that is no failure (`not-needed`): an
+    /// `after_fail` parent succeeded, or a parent was itself not needed.
+    NotNeeded {
         parent: String,
         reason: String,
     },
 }
 
-/// Decides from the parents' states. `resolve` expands an id (a job, or
-/// a sweep into its members) to the jobs and their states.
+/// Decides from the parents' states, with Slurm's meanings: `after_ok`
+/// (afterok) runs once every listed job succeeded, `after_fail`
+/// (afternotok) once every listed job ended not ok, `after_any` (afterany)
+/// once every listed job ended; all lists must hold. A list that can no
+/// longer hold is decided at once, as Slurm does, without waiting for the
+/// other parents: a failed `after_ok` parent makes the job
+/// `dependency-failed`; an `after_fail` parent that succeeded makes it
+/// `not-needed`, as does a not-needed parent in `after_ok` or `after_fail`
+/// (its branch was not taken). A not-needed parent counts as ended for
+/// `after_any`. When both apply, the failure is reported.
+///
+/// `resolve` expands an id (a job, or a sweep into its members) to the
+/// jobs and their states.
 pub fn readiness(
     deps: &Dependencies,
     resolve: impl Fn(&JobId) -> Vec<(JobId, ParentState)>,
 ) -> Readiness {
     let mut waiting = BTreeSet::new();
+    let mut not_needed: Option<(String, String)> = None;
+    let mut skip = |id: &JobId, reason: String| {
+        not_needed.get_or_insert_with(|| (id.to_string(), reason));
+    };
     for named in &deps.after_ok {
         for (id, state) in resolve(named) {
             match state {
@@ -269,6 +295,10 @@ pub fn readiness(
                     waiting.insert(id.to_string());
                 }
                 ParentState::Succeeded => {}
+                ParentState::NotNeeded => skip(
+                    &id,
+                    format!("after_ok: {id} was not needed, so neither is this job"),
+                ),
                 ParentState::NotOk(status) => {
                     return Readiness::Never {
                         parent: id.to_string(),
@@ -285,29 +315,27 @@ pub fn readiness(
             }
         }
     }
-    if !deps.after_fail.is_empty() {
-        let mut any_failed = false;
-        let mut last = String::new();
-        for named in &deps.after_fail {
-            for (id, state) in resolve(named) {
-                last = id.to_string();
-                match state {
-                    ParentState::Pending => {
-                        waiting.insert(id.to_string());
-                    }
-                    ParentState::NotOk(_) => any_failed = true,
-                    ParentState::Succeeded => {}
+    for named in &deps.after_fail {
+        for (id, state) in resolve(named) {
+            match state {
+                ParentState::Pending => {
+                    waiting.insert(id.to_string());
                 }
+                ParentState::NotOk(_) => {}
+                ParentState::Succeeded => skip(
+                    &id,
+                    format!("after_fail: {id} succeeded, so this job is not needed"),
+                ),
+                ParentState::NotNeeded => skip(
+                    &id,
+                    format!("after_fail: {id} did not run (not needed), so this job is not needed"),
+                ),
             }
         }
-        if waiting.is_empty() && !any_failed {
-            return Readiness::Never {
-                parent: last,
-                reason: "after_fail: every parent succeeded, so this job is not needed".into(),
-            };
-        }
     }
-    if waiting.is_empty() {
+    if let Some((parent, reason)) = not_needed {
+        Readiness::NotNeeded { parent, reason }
+    } else if waiting.is_empty() {
         Readiness::Ready
     } else {
         Readiness::Waiting(waiting.into_iter().collect())
@@ -361,26 +389,84 @@ mod tests {
     }
 
     #[test]
-    fn after_fail_runs_only_when_something_failed() {
+    fn after_fail_runs_only_when_every_parent_failed() {
         use ParentState::*;
+        let failed = || NotOk("failed".into());
         let d = deps(&[], &["a", "b"], &[]);
+        // One failed, one still running: wait for it.
         assert_eq!(
-            readiness(
-                &d,
-                resolver(&[("a", NotOk("failed".into())), ("b", Pending)])
-            ),
+            readiness(&d, resolver(&[("a", failed()), ("b", Pending)])),
             Readiness::Waiting(vec!["b".into()])
         );
+        // Every parent ended not ok (any way): run.
         assert_eq!(
             readiness(
                 &d,
-                resolver(&[("a", NotOk("failed".into())), ("b", Succeeded)])
+                resolver(&[("a", failed()), ("b", NotOk("timeout".into()))])
             ),
             Readiness::Ready
         );
+        // Only a failed: afternotok:a:b can never hold, so not needed,
+        // naming the parent that succeeded.
+        let r = readiness(&d, resolver(&[("a", failed()), ("b", Succeeded)]));
+        assert!(
+            matches!(&r, Readiness::NotNeeded { parent, reason } if parent == "b" && reason.contains("b succeeded")),
+            "{r:?}"
+        );
+        // Decided as soon as one succeeded, as Slurm does.
+        assert!(matches!(
+            readiness(&d, resolver(&[("a", Succeeded), ("b", Pending)])),
+            Readiness::NotNeeded { parent, .. } if parent == "a"
+        ));
         assert!(matches!(
             readiness(&d, resolver(&[("a", Succeeded), ("b", Succeeded)])),
-            Readiness::Never { .. }
+            Readiness::NotNeeded { .. }
+        ));
+        // A sweep named in after_fail: every member must fail.
+        let d = deps(&[], &["sw"], &[]);
+        assert_eq!(
+            readiness(&d, resolver(&[("sw-1", failed()), ("sw-2", failed())])),
+            Readiness::Ready
+        );
+        assert!(matches!(
+            readiness(&d, resolver(&[("sw-1", failed()), ("sw-2", Succeeded)])),
+            Readiness::NotNeeded { parent, .. } if parent == "sw-2"
+        ));
+    }
+
+    #[test]
+    fn not_needed_is_not_a_failure_and_follows_the_branch() {
+        use ParentState::*;
+        // after_ok of a job that was not needed: not needed either.
+        let d = deps(&["alert"], &[], &[]);
+        assert!(matches!(
+            readiness(&d, resolver(&[("alert", NotNeeded)])),
+            Readiness::NotNeeded { parent, .. } if parent == "alert"
+        ));
+        // after_fail of it: it did not fail, so not needed.
+        let d = deps(&[], &["alert"], &[]);
+        assert!(matches!(
+            readiness(&d, resolver(&[("alert", NotNeeded)])),
+            Readiness::NotNeeded { .. }
+        ));
+        // after_any: it ended, so run.
+        let d = deps(&[], &[], &["alert"]);
+        assert_eq!(
+            readiness(&d, resolver(&[("alert", NotNeeded)])),
+            Readiness::Ready
+        );
+        // A failure elsewhere wins: the job is dependency-failed.
+        let d = deps(&["train"], &["alert"], &[]);
+        let states = [("train", NotOk("failed".into())), ("alert", Succeeded)];
+        assert!(matches!(
+            readiness(&d, resolver(&states)),
+            Readiness::Never { parent, .. } if parent == "train"
+        ));
+        // Not needed is decided even while other lists still wait.
+        let states = [("train", Pending), ("alert", Succeeded)];
+        assert!(matches!(
+            readiness(&d, resolver(&states)),
+            Readiness::NotNeeded { parent, .. } if parent == "alert"
         ));
     }
 

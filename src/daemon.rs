@@ -1000,6 +1000,9 @@ impl Daemon {
         use crate::chain::ParentState;
         let state = |id: &JobId| match self.history.get(id) {
             Some(ended) if ended.succeeded() => ParentState::Succeeded,
+            Some(ended) if matches!(ended.outcome, Some(Outcome::NotNeeded { .. })) => {
+                ParentState::NotNeeded
+            }
             Some(ended) => ParentState::NotOk(ended.status().to_string()),
             None => ParentState::Pending,
         };
@@ -1038,7 +1041,19 @@ impl Daemon {
                             continue;
                         }
                         Readiness::Never { parent, reason } => {
-                            never.push((id.clone(), parent, reason));
+                            never.push((
+                                id.clone(),
+                                parent.clone(),
+                                Outcome::DependencyFailed { parent, reason },
+                            ));
+                            continue;
+                        }
+                        Readiness::NotNeeded { parent, reason } => {
+                            never.push((
+                                id.clone(),
+                                parent.clone(),
+                                Outcome::NotNeeded { parent, reason },
+                            ));
                             continue;
                         }
                     }
@@ -1057,10 +1072,9 @@ impl Daemon {
             if never.is_empty() {
                 return;
             }
-            for (id, parent, reason) in never {
-                info!(job = %id, PTRAIN_JOB = %id, parent, "dependency can never be satisfied: {reason}");
-                self.finish(&id, Outcome::DependencyFailed { parent, reason }, None)
-                    .await;
+            for (id, parent, outcome) in never {
+                info!(job = %id, PTRAIN_JOB = %id, parent, "will never run: {}", outcome.describe());
+                self.finish(&id, outcome, None).await;
             }
         }
     }

@@ -106,6 +106,7 @@ pub const OUTCOMES: &[&str] = &[
     "stopped",
     "launch-failed",
     "dependency-failed",
+    "not-needed",
 ];
 
 /// A Prometheus histogram of durations, lock-free.
@@ -767,6 +768,10 @@ mod tests {
         assert_eq!(
             s["ptrain_jobs_finished_total{status=\"dependency-failed\"}"],
             1.0
+        );
+        assert_eq!(
+            s["ptrain_jobs_finished_total{status=\"not-needed\"}"], 0.0,
+            "a job not needed is an outcome of its own"
         );
         assert!(!s.contains_key("ptrain_jobs_finished_total{status=\"running\"}"));
         // Histograms: cumulative buckets, +Inf equal to _count.

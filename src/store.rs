@@ -84,6 +84,12 @@ pub enum Outcome {
         parent: String,
         reason: String,
     },
+    /// Never ran, and that is no failure: its dependencies say it is not
+    /// needed (an `after_fail` parent succeeded). Which parent, and why.
+    NotNeeded {
+        parent: String,
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -98,6 +104,7 @@ impl Outcome {
             Outcome::Stopped { .. } => "stopped",
             Outcome::LaunchFailed { .. } => "launch-failed",
             Outcome::DependencyFailed { .. } => "dependency-failed",
+            Outcome::NotNeeded { .. } => "not-needed",
         }
     }
 
@@ -114,6 +121,7 @@ impl Outcome {
             Outcome::Stopped { by_uid } => format!("stopped by uid {by_uid}"),
             Outcome::LaunchFailed { reason } => format!("could not be launched: {reason}"),
             Outcome::DependencyFailed { reason, .. } => format!("never ran: {reason}"),
+            Outcome::NotNeeded { reason, .. } => format!("not needed, never ran: {reason}"),
         }
     }
 }

@@ -30,8 +30,9 @@ const EXIT_NO_DAEMON: u8 = 3;
 
 Exit codes: 0 success, 1 the request failed (unknown job, not yours),
 2 bad usage or invalid job file, 3 ptraind is not reachable.
-With --wait and `ptrain wait`: 4 a job failed (exit code, signal, launch),
-5 a job timed out, 6 a job was stopped, 7 a job's dependency failed."
+With --wait and `ptrain wait`: 0 every job succeeded or was not needed,
+4 a job failed (exit code, signal, launch), 5 a job timed out, 6 a job was
+stopped, 7 a job's dependency failed."
 )]
 struct Cli {
     /// Configuration file (for the spool directory).
@@ -53,11 +54,13 @@ enum Command {
         #[arg(long, conflicts_with = "wait")]
         no_confirm: bool,
         /// Block until the job (every job of a sweep) ends, printing its state
-        /// changes; exit 0 only if all succeeded (see exit codes below).
+        /// changes; exit 0 only if all succeeded or were not needed (see exit
+        /// codes below).
         #[arg(long)]
         wait: bool,
     },
-    /// Block until these jobs (or sweeps) end; exit 0 only if all succeeded.
+    /// Block until these jobs (or sweeps) end; exit 0 only if all succeeded
+    /// or were not needed.
     Wait {
         #[arg(required = true)]
         ids: Vec<String>,
@@ -446,6 +449,8 @@ fn print_table(jobs: &[JobView]) {
         let status = if color {
             let code = match j.status.as_str() {
                 "succeeded" => "32",
+                // Neither good nor bad news: the terminal's dim.
+                "not-needed" => "2",
                 "running" | "launching" => "36",
                 "queued" => "33",
                 _ => "31",
@@ -859,7 +864,10 @@ async fn wait_for_jobs(
         }
     }
     let worst = |word: &str| status.values().any(|s| s == word);
-    Ok(if status.values().all(|s| s == "succeeded") {
+    // A job that was not needed (an after_fail alert whose parents all
+    // succeeded) is how a pipeline that went well ends: not a failure.
+    let fine = |s: &String| s == "succeeded" || s == "not-needed";
+    Ok(if status.values().all(fine) {
         0
     } else if worst("failed") || worst("killed") || worst("launch-failed") {
         EXIT_JOB_FAILED

@@ -61,27 +61,32 @@ pub enum NotifyEvent {
     Timeout,
     IdleTimeout,
     DependencyFailed,
+    /// Never ran because its dependencies made it unnecessary (an
+    /// `after_fail` job whose parents succeeded): not a failure.
+    NotNeeded,
     Stopped,
 }
 
 impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 7] = [
+    pub const ALL: [NotifyEvent; 8] = [
         NotifyEvent::Started,
         NotifyEvent::Succeeded,
         NotifyEvent::Failed,
         NotifyEvent::Timeout,
         NotifyEvent::IdleTimeout,
         NotifyEvent::DependencyFailed,
+        NotifyEvent::NotNeeded,
         NotifyEvent::Stopped,
     ];
 
     /// Every end: what a job hears about when it names no `notify_on`.
-    pub const ENDS: [NotifyEvent; 6] = [
+    pub const ENDS: [NotifyEvent; 7] = [
         NotifyEvent::Succeeded,
         NotifyEvent::Failed,
         NotifyEvent::Timeout,
         NotifyEvent::IdleTimeout,
         NotifyEvent::DependencyFailed,
+        NotifyEvent::NotNeeded,
         NotifyEvent::Stopped,
     ];
 
@@ -93,6 +98,7 @@ impl NotifyEvent {
             NotifyEvent::Timeout => "timeout",
             NotifyEvent::IdleTimeout => "idle-timeout",
             NotifyEvent::DependencyFailed => "dependency-failed",
+            NotifyEvent::NotNeeded => "not-needed",
             NotifyEvent::Stopped => "stopped",
         }
     }
@@ -110,6 +116,7 @@ impl NotifyEvent {
             "timeout" => NotifyEvent::Timeout,
             "idle-timeout" => NotifyEvent::IdleTimeout,
             "dependency-failed" => NotifyEvent::DependencyFailed,
+            "not-needed" => NotifyEvent::NotNeeded,
             "stopped" => NotifyEvent::Stopped,
             _ => NotifyEvent::Failed,
         }
@@ -434,6 +441,13 @@ mod tests {
             NotifyEvent::of_outcome(&Outcome::Stopped { by_uid: 0 }),
             NotifyEvent::Stopped
         );
+        // Not needed is its own event, not a failure, and an end.
+        let skipped = Outcome::NotNeeded {
+            parent: "train".into(),
+            reason: "after_fail: train succeeded, so this job is not needed".into(),
+        };
+        assert_eq!(NotifyEvent::of_outcome(&skipped), NotifyEvent::NotNeeded);
+        assert!(NotifyEvent::ENDS.contains(&NotifyEvent::NotNeeded));
         assert!(!NotifyEvent::ENDS.contains(&NotifyEvent::Started));
     }
 

@@ -53,6 +53,7 @@ pub fn outcome_words(n: &Notice) -> String {
         NotifyEvent::Timeout => "timed out".into(),
         NotifyEvent::IdleTimeout => "was stopped for being idle".into(),
         NotifyEvent::DependencyFailed => "did not run: a dependency failed".into(),
+        NotifyEvent::NotNeeded => "did not run: not needed".into(),
         NotifyEvent::Stopped => "was stopped".into(),
         NotifyEvent::Failed => match (n.exit_code, n.signal) {
             (Some(code), _) => format!("failed (exit code {code})"),
@@ -161,7 +162,7 @@ fn md_safe(s: &str) -> String {
 fn md_color(n: &Notice) -> &'static str {
     match n.event {
         NotifyEvent::Succeeded | NotifyEvent::Started => "info",
-        NotifyEvent::Stopped => "comment",
+        NotifyEvent::Stopped | NotifyEvent::NotNeeded => "comment",
         _ => "warning",
     }
 }
@@ -410,6 +411,10 @@ mod tests {
             email_subject(&notice(NotifyEvent::Timeout)),
             "[ptrain] job resnet-lr01 timed out after 6h 2m 3s"
         );
+        let mut skipped = notice(NotifyEvent::NotNeeded);
+        skipped.started_at = None;
+        assert_eq!(title(&skipped), "job resnet-lr01 did not run: not needed");
+        assert_eq!(md_color(&skipped), "comment");
     }
 
     #[test]

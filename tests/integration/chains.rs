@@ -36,12 +36,20 @@ fn a_failed_stage_fails_its_descendants_and_runs_the_alert() {
         "deploy.json",
         &job("echo deploy > deploy.txt", json!({"after_ok": ["eval"]})),
     );
+    // after_fail on the last stage: a failure anywhere before it ends it
+    // dependency-failed, which is not ok, so the alert runs.
     d.drop_job(
         ALICE,
         "alert.json",
+        &job("echo alert > alert.txt", json!({"after_fail": ["eval"]})),
+    );
+    // Slurm's afternotok:prep:train: only if both failed. prep succeeded.
+    d.drop_job(
+        ALICE,
+        "strict.json",
         &job(
-            "echo alert > alert.txt",
-            json!({"after_fail": ["prep", "train", "eval"]}),
+            "echo strict > strict.txt",
+            json!({"after_fail": ["prep", "train"]}),
         ),
     );
     d.drop_job(
@@ -70,6 +78,11 @@ fn a_failed_stage_fails_its_descendants_and_runs_the_alert() {
     assert_eq!(deploy["outcome"]["parent"], "eval");
     assert_eq!(d.wait_ended("alert")["status"], "succeeded");
     assert_eq!(d.wait_ended("cleanup")["status"], "succeeded");
+    let strict = d.wait_ended("strict");
+    assert_eq!(strict["status"], "not-needed", "{strict}");
+    assert_eq!(strict["outcome"]["parent"], "prep", "{strict}");
+    assert!(strict["started_at"].is_null(), "{strict}");
+    assert!(!work.join("strict.txt").exists());
     assert!(work.join("alert.txt").exists());
     assert!(!work.join("eval.txt").exists() && !work.join("deploy.txt").exists());
     // A dependency-failed job never got a unit.
@@ -81,7 +94,8 @@ fn a_failed_stage_fails_its_descendants_and_runs_the_alert() {
         "  train failed",
         "    eval dependency-failed",
         "      deploy dependency-failed",
-        "  alert succeeded (after_fail)",
+        "      alert succeeded (after_fail)",
+        "  strict not-needed (after_fail)",
     ] {
         assert!(
             tree.lines().any(|l| l.starts_with(line)),
@@ -222,4 +236,93 @@ fn submit_wait_exit_codes_tell_what_happened() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let out = d.ptrain(BOB, &["wait", "w-sw", "w-ok"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn after_fail_runs_only_when_every_parent_failed_and_not_needed_is_success() {
+    let d = TestDaemon::start("notneeded");
+    let work = d.workdir(ALICE);
+    // Gated jobs run until the test creates ID.go, then exit with `code`.
+    let drop = |id: &str, cmd: String, extra: serde_json::Value| {
+        let mut j = json!({"version": 1, "command": ["/bin/sh", "-c", cmd], "workdir": work});
+        for (k, v) in extra.as_object().unwrap() {
+            j[k] = v.clone();
+        }
+        d.drop_job(ALICE, &format!("{id}.json"), &j.to_string());
+    };
+    let gated =
+        |id: &str, code: u8| format!("while [ ! -e {id}.go ]; do sleep 0.05; done; exit {code}");
+    let ran = |id: &str| format!("touch {id}.ran");
+    let go = |id: &str| std::fs::write(work.join(format!("{id}.go")), "").unwrap();
+
+    // A pipeline that goes well: its alert is not needed, and neither is
+    // the job that would have paged about the alert.
+    drop("a", gated("a", 0), json!({}));
+    drop("alert", ran("alert"), json!({"after_fail": ["a"]}));
+    drop("page", ran("page"), json!({"after_ok": ["alert"]}));
+    drop("tidy", ran("tidy"), json!({"after_any": ["alert"]}));
+    // afternotok:x:y where only x fails: waits for y, then not needed.
+    drop("x", gated("x", 3), json!({}));
+    drop("y", gated("y", 0), json!({}));
+    drop("xy", ran("xy"), json!({"after_fail": ["x", "y"]}));
+    // afternotok:p:q where both fail: runs.
+    drop("p", gated("p", 1), json!({}));
+    drop("q", gated("q", 2), json!({}));
+    drop("pq", ran("pq"), json!({"after_fail": ["p", "q"]}));
+    for id in ["a", "x", "y", "p", "q"] {
+        d.wait_running(id);
+    }
+
+    // `ptrain wait` of the good pipeline, started while it runs.
+    let waiter = std::thread::scope(|s| {
+        let waiter = s.spawn(|| d.ptrain(ALICE, &["wait", "a", "alert", "page", "tidy"]));
+        go("a");
+        waiter.join().unwrap()
+    });
+    assert_eq!(waiter.status.code(), Some(0), "{}", text(&waiter));
+    // "alert: not-needed" as it changes, or its detail if it already ended.
+    assert!(text(&waiter).contains("alert: not"), "{}", text(&waiter));
+    let alert = d.wait_ended("alert");
+    assert_eq!(alert["status"], "not-needed", "{alert}");
+    assert_eq!(alert["outcome"]["kind"], "not-needed", "{alert}");
+    assert_eq!(alert["outcome"]["parent"], "a", "{alert}");
+    let detail = alert["detail"].as_str().unwrap();
+    assert!(detail.contains("a succeeded"), "{detail}");
+    assert!(alert["started_at"].is_null() && alert["exit_code"].is_null());
+    let page = d.wait_ended("page");
+    assert_eq!(page["status"], "not-needed", "{page}");
+    assert_eq!(page["outcome"]["parent"], "alert", "{page}");
+    assert_eq!(d.wait_ended("tidy")["status"], "succeeded");
+    // Shown as what it is, not as a failure.
+    let shown = text(&d.ptrain(ALICE, &["status", "alert"]));
+    assert!(shown.contains("not-needed"), "{shown}");
+
+    go("x");
+    assert_eq!(d.wait_ended("x")["status"], "failed");
+    let xy = d.status("xy").unwrap();
+    assert_eq!(xy["status"], "queued", "{xy}");
+    assert_eq!(xy["waiting_for"], json!(["y"]), "{xy}");
+    go("y");
+    let xy = d.wait_ended("xy");
+    assert_eq!(xy["status"], "not-needed", "{xy}");
+    assert_eq!(xy["outcome"]["parent"], "y", "{xy}");
+    // The worst end wins: x failed.
+    let out = d.ptrain(ALICE, &["wait", "x", "y", "xy"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+
+    go("p");
+    assert_eq!(d.wait_ended("p")["status"], "failed");
+    assert_eq!(d.status("pq").unwrap()["waiting_for"], json!(["q"]));
+    go("q");
+    assert_eq!(d.wait_ended("pq")["status"], "succeeded");
+
+    for id in ["alert", "page", "xy"] {
+        assert!(!work.join(format!("{id}.ran")).exists(), "{id} ran");
+    }
+    for id in ["tidy", "pq"] {
+        assert!(work.join(format!("{id}.ran")).exists(), "{id} did not run");
+    }
+    let out = d.ptrain(ALICE, &["wait", "p", "q", "pq"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    d.assert_alive();
 }
