@@ -123,6 +123,9 @@ pub struct Daemon {
     policy: crate::policy::Policy,
     /// Free GPUs the last plan kept for waiting jobs, for `ptrain gpus`.
     reserved: BTreeMap<u32, JobId>,
+    /// What the last plan found each GPU job it read waits for, for
+    /// `ptrain status` (a cap, GPUs kept for a job ahead, busy GPUs).
+    waits: BTreeMap<JobId, scheduler::Wait>,
     /// The GPUs (as [`scheduler::inventory_fingerprint`]) every queued job
     /// was last checked against for whether it can ever start: a plan
     /// checks them all again only when the GPUs change.
@@ -286,6 +289,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         store_failed_at: None,
         policy: crate::policy::Policy::none(),
         reserved: BTreeMap::new(),
+        waits: BTreeMap::new(),
         never_checked_against: None,
         status: StatusLine::default(),
         gpu_replan_at: None,
@@ -1177,6 +1181,7 @@ impl Daemon {
         self.resolve_dependencies().await;
         if self.queue.is_empty() {
             self.reserved.clear();
+            self.waits.clear();
             return;
         }
         if self.by_unit.len() >= MAX_TRACKED_UNITS {
@@ -1255,6 +1260,7 @@ impl Daemon {
             self.never_checked_against = fingerprint;
         }
         self.reserved = plan.reserved;
+        self.waits = plan.waits;
         if snapshot.is_some() {
             // Queued before the GPUs or the policy changed (a restart).
             for (id, reason) in plan.never {
@@ -1820,16 +1826,33 @@ impl Daemon {
         views
     }
 
-    /// A live job as the API shows it, with what a queued job waits for.
+    /// A live job as the API shows it, with what a queued job waits for:
+    /// its parents, its sweep's max_parallel, or what the last plan said
+    /// (a cap, GPUs kept for a job ahead, busy GPUs).
     fn view(&self, record: &JobRecord) -> JobView {
         let mut view = JobView::of(record);
-        if record.state == JobState::Queued && !record.spec.after.is_empty() {
+        if record.state != JobState::Queued {
+            return view;
+        }
+        if !record.spec.after.is_empty() {
             if let crate::chain::Readiness::Waiting(ids) =
                 crate::chain::readiness(&record.spec.after, |named| self.parents(named))
             {
                 view.detail = format!("waiting for {}", ids.join(", "));
                 view.waiting_for = ids;
+                return view;
             }
+        }
+        if let (true, Some(group), Some(max)) = (
+            self.blocked.contains(&record.id),
+            &record.group,
+            record.max_parallel,
+        ) {
+            view.detail = format!(
+                "waiting: sweep {group} runs at most {max} job(s) at once (its max_parallel)"
+            );
+        } else if let Some(wait) = self.waits.get(&record.id) {
+            view.detail = wait.describe(&record.spec.gpus);
         }
         view
     }

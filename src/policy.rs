@@ -19,8 +19,10 @@
 //! that sets `allowed_gpus` lists it. `max_gpus` caps the GPUs held at once:
 //! by that user's jobs for a user (or default) rule, by all members' jobs
 //! together for a group rule. A job that can never fit its rules is rejected
-//! when it is submitted; one that fits but finds its cap in use waits, and
-//! reserves nothing meanwhile (see [`crate::scheduler`]).
+//! when it is submitted; one that fits but finds its cap in use waits. It
+//! reserves no GPU meanwhile, but its share of the cap is kept: a job
+//! behind it under the same cap counts it as held, so her later small jobs
+//! cannot starve her big one (see [`crate::scheduler`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;

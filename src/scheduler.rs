@@ -11,8 +11,12 @@
 //! 1. A job that can never start (more GPUs than the machine has that match
 //!    its request, a model no GPU has, more than its policy allows) is
 //!    reported in [`Plan::never`]; it holds nothing back.
-//! 2. A job whose owner (or group) already holds its `max_gpus` waits; it
-//!    reserves nothing, so one user's backlog never blocks anyone else.
+//! 2. A job whose owner (or group) would exceed its `max_gpus` waits. GPUs
+//!    held count against a cap, and so do the GPUs of every job ahead in
+//!    the order that waits under the same cap (rules 2 and 5): a stream of
+//!    a user's small jobs cannot take, one by one, the share of the cap her
+//!    waiting big job needs once her running jobs end. It reserves no GPU,
+//!    so one user's backlog never blocks anyone the cap does not cover.
 //! 3. A job whose GPUs would not be enough even once every ptrain job has
 //!    ended (other programs or unhealthy GPUs take the rest) waits without
 //!    reserving: ptrain cannot tell when that changes, and holding GPUs
@@ -37,7 +41,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::gpu::{free_memory_mib, is_usable, pick_near, GpuInfo};
-use crate::policy::{Policy, Rule};
+use crate::policy::{Policy, Rule, Scope};
 use crate::spec::{GpuRequest, GpuSelector, JobId};
 use crate::store::Outcome;
 use crate::users::Owner;
@@ -84,6 +88,91 @@ pub struct Plan {
     pub never: Vec<(JobId, String)>,
     /// Some job that asks for GPUs stays queued.
     pub waiting_for_gpus: bool,
+    /// What each GPU job the plan read and did not place waits for; jobs
+    /// past the point where every GPU is spoken for are not read.
+    pub waits: BTreeMap<JobId, Wait>,
+}
+
+/// Why a GPU job stays queued, for people (`ptrain status`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// A `max_gpus` cap (config key `key`, counting `who`) is in use:
+    /// `held` GPUs by jobs running or starting, and `kept` by `ahead` jobs
+    /// queued ahead of this one under the same cap (the first is `first`).
+    Cap {
+        key: String,
+        who: String,
+        max: u32,
+        held: usize,
+        kept: usize,
+        ahead: usize,
+        first: Option<JobId>,
+    },
+    /// Too few GPUs it may use are free; `kept` of the free ones are kept
+    /// for `for_job`, queued ahead of it.
+    KeptFor {
+        free: usize,
+        kept: Vec<u32>,
+        for_job: JobId,
+    },
+    /// Too few GPUs it may use are free: it keeps the `free` ones.
+    Busy { free: usize, eligible: usize },
+    /// Other programs or unhealthy GPUs leave only `usable` of the GPUs it
+    /// may use, even once every ptrain job has ended.
+    Unusable { usable: usize },
+}
+
+impl Wait {
+    /// "waiting for 4 GPUs: ptrain-alice holds 3 GPUs of max_gpus = 4 (policy.users.ptrain-alice)".
+    pub fn describe(&self, request: &GpuRequest) -> String {
+        let gpus = |n: usize| {
+            if n == 1 {
+                "1 GPU".to_owned()
+            } else {
+                format!("{n} GPUs")
+            }
+        };
+        let why = match self {
+            Wait::Cap {
+                key,
+                who,
+                max,
+                held,
+                kept,
+                ahead,
+                first,
+            } => {
+                let mut s = format!("{who} holds {} of max_gpus = {max} ({key})", gpus(*held));
+                if let Some(first) = first {
+                    s.push_str(&match ahead {
+                        1 => format!(", and {first}, queued ahead of it, waits for {kept} of them"),
+                        n => format!(
+                            ", and {first} and {} other job(s) queued ahead of it wait for {kept} of them",
+                            n - 1
+                        ),
+                    });
+                }
+                s
+            }
+            Wait::KeptFor {
+                free,
+                kept,
+                for_job,
+            } => format!(
+                "{free} free for it; GPU{} {} kept for {for_job}, queued ahead of it; the others are held",
+                if kept.len() == 1 { "" } else { "s" },
+                kept.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            ),
+            Wait::Busy { free, eligible } => format!(
+                "{free} of the {eligible} GPUs it may use free (kept for it meanwhile); the others are held by running jobs"
+            ),
+            Wait::Unusable { usable } => format!(
+                "other programs' memory use or unhealthy GPUs leave only {usable} of the GPUs it may use; \
+                 it starts when they free up"
+            ),
+        };
+        format!("waiting for {}: {why}", request.describe())
+    }
 }
 
 /// Whether `gpu` has the properties `request` asks for, whatever its state
@@ -226,19 +315,49 @@ pub fn never_reason(
     None
 }
 
-/// Whether taking `n` more GPUs would exceed a `max_gpus` of `rules`, given
-/// the GPUs held (and placed in this plan) by each owner.
-fn over_cap(rules: &[Rule<'_>], usage: &[(&Owner, usize)], n: usize) -> bool {
-    rules.iter().any(|rule| {
-        rule.limits.max_gpus.is_some_and(|max| {
-            let used: usize = usage
+/// GPUs counted against caps: held by a job (running, starting, placed in
+/// this plan), or wanted by a job that waits ahead in the order.
+#[derive(Default)]
+struct CapUse<'a> {
+    held: Vec<(&'a Owner, usize)>,
+    kept: Vec<(&'a Owner, usize, &'a JobId)>,
+}
+
+impl CapUse<'_> {
+    /// The first `max_gpus` of `rules` that taking `n` more GPUs for
+    /// `owner` would exceed, as a [`Wait`].
+    fn blocks(&self, rules: &[Rule<'_>], owner: &Owner, n: usize) -> Option<Wait> {
+        rules.iter().find_map(|rule| {
+            let max = rule.limits.max_gpus?;
+            let held: usize = self
+                .held
                 .iter()
                 .filter(|(o, _)| rule.scope.covers(o))
                 .map(|(_, k)| k)
                 .sum();
-            used + n > max as usize
+            let ahead: Vec<&(&Owner, usize, &JobId)> = self
+                .kept
+                .iter()
+                .filter(|(o, _, _)| rule.scope.covers(o))
+                .collect();
+            let kept: usize = ahead.iter().map(|(_, k, _)| k).sum();
+            (held + kept + n > max as usize).then(|| Wait::Cap {
+                key: rule.key.clone(),
+                who: match &rule.scope {
+                    Scope::User(_) => owner.name.clone(),
+                    Scope::Group(_) => format!(
+                        "group {}",
+                        rule.key.strip_prefix("policy.groups.").unwrap_or(&rule.key)
+                    ),
+                },
+                max,
+                held,
+                kept,
+                ahead: ahead.len(),
+                first: ahead.first().map(|(_, _, id)| (*id).clone()),
+            })
         })
-    })
+    }
 }
 
 /// Decides which queued jobs start now and which free GPUs are kept for
@@ -285,7 +404,10 @@ pub fn plan_in_order<'a>(
         ..Plan::default()
     };
     let mut taken: BTreeSet<u32> = held.keys().copied().collect();
-    let mut usage: Vec<(&Owner, usize)> = held.values().map(|h| (h.owner, 1)).collect();
+    let mut caps = CapUse {
+        held: held.values().map(|h| (h.owner, 1)).collect(),
+        kept: Vec::new(),
+    };
     // Once every GPU is taken or kept for a job ahead, a GPU job can
     // neither start nor keep anything: the rest of the queue is not read,
     // or only checked against the machine (`check_never`).
@@ -311,8 +433,11 @@ pub fn plan_in_order<'a>(
             continue;
         }
         let job_rules = rules.policy.rules_for(job.owner);
-        if over_cap(&job_rules, &usage, n) {
+        if let Some(wait) = caps.blocks(&job_rules, job.owner, n) {
             plan.waiting_for_gpus = true;
+            // Its share of the cap is kept, as GPUs are for rule 5.
+            caps.kept.push((job.owner, n, job.id));
+            plan.waits.insert(job.id.clone(), wait);
             continue;
         }
         let eligible: Vec<&GpuInfo> = snapshot
@@ -334,6 +459,8 @@ pub fn plan_in_order<'a>(
             .count();
         if eventually < n {
             plan.waiting_for_gpus = true;
+            plan.waits
+                .insert(job.id.clone(), Wait::Unusable { usable: eventually });
             continue;
         }
         let candidates: Vec<&GpuInfo> = eligible
@@ -344,7 +471,7 @@ pub fn plan_in_order<'a>(
         match pick_near(&candidates, n) {
             Some(gpus) => {
                 taken.extend(gpus.iter().copied());
-                usage.push((job.owner, n));
+                caps.held.push((job.owner, n));
                 plan.placements.push(Placement {
                     id: job.id.clone(),
                     gpus,
@@ -352,9 +479,33 @@ pub fn plan_in_order<'a>(
             }
             None => {
                 plan.waiting_for_gpus = true;
+                // Kept for a job ahead: the first such job is named.
+                let mut kept_for: Option<&JobId> = None;
+                let kept: Vec<u32> = eligible
+                    .iter()
+                    .filter(|g| usable_now(g))
+                    .filter_map(|g| {
+                        let holder = plan.reserved.get(&g.index)?;
+                        kept_for.get_or_insert(holder);
+                        Some(g.index)
+                    })
+                    .collect();
+                let wait = match kept_for {
+                    Some(for_job) => Wait::KeptFor {
+                        free: candidates.len(),
+                        kept,
+                        for_job: for_job.clone(),
+                    },
+                    None => Wait::Busy {
+                        free: candidates.len(),
+                        eligible: eligible.len(),
+                    },
+                };
+                plan.waits.insert(job.id.clone(), wait);
                 for g in candidates {
                     plan.reserved.insert(g.index, job.id.clone());
                 }
+                caps.kept.push((job.owner, n, job.id));
             }
         }
         spoken_for = all_spoken_for(&taken, &plan);
@@ -965,9 +1116,160 @@ mod tests {
         let e = job("e1", 1).by("erin", 500);
         c.priority = 1;
         let p = plan_with(&[c.clone(), d.clone(), e.clone()], &snap, &[], &pol);
-        assert_eq!(placed(&p), [("c1", vec![0]), ("e1", vec![1])]);
-        let p = plan_with(&[d.clone()], &snap, &[], &pol);
+        // d1 waits for carol's GPU to count against lab's cap no more; e1,
+        // behind it, may not take the share of the cap d1 needs.
+        assert_eq!(placed(&p), [("c1", vec![0])]);
+        assert!(p.reserved.is_empty());
+        assert_eq!(
+            p.waits[&e.id].describe(&e.request),
+            "waiting for 1 GPU: group lab holds 1 GPU of max_gpus = 2 (policy.groups.lab), \
+             and d1, queued ahead of it, waits for 2 of them"
+        );
+        let p = plan_with(&[d.clone(), e.clone()], &snap, &[], &pol);
         assert_eq!(placed(&p), [("d1", vec![0, 1])]);
+        // Someone outside the group is not held back.
+        let f = job("f1", 1).by("frank", 9);
+        let p = plan_with(&[d.clone(), f], &snap, &[(0, &c)], &pol);
+        assert_eq!(placed(&p), [("f1", vec![1])]);
+    }
+
+    #[test]
+    fn a_capped_users_big_job_is_not_starved_by_her_own_small_ones() {
+        let pol = policy("[users.alice]\nmax_gpus = 4\n");
+        let snap = gpus(8);
+        let s: Vec<Job> = (0..3).map(|i| job(&format!("s{i}"), 1)).collect();
+        let held = [(0, &s[0]), (1, &s[1]), (2, &s[2])];
+        let queue = [
+            job("big", 4),
+            job("t1", 1),
+            job("t2", 1),
+            job("b1", 1).by("bob", 7),
+        ];
+        // She holds 3 of her 4: big waits for the cap; t1 and t2 would fit
+        // in it but take what big needs, so they wait too. Bob is not held
+        // back, and nothing is reserved (the free GPUs are not what big
+        // waits for).
+        let p = plan_with(&queue, &snap, &held, &pol);
+        assert_eq!(placed(&p), [("b1", vec![3])]);
+        assert!(p.reserved.is_empty());
+        let said = |p: &Plan, j: &Job| p.waits[&j.id].describe(&j.request);
+        assert_eq!(
+            said(&p, &queue[0]),
+            "waiting for 4 GPUs: alice holds 3 GPUs of max_gpus = 4 (policy.users.alice)"
+        );
+        assert_eq!(
+            said(&p, &queue[1]),
+            "waiting for 1 GPU: alice holds 3 GPUs of max_gpus = 4 (policy.users.alice), \
+             and big, queued ahead of it, waits for 4 of them"
+        );
+        assert!(
+            said(&p, &queue[2])
+                .ends_with("and big and 1 other job(s) queued ahead of it wait for 5 of them"),
+            "{}",
+            said(&p, &queue[2])
+        );
+        // As her jobs end, none of her later ones takes the freed share.
+        let p = plan_with(&queue[..3], &snap, &held[..1], &pol);
+        assert!(p.placements.is_empty(), "{p:?}");
+        // Once they have all ended, big starts first; t1 waits for it.
+        let p = plan_with(&queue[..3], &snap, &[], &pol);
+        assert_eq!(placed(&p), [("big", vec![0, 1, 2, 3])]);
+        assert!(said(&p, &queue[1]).contains("alice holds 4 GPUs of max_gpus = 4"));
+        // A higher priority says which of her jobs is ahead.
+        let urgent = [job("big", 4), job("t1", 1).prio(1)];
+        let p = plan_with(&urgent, &snap, &held, &pol);
+        assert_eq!(placed(&p), [("t1", vec![3])]);
+    }
+
+    #[test]
+    fn under_a_cap_a_stream_of_her_small_jobs_cannot_starve_her_big_one() {
+        // Discrete time, 8 GPUs, alice capped at 4: two of her 1-GPU jobs
+        // (3 ticks each) arrive every tick, her 4-GPU job at tick 2. The
+        // GPUs are never short; her cap is. Without her big job's share of
+        // the cap kept, a small job would always be at hand to take it.
+        let pol = policy("[users.alice]\nmax_gpus = 4\n");
+        let snap = gpus(8);
+        let mut queue: Vec<Job> = Vec::new();
+        let mut running: Vec<(Job, Vec<u32>, u32)> = Vec::new();
+        let mut started: BTreeMap<String, u32> = BTreeMap::new();
+        let mut arrived: BTreeMap<String, u32> = BTreeMap::new();
+        for t in 0..40u32 {
+            running.retain(|(_, _, end)| *end > t);
+            for k in 0..2 {
+                let j = job(&format!("s{t}-{k}"), 1);
+                arrived.insert(j.id.to_string(), t);
+                queue.push(j);
+            }
+            if t == 2 {
+                arrived.insert("big".into(), t);
+                queue.push(job("big", 4));
+            }
+            let held: Vec<(u32, &Job)> = running
+                .iter()
+                .flat_map(|(j, g, _)| g.iter().map(move |i| (*i, j)))
+                .collect();
+            let p = plan_with(&queue, &snap, &held, &pol);
+            let in_use = held.len() + p.placements.iter().map(|pl| pl.gpus.len()).sum::<usize>();
+            assert!(in_use <= 4, "t={t}: alice holds {in_use} GPUs");
+            for pl in p.placements {
+                let pos = queue.iter().position(|j| j.id == pl.id).unwrap();
+                let j = queue.remove(pos);
+                started.insert(j.id.to_string(), t);
+                running.push((j, pl.gpus, t + 3));
+            }
+        }
+        let big = *started.get("big").expect("her 4-GPU job must start");
+        // It waited only for her jobs running or queued ahead of it.
+        assert!(big <= 2 + 3 + 3, "big started at {big}");
+        for (id, t) in &started {
+            if arrived[id] > 2 {
+                assert!(
+                    *t >= big,
+                    "{id} arrived after big but started at {t} < {big}"
+                );
+            }
+        }
+        assert!(started.values().filter(|t| **t > big + 3).count() > 10);
+    }
+
+    #[test]
+    fn a_waiting_job_says_what_it_waits_for() {
+        let snap = gpus(4);
+        let long = job("long", 2);
+        let p = run(&[job("big", 4)], &snap, &[(0, &long), (1, &long)]);
+        assert_eq!(
+            p.waits[&JobId::parse("big").unwrap()].describe(&GpuRequest::any(4)),
+            "waiting for 4 GPUs: 2 of the 4 GPUs it may use free (kept for it meanwhile); \
+             the others are held by running jobs"
+        );
+        // big may use GPUs 0-2 and keeps 1 and 2; pair finds GPU 3 alone.
+        let queue = [
+            job("big", 3).asking(serde_json::json!({"indices": [0, 1, 2]})),
+            job("pair", 2),
+        ];
+        let p = run(&queue, &snap, &[(0, &long)]);
+        assert_eq!(
+            p.waits[&queue[1].id].describe(&queue[1].request),
+            "waiting for 2 GPUs: 1 free for it; GPUs 1,2 kept for big, queued ahead of it; \
+             the others are held"
+        );
+        // Once every GPU is spoken for, the jobs behind are not read.
+        let p = run(&[job("big", 4), job("one", 1)], &snap, &[(0, &long)]);
+        assert!(!p.waits.contains_key(&JobId::parse("one").unwrap()));
+        // Busy GPUs from other programs: it reserves nothing, and says so.
+        let snap = vec![foreign(gpu(0), 4096), gpu(1)];
+        let j = job("both", 2);
+        let p = run(std::slice::from_ref(&j), &snap, &[]);
+        assert!(p.reserved.is_empty());
+        assert!(
+            p.waits[&j.id]
+                .describe(&j.request)
+                .contains("leave only 1 of the GPUs it may use"),
+            "{p:?}"
+        );
+        // A job placed has nothing to wait for.
+        let p = run(&[job("a", 1)], &gpus(1), &[]);
+        assert!(p.waits.is_empty());
     }
 
     #[test]

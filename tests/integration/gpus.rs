@@ -367,3 +367,91 @@ fn policy_limits_a_user_and_impossible_requests_are_rejected() {
     assert_no_overlap(&runs);
     d.assert_alive();
 }
+
+#[test]
+fn under_a_cap_her_small_jobs_do_not_starve_her_big_one_and_status_says_why() {
+    let d = TestDaemon::start_with(
+        "gpucap",
+        Opts {
+            gpus: 6,
+            extra_config: format!("[policy.users.{ALICE}]\nmax_gpus = 3\n"),
+            ..Opts::default()
+        },
+    );
+    let work_a = d.workdir(ALICE);
+    let work_b = d.workdir(BOB);
+    let detail = |id: &str| d.status(id).unwrap()["detail"].as_str().unwrap().to_owned();
+    // She holds 2 of her 3 GPUs; there are 6, so GPUs are never short:
+    // only her cap is.
+    for id in ["a1", "a2"] {
+        d.drop_job(
+            ALICE,
+            &format!("{id}.json"),
+            &job_json(id, "1", true, &work_a),
+        );
+        d.wait_running(id);
+    }
+    d.drop_job(ALICE, "big.json", &job_json("big", "3", false, &work_a));
+    let cap = format!("{ALICE} holds 2 GPUs of max_gpus = 3 (policy.users.{ALICE})");
+    wait_for("big to say it waits for the cap", WAIT, || {
+        (detail("big") == format!("waiting for 3 GPUs: {cap}")).then_some(())
+    });
+    // Her later 1-GPU job would fit in the cap today, but takes what big
+    // needs once a1 and a2 end: it waits, and says for whom.
+    d.drop_job(ALICE, "t1.json", &job_json("t1", "1", false, &work_a));
+    wait_for("t1 to say it waits behind big", WAIT, || {
+        (detail("t1")
+            == format!(
+                "waiting for 1 GPU: {cap}, and big, queued ahead of it, waits for 3 of them"
+            ))
+        .then_some(())
+    });
+    let shown = text(&d.ptrain(ALICE, &["status", "t1"]));
+    assert!(shown.contains("big, queued ahead of it"), "{shown}");
+    // Nobody else is held back, and no GPU is kept idle for her.
+    d.drop_job(BOB, "b1.json", &job_json("b1", "1", false, &work_b));
+    assert_eq!(d.wait_ended("b1")["status"], "succeeded");
+    let states = gpu_states(&d);
+    assert!(!states.values().any(|(s, _)| s == "reserved"), "{states:?}");
+
+    release(&work_a, "a1");
+    assert_eq!(d.wait_ended("a1")["status"], "succeeded");
+    wait_for("big and t1 to see a1's GPU freed", WAIT, || {
+        detail("big").contains("holds 1 GPU of").then_some(())
+    });
+    assert_eq!(
+        status_of(&d, "t1"),
+        "queued",
+        "t1 took big's share of the cap"
+    );
+    release(&work_a, "a2");
+    for id in ["a2", "big", "t1"] {
+        assert_eq!(d.wait_ended(id)["status"], "succeeded", "{id}");
+    }
+    let big = read_run(&work_a, "big");
+    let t1 = read_run(&work_a, "t1");
+    assert_eq!(big.uuids.len(), 3, "{big:?}");
+    assert!(
+        t1.start >= big.end,
+        "t1 started before big ended: {t1:?} {big:?}"
+    );
+
+    // A sweep member held back by max_parallel says so.
+    let gate = "while [ ! -e $PTRAIN_JOB_ID.go ]; do sleep 0.05; done";
+    let sweep = serde_json::json!({
+        "version": 1, "command": ["/bin/sh", "-c", gate], "workdir": work_b,
+        "sweep": {"n": [1, 2]}, "max_parallel": 1,
+    });
+    d.drop_job(BOB, "sw.json", &sweep.to_string());
+    d.wait_running("sw-n1");
+    wait_for("sw-n2 to name max_parallel", WAIT, || {
+        detail("sw-n2")
+            .contains("sweep sw runs at most 1 job(s) at once (its max_parallel)")
+            .then_some(())
+    });
+    release(&work_b, "sw-n1");
+    d.wait_running("sw-n2");
+    release(&work_b, "sw-n2");
+    assert_eq!(d.wait_ended("sw-n2")["status"], "succeeded");
+    d.assert_alive();
+}
