@@ -316,14 +316,39 @@ pub fn never_reason(
 }
 
 /// GPUs counted against caps: held by a job (running, starting, placed in
-/// this plan), or wanted by a job that waits ahead in the order.
+/// this plan), or wanted by jobs that wait ahead in the order.
 #[derive(Default)]
 struct CapUse<'a> {
     held: Vec<(&'a Owner, usize)>,
-    kept: Vec<(&'a Owner, usize, &'a JobId)>,
+    /// Per owner, summed: a long queue of one user's capped jobs costs
+    /// each plan what her number of jobs does, not its square.
+    kept: Vec<Kept<'a>>,
 }
 
-impl CapUse<'_> {
+/// What one owner's waiting jobs ahead keep of the caps covering them.
+struct Kept<'a> {
+    owner: &'a Owner,
+    gpus: usize,
+    jobs: usize,
+    first: &'a JobId,
+}
+
+impl<'a> CapUse<'a> {
+    fn keep(&mut self, owner: &'a Owner, gpus: usize, id: &'a JobId) {
+        match self.kept.iter_mut().find(|k| k.owner.uid == owner.uid) {
+            Some(k) => {
+                k.gpus += gpus;
+                k.jobs += 1;
+            }
+            None => self.kept.push(Kept {
+                owner,
+                gpus,
+                jobs: 1,
+                first: id,
+            }),
+        }
+    }
+
     /// The first `max_gpus` of `rules` that taking `n` more GPUs for
     /// `owner` would exceed, as a [`Wait`].
     fn blocks(&self, rules: &[Rule<'_>], owner: &Owner, n: usize) -> Option<Wait> {
@@ -335,12 +360,8 @@ impl CapUse<'_> {
                 .filter(|(o, _)| rule.scope.covers(o))
                 .map(|(_, k)| k)
                 .sum();
-            let ahead: Vec<&(&Owner, usize, &JobId)> = self
-                .kept
-                .iter()
-                .filter(|(o, _, _)| rule.scope.covers(o))
-                .collect();
-            let kept: usize = ahead.iter().map(|(_, k, _)| k).sum();
+            let ahead = || self.kept.iter().filter(|k| rule.scope.covers(k.owner));
+            let kept: usize = ahead().map(|k| k.gpus).sum();
             (held + kept + n > max as usize).then(|| Wait::Cap {
                 key: rule.key.clone(),
                 who: match &rule.scope {
@@ -353,8 +374,10 @@ impl CapUse<'_> {
                 max,
                 held,
                 kept,
-                ahead: ahead.len(),
-                first: ahead.first().map(|(_, _, id)| (*id).clone()),
+                ahead: ahead().map(|k| k.jobs).sum(),
+                // Owners are listed in the order of their first job ahead,
+                // so this is the earliest job ahead under this cap.
+                first: ahead().next().map(|k| k.first.clone()),
             })
         })
     }
@@ -436,7 +459,7 @@ pub fn plan_in_order<'a>(
         if let Some(wait) = caps.blocks(&job_rules, job.owner, n) {
             plan.waiting_for_gpus = true;
             // Its share of the cap is kept, as GPUs are for rule 5.
-            caps.kept.push((job.owner, n, job.id));
+            caps.keep(job.owner, n, job.id);
             plan.waits.insert(job.id.clone(), wait);
             continue;
         }
@@ -505,7 +528,7 @@ pub fn plan_in_order<'a>(
                 for g in candidates {
                     plan.reserved.insert(g.index, job.id.clone());
                 }
-                caps.kept.push((job.owner, n, job.id));
+                caps.keep(job.owner, n, job.id);
             }
         }
         spoken_for = all_spoken_for(&taken, &plan);
