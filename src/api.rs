@@ -483,3 +483,28 @@ pub trait Daemon1 {
     #[zbus(signal)]
     fn job_changed(&self, id: String, status: String) -> zbus::Result<()>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_not_needed_has_no_exit_status_and_says_why() {
+        let outcome = Outcome::NotNeeded {
+            parent: "train".into(),
+            reason: "after_fail: train succeeded, so this job is not needed".into(),
+        };
+        assert_eq!(outcome.status(), "not-needed");
+        let (exit_code, signal, detail) = outcome_fields(Some(&outcome), outcome.status());
+        assert_eq!((exit_code, signal), (None, None));
+        assert_eq!(
+            detail,
+            "not needed, never ran: after_fail: train succeeded, so this job is not needed"
+        );
+        // The JSON shape `ptrain status --json` shows, and reads back.
+        let json = serde_json::to_value(&outcome).unwrap();
+        assert_eq!(json["kind"], "not-needed");
+        assert_eq!(json["parent"], "train");
+        assert_eq!(serde_json::from_value::<Outcome>(json).unwrap(), outcome);
+    }
+}
