@@ -327,7 +327,7 @@ impl Systemd {
         let sink1 = sink.clone();
         let lost1 = lost.clone();
         let sender1 = sender.clone();
-        let wanted_unit1 = wanted_unit.clone();
+
         tokio::spawn(async move {
             while let Some(msg) = removed.next().await {
                 let Ok(msg) = msg else { continue };
@@ -340,7 +340,7 @@ impl Systemd {
                 else {
                     continue;
                 };
-                if wanted_unit1(&unit) {
+                if wanted_unit(&unit) {
                     sink1(UnitSignal::JobRemoved { unit, result });
                 }
             }
