@@ -90,7 +90,7 @@ else
     # The shipped unit, with a drop-in for the demo's binary, config and dirs.
     UNITS=$(mktemp -d)
     trap 'rm -rf "$UNITS"' EXIT
-    cp units/ptraind.service units/ptrain.slice "$UNITS/"
+    cp units/ptraind.service units/ptrain.slice units/ptrain-exit@.service "$UNITS/"
     mkdir "$UNITS/ptraind.service.d"
     cat > "$UNITS/ptraind.service.d/demo.conf" <<EOF
 # packaging/demo.sh: run target/release/ptraind with the demo config
@@ -102,8 +102,18 @@ LogsDirectory=
 ReadWritePaths=
 ReadWritePaths=$SPOOL $D/state $D/log
 EOF
+    # The exit recorder, run from the same binary with the same config.
+    mkdir "$UNITS/ptrain-exit@.service.d"
+    cat > "$UNITS/ptrain-exit@.service.d/demo.conf" <<EOF
+[Service]
+ExecStart=
+ExecStart=$BIN/ptraind --config $D/ptrain.toml record-exit %i
+ReadWritePaths=
+ReadWritePaths=$D/state
+EOF
     case "$BIN" in /tmp/*|/var/tmp/*)   # PrivateTmp=yes would hide the binary
-        echo "PrivateTmp=no" >> "$UNITS/ptraind.service.d/demo.conf";;
+        echo "PrivateTmp=no" >> "$UNITS/ptraind.service.d/demo.conf"
+        echo "PrivateTmp=no" >> "$UNITS/ptrain-exit@.service.d/demo.conf";;
     esac
 
     phase "boot the systemd harness $HARNESS_NAME (2 fake GPUs)"

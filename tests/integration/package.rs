@@ -274,6 +274,7 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
         "./usr/bin/ptrain",
         "./lib/systemd/system/ptraind.service",
         "./lib/systemd/system/ptrain.slice",
+        "./lib/systemd/system/ptrain-exit@.service",
         "./usr/share/dbus-1/system.d/org.ptrain.Daemon1.conf",
         "./usr/lib/tmpfiles.d/ptrain.conf",
         "./etc/ptrain/ptrain.toml",
