@@ -3,6 +3,7 @@
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -16,6 +17,51 @@ use ptrain::store::{signal_name, RejectRecord};
 const EXIT_FAILURE: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_NO_DAEMON: u8 = 3;
+
+/// Set once stdout's reader has gone (EPIPE, `ptrain list | head`): what
+/// is left to print is dropped, and the command still ends as its work
+/// decides (`ptrain wait ID | head -1` keeps waiting and exits with the
+/// job's outcome).
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+
+/// `print!`, except that a closed pipe ends the output quietly instead of
+/// panicking (std's `print!` panics on any write error). Any other write
+/// error (a full disk) is a failure: reported, exit 1.
+fn write_stdout(args: std::fmt::Arguments<'_>) {
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            STDOUT_GONE.store(true, Ordering::Relaxed);
+        } else {
+            write_stderr(format_args!("ptrain: cannot write the output: {e}\n"));
+            std::process::exit(i32::from(EXIT_FAILURE));
+        }
+    }
+}
+
+/// `eprint!` that never panics: with stderr gone there is no one to tell.
+fn write_stderr(args: std::fmt::Arguments<'_>) {
+    let _ = std::io::stderr().lock().write_fmt(args);
+}
+
+/// `println!` through [`write_stdout`].
+macro_rules! outln {
+    () => { write_stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { write_stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` through [`write_stdout`].
+macro_rules! out {
+    ($($arg:tt)*) => { write_stdout(format_args!($($arg)*)) };
+}
+
+/// `eprintln!` through [`write_stderr`].
+macro_rules! errln {
+    ($($arg:tt)*) => { write_stderr(format_args!("{}\n", format_args!($($arg)*))) };
+}
 
 #[derive(Parser)]
 #[command(
@@ -222,7 +268,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            eprintln!("ptrain: {}", f.message);
+            errln!("ptrain: {}", f.message);
             ExitCode::from(f.code)
         }
     }
@@ -272,7 +318,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             if json {
                 print_json(&jobs);
             } else if tree {
-                print!("{}", render_tree(&jobs));
+                out!("{}", render_tree(&jobs));
             } else {
                 print_table(&jobs);
             }
@@ -288,7 +334,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
         Command::Stop { id } => {
-            println!("{}", proxy().await?.stop(&id).await.map_err(from_bus)?);
+            outln!("{}", proxy().await?.stop(&id).await.map_err(from_bus)?);
             Ok(0)
         }
         Command::Logs {
@@ -304,10 +350,10 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             if json {
                 print_json(&list);
             } else if list.is_empty() {
-                println!("no rejected job files");
+                outln!("no rejected job files");
             } else {
                 for r in &list {
-                    println!(
+                    outln!(
                         "{}  {}  {}: {}",
                         format_time(r.rejected_at),
                         r.owner.as_deref().unwrap_or("?"),
@@ -323,13 +369,18 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             if json {
                 print_json(&view);
             } else {
-                println!("backend: {}", view.backend);
-                println!(
+                outln!("backend: {}", view.backend);
+                outln!(
                     "{:<5} {:<24} {:>9} {:>9} {:<12} {:<16} UUID",
-                    "INDEX", "NAME", "MEMORY", "USED", "STATE", "JOB"
+                    "INDEX",
+                    "NAME",
+                    "MEMORY",
+                    "USED",
+                    "STATE",
+                    "JOB"
                 );
                 for g in &view.gpus {
-                    println!(
+                    outln!(
                         "{:<5} {:<24} {:>9} {:>9} {:<12} {:<16} {}",
                         g.gpu.index,
                         truncate(&g.gpu.name, 24),
@@ -346,7 +397,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 // What the STATE column cannot hold: why a GPU is out.
                 for g in &view.gpus {
                     if matches!(g.state.as_str(), "unhealthy" | "busy-foreign") {
-                        println!("GPU {}: {}", g.gpu.index, g.detail);
+                        outln!("GPU {}: {}", g.gpu.index, g.detail);
                     }
                 }
             }
@@ -363,7 +414,7 @@ fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Failure> {
 }
 
 fn print_json<T: serde::Serialize>(value: &T) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(value).expect("serialisable")
     );
@@ -431,9 +482,14 @@ fn duration_of(job: &JobView) -> Option<u64> {
 fn print_table(jobs: &[JobView]) {
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let width = terminal_width();
-    println!(
+    outln!(
         "{:<24} {:<13} {:<12} {:<6} {:<20} {:<10} DETAIL",
-        "ID", "STATUS", "OWNER", "GPUS", "SUBMITTED", "RAN"
+        "ID",
+        "STATUS",
+        "OWNER",
+        "GPUS",
+        "SUBMITTED",
+        "RAN"
     );
     for j in jobs {
         let gpus = if j.gpus.is_empty() {
@@ -459,7 +515,7 @@ fn print_table(jobs: &[JobView]) {
         } else {
             status
         };
-        println!(
+        outln!(
             "{:<24} {} {:<12} {:<6} {:<20} {:<10} {}",
             truncate(&j.id, 24),
             status,
@@ -476,22 +532,22 @@ fn print_table(jobs: &[JobView]) {
 }
 
 fn print_status(j: &JobView) {
-    println!("job:       {}", j.id);
-    println!("status:    {} — {}", j.status, j.detail);
-    println!("owner:     {} (uid {})", j.owner, j.uid);
-    println!("unit:      {}", j.unit);
-    println!("command:   {}", j.command.join(" "));
+    outln!("job:       {}", j.id);
+    outln!("status:    {} — {}", j.status, j.detail);
+    outln!("owner:     {} (uid {})", j.owner, j.uid);
+    outln!("unit:      {}", j.unit);
+    outln!("command:   {}", j.command.join(" "));
     if let Some(w) = &j.workdir {
-        println!("workdir:   {w}");
+        outln!("workdir:   {w}");
     }
     if let Some(t) = j.timeout_secs {
-        println!(
+        outln!(
             "timeout:   {}",
             humantime::format_duration(Duration::from_secs(t))
         );
     }
     if j.priority != 0 {
-        println!("priority:  {}", j.priority);
+        outln!("priority:  {}", j.priority);
     }
     let gpus = if j.gpus.is_empty() {
         "none".to_string()
@@ -503,25 +559,25 @@ fn print_status(j: &JobView) {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    println!("gpus:      {gpus}");
-    println!("submitted: {}", format_time(j.submitted_at));
+    outln!("gpus:      {gpus}");
+    outln!("submitted: {}", format_time(j.submitted_at));
     if let Some(s) = j.started_at {
-        println!("started:   {}", format_time(s));
+        outln!("started:   {}", format_time(s));
     }
     if let Some(e) = j.ended_at {
-        println!("ended:     {}", format_time(e));
+        outln!("ended:     {}", format_time(e));
     }
     if let Some(d) = duration_of(j) {
-        println!("ran for:   {}", format_duration(d));
+        outln!("ran for:   {}", format_duration(d));
     }
     if let Some(code) = j.exit_code {
-        println!("exit code: {code}");
+        outln!("exit code: {code}");
     }
     if let Some(sig) = j.signal {
-        println!("signal:    {}", signal_name(sig));
+        outln!("signal:    {}", signal_name(sig));
     }
     if let Some(inv) = &j.invocation_id {
-        println!("logs:      ptrain logs {} (invocation {inv})", j.id);
+        outln!("logs:      ptrain logs {} (invocation {inv})", j.id);
     }
 }
 
@@ -576,7 +632,7 @@ async fn submit(
         _ => None,
     };
     drop_into_spool(&spool, &name, &bytes)?;
-    println!("submitted {} as {}", spec.id, spool.join(&name).display());
+    outln!("submitted {} as {}", spec.id, spool.join(&name).display());
     let Some((proxy, mut changes)) = listener else {
         return Ok(0);
     };
@@ -602,11 +658,12 @@ async fn submit(
     match tokio::time::timeout(Duration::from_secs(10), accepted).await {
         Ok(Some(status)) => {
             if ids.len() > 1 {
-                println!("ptraind accepted sweep {} as {} jobs", spec.id, ids.len());
+                outln!("ptraind accepted sweep {} as {} jobs", spec.id, ids.len());
             } else {
-                println!(
+                outln!(
                     "ptraind accepted job {} ({status}); `ptrain status {}` shows it",
-                    spec.id, spec.id
+                    spec.id,
+                    spec.id
                 );
             }
             if wait {
@@ -627,7 +684,7 @@ async fn submit(
                     format!("ptraind rejected {name}: {}", r.reason),
                 ));
             }
-            println!(
+            outln!(
                 "ptraind has not picked it up yet; check with `ptrain status {}`",
                 spec.id
             );
@@ -690,7 +747,7 @@ async fn logs(
     let proxy = proxy().await?;
     let job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
     if !follow && job.started_at.is_none() && !is_final(&job.status) {
-        eprintln!("ptrain: job {id} has not started yet; `ptrain logs -f {id}` waits for it");
+        errln!("ptrain: job {id} has not started yet; `ptrain logs -f {id}` waits for it");
     }
     let fd = proxy
         .open_logs(id, lines.unwrap_or(0), since_usec, follow)
@@ -769,7 +826,7 @@ async fn du(json: bool) -> Result<u8, Failure> {
     let p = &usage.policy;
     let limit =
         |v: Option<u64>, f: &dyn Fn(u64) -> String| v.map(f).unwrap_or_else(|| "none".into());
-    println!(
+    outln!(
         "log archive: {} ({})",
         usage.log_dir,
         if usage.archive {
@@ -778,7 +835,7 @@ async fn du(json: bool) -> Result<u8, Failure> {
             "off: [logs] archive = false"
         }
     );
-    println!(
+    outln!(
         "policy:      max_age {}, max_total_size {}, max_count {}, per user: max_total_size {}, max_count {}; min_free {}",
         limit(p.max_age_secs, &|s| humantime::format_duration(Duration::from_secs(s)).to_string()),
         limit(p.max_total_bytes, &size),
@@ -790,18 +847,18 @@ async fn du(json: bool) -> Result<u8, Failure> {
             ptrain::logs::retention::MinFree::Percent(pct) => format!("{pct}%"),
         }
     );
-    println!("archives:    {} using {}", usage.count, size(usage.bytes));
+    outln!("archives:    {} using {}", usage.count, size(usage.bytes));
     if let Some(d) = usage.disk {
-        println!(
+        outln!(
             "disk:        {} free of {}",
             size(d.avail_bytes),
             size(d.total_bytes)
         );
     }
     if !usage.users.is_empty() {
-        println!("{:<16} {:>8} {:>10}  OLDEST", "USER", "ARCHIVES", "SIZE");
+        outln!("{:<16} {:>8} {:>10}  OLDEST", "USER", "ARCHIVES", "SIZE");
         for u in &usage.users {
-            println!(
+            outln!(
                 "{:<16} {:>8} {:>10}  {}",
                 truncate(&u.user.clone().unwrap_or_else(|| u.uid.to_string()), 16),
                 u.count,
@@ -848,7 +905,7 @@ async fn wait_for_jobs(
     // Subscribed before this first look, so no change falls in between.
     for id in ids {
         let job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
-        println!("{id}: {}", job.detail);
+        outln!("{id}: {}", job.detail);
         status.insert(id.clone(), job.status);
     }
     while !status.values().all(|s| is_final(s)) {
@@ -858,7 +915,7 @@ async fn wait_for_jobs(
         let Ok(args) = signal.args() else { continue };
         if let Some(old) = status.get_mut(args.id.as_str()) {
             if *old != args.status {
-                println!("{}: {}", args.id, args.status);
+                outln!("{}: {}", args.id, args.status);
                 *old = args.status.clone();
             }
         }
@@ -887,7 +944,7 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
             .retry_notifications(key.as_deref().unwrap_or(""), all_dead)
             .await
             .map_err(from_bus)?;
-        println!("{said}");
+        outln!("{said}");
         return Ok(0);
     }
     let list: Vec<ptrain::notifications::DeliveryView> =
@@ -897,17 +954,21 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
         return Ok(0);
     }
     if list.is_empty() {
-        println!("no notifications");
+        outln!("no notifications");
         return Ok(0);
     }
-    println!(
+    outln!(
         "{:<40} {:<10} {:>8} {:<20} {:<20} LAST ERROR",
-        "KEY", "STATE", "ATTEMPTS", "LAST ATTEMPT", "NEXT"
+        "KEY",
+        "STATE",
+        "ATTEMPTS",
+        "LAST ATTEMPT",
+        "NEXT"
     );
     let width = terminal_width();
     for d in &list {
         let time = |t: Option<u64>| t.map(format_time).unwrap_or_else(|| "-".into());
-        println!(
+        outln!(
             "{:<40} {:<10} {:>8} {:<20} {:<20} {}",
             d.key,
             d.state.as_str(),
@@ -926,9 +987,7 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
         .filter(|d| d.state == ptrain::notifications::DeliveryState::Dead)
         .count();
     if dead > 0 {
-        println!(
-            "{dead} dead: fix the cause, then `ptrain notifications retry KEY` or `--all-dead`"
-        );
+        outln!("{dead} dead: fix the cause, then `ptrain notifications retry KEY` or `--all-dead`");
     }
     Ok(0)
 }
@@ -959,14 +1018,14 @@ fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Result<u8, Fa
         for path in ptrain::docgen::write_man_pages(cmd.clone(), &extra, dir)
             .map_err(|e| io("man pages", dir, e))?
         {
-            println!("{}", path.display());
+            outln!("{}", path.display());
         }
     }
     if let Some(dir) = &completions {
         for path in
             ptrain::docgen::write_completions(cmd, dir).map_err(|e| io("completions", dir, e))?
         {
-            println!("{}", path.display());
+            outln!("{}", path.display());
         }
     }
     Ok(0)

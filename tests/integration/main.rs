@@ -6,6 +6,7 @@ mod harness;
 
 mod bench_smoke;
 mod chains;
+mod cli_promises;
 mod durability;
 mod examples;
 mod foundation;
