@@ -46,12 +46,14 @@
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
 //! the durable-write and safe-open primitives; [`users`] resolves uids;
 //! [`metrics`] is the optional Prometheus endpoint the state task feeds;
-//! [`docgen`] writes the man pages and shell completions (`make docs`).
+//! [`docgen`] writes the man pages and shell completions (`make docs`);
+//! [`display`] escapes user-controlled text for human-readable output.
 
 pub mod api;
 pub mod chain;
 pub mod config;
 pub mod daemon;
+pub mod display;
 pub mod docgen;
 pub mod fsutil;
 pub mod gpu;

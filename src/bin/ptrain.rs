@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 
 use ptrain::api::{Daemon1Proxy, GpusView, JobChangedStream, JobView};
 use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
+use ptrain::display::escape;
 use ptrain::spec::{parse_spec, spool_file_stem, MAX_SPEC_BYTES};
 use ptrain::store::{signal_name, RejectRecord};
 
@@ -268,7 +269,8 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            errln!("ptrain: {}", f.message);
+            // Messages quote what users wrote (ids, file names, reasons).
+            errln!("ptrain: {}", escape(&f.message));
             ExitCode::from(f.code)
         }
     }
@@ -334,7 +336,10 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
         Command::Stop { id } => {
-            outln!("{}", proxy().await?.stop(&id).await.map_err(from_bus)?);
+            outln!(
+                "{}",
+                escape(&proxy().await?.stop(&id).await.map_err(from_bus)?)
+            );
             Ok(0)
         }
         Command::Logs {
@@ -356,9 +361,9 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                     outln!(
                         "{}  {}  {}: {}",
                         format_time(r.rejected_at),
-                        r.owner.as_deref().unwrap_or("?"),
-                        r.file.escape_debug(),
-                        r.reason
+                        escape(r.owner.as_deref().unwrap_or("?")),
+                        escape(&r.file),
+                        escape(&r.reason)
                     );
                 }
             }
@@ -397,7 +402,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 // What the STATE column cannot hold: why a GPU is out.
                 for g in &view.gpus {
                     if matches!(g.state.as_str(), "unhealthy" | "busy-foreign") {
-                        outln!("GPU {}: {}", g.gpu.index, g.detail);
+                        outln!("GPU {}: {}", g.gpu.index, escape(&g.detail));
                     }
                 }
             }
@@ -519,26 +524,30 @@ fn print_table(jobs: &[JobView]) {
             "{:<24} {} {:<12} {:<6} {:<20} {:<10} {}",
             truncate(&j.id, 24),
             status,
-            truncate(&j.owner, 12),
+            truncate(&escape(&j.owner), 12),
             gpus,
             format_time(j.submitted_at),
             duration_of(j)
                 .map(format_duration)
                 .unwrap_or_else(|| "-".into()),
             // The columns before DETAIL and their separators.
-            last_column(&j.detail, 24 + 13 + 12 + 6 + 20 + 10 + 6, width)
+            last_column(&escape(&j.detail), 24 + 13 + 12 + 6 + 20 + 10 + 6, width)
         );
     }
 }
 
+/// One job for people. Every field a user wrote (the command, its
+/// workdir, a reason quoted in the detail) is [`escape`]d: the reader may
+/// be anyone, root included.
 fn print_status(j: &JobView) {
-    outln!("job:       {}", j.id);
-    outln!("status:    {} — {}", j.status, j.detail);
-    outln!("owner:     {} (uid {})", j.owner, j.uid);
-    outln!("unit:      {}", j.unit);
-    outln!("command:   {}", j.command.join(" "));
+    outln!("job:       {}", escape(&j.id));
+    outln!("status:    {} — {}", escape(&j.status), escape(&j.detail));
+    outln!("owner:     {} (uid {})", escape(&j.owner), j.uid);
+    outln!("unit:      {}", escape(&j.unit));
+    let command: Vec<_> = j.command.iter().map(|a| escape(a)).collect();
+    outln!("command:   {}", command.join(" "));
     if let Some(w) = &j.workdir {
-        outln!("workdir:   {w}");
+        outln!("workdir:   {}", escape(w));
     }
     if let Some(t) = j.timeout_secs {
         outln!(
@@ -555,7 +564,7 @@ fn print_status(j: &JobView) {
         j.gpus
             .iter()
             .zip(&j.gpu_uuids)
-            .map(|(i, u)| format!("{i} ({u})"))
+            .map(|(i, u)| format!("{i} ({})", escape(u)))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -860,7 +869,10 @@ async fn du(json: bool) -> Result<u8, Failure> {
         for u in &usage.users {
             outln!(
                 "{:<16} {:>8} {:>10}  {}",
-                truncate(&u.user.clone().unwrap_or_else(|| u.uid.to_string()), 16),
+                truncate(
+                    &escape(&u.user.clone().unwrap_or_else(|| u.uid.to_string())),
+                    16
+                ),
                 u.count,
                 size(u.bytes),
                 u.oldest.map(format_time).unwrap_or_else(|| "-".into())
@@ -905,7 +917,7 @@ async fn wait_for_jobs(
     // Subscribed before this first look, so no change falls in between.
     for id in ids {
         let job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
-        outln!("{id}: {}", job.detail);
+        outln!("{id}: {}", escape(&job.detail));
         status.insert(id.clone(), job.status);
     }
     while !status.values().all(|s| is_final(s)) {
@@ -915,7 +927,7 @@ async fn wait_for_jobs(
         let Ok(args) = signal.args() else { continue };
         if let Some(old) = status.get_mut(args.id.as_str()) {
             if *old != args.status {
-                outln!("{}: {}", args.id, args.status);
+                outln!("{}: {}", args.id, escape(&args.status));
                 *old = args.status.clone();
             }
         }
@@ -944,7 +956,7 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
             .retry_notifications(key.as_deref().unwrap_or(""), all_dead)
             .await
             .map_err(from_bus)?;
-        outln!("{said}");
+        outln!("{}", escape(&said));
         return Ok(0);
     }
     let list: Vec<ptrain::notifications::DeliveryView> =
@@ -970,13 +982,14 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
         let time = |t: Option<u64>| t.map(format_time).unwrap_or_else(|| "-".into());
         outln!(
             "{:<40} {:<10} {:>8} {:<20} {:<20} {}",
-            d.key,
+            escape(&d.key),
             d.state.as_str(),
             d.attempts,
             time(d.last_attempt_at),
             time(d.next_attempt_at),
+            // A remote server's words, and job text quoted in them.
             last_column(
-                d.last_error.as_deref().unwrap_or("-"),
+                &escape(d.last_error.as_deref().unwrap_or("-")),
                 40 + 10 + 8 + 20 + 20 + 5,
                 width
             )
@@ -1081,9 +1094,9 @@ fn render_tree(jobs: &[JobView]) -> String {
             self.out.push_str(&format!(
                 "{}{} {}{how} — {}\n",
                 "  ".repeat(depth),
-                job.id,
-                job.status,
-                job.detail
+                escape(&job.id),
+                escape(&job.status),
+                escape(&job.detail)
             ));
             // A job under two parents is expanded once.
             if !self.shown.insert(job.id.as_str()) {

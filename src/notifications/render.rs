@@ -9,6 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::{Intent, Notice, NotifyEvent};
+use crate::display::escape;
 use crate::store::signal_name;
 
 /// Longest piece of free text (the outcome's detail) put in a message.
@@ -116,7 +117,14 @@ fn body_with_tail(n: &Notice, max_lines: usize, line_max: usize) -> String {
     let mut lines = vec![
         format!("Job {} of {} {}.", n.job_id, n.owner, outcome_words(n)),
         String::new(),
-        format!("Status:    {} — {}", n.status, clip(&n.detail, MAX_DETAIL)),
+        // The detail may quote what the job's owner wrote (a workdir in a
+        // launch error): escaped like every text form shows it. The
+        // webhook's JSON keeps it exact.
+        format!(
+            "Status:    {} — {}",
+            n.status,
+            clip(&escape(&n.detail), MAX_DETAIL)
+        ),
     ];
     if let Some(status) = exit_status(n) {
         lines.push(format!("Exit:      {status}"));
@@ -174,7 +182,10 @@ pub fn wecom_markdown(n: &Notice) -> String {
         md_color(n),
         md_safe(&outcome_words(n))
     );
-    s.push_str(&format!("> {}\n", md_safe(&clip(&n.detail, MAX_DETAIL))));
+    s.push_str(&format!(
+        "> {}\n",
+        md_safe(&clip(&escape(&n.detail), MAX_DETAIL))
+    ));
     s.push_str(&format!("> owner: {}  host: {}\n", n.owner, n.host));
     if let Some(status) = exit_status(n) {
         s.push_str(&format!("> {status}\n"));
@@ -437,6 +448,34 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("`ptrain logs resnet-lr01`"), "{md}");
+    }
+
+    #[test]
+    fn user_text_in_the_detail_is_escaped_in_text_forms_only() {
+        let mut n = notice(NotifyEvent::Failed);
+        n.detail = "cannot enter /srv/\u{1b}]0;pwn\u{7}\u{202e}dir".into();
+        let shown = r"cannot enter /srv/\x1b]0;pwn\x07\u{202e}dir";
+        // Markdown then turns the `]` into `)`, as it does any bracket.
+        let md_shown = shown.replace(']', ")");
+        for (text, shown) in [
+            (body_text(&n), shown),
+            (wecom_text(&n), shown),
+            (wecom_markdown(&n), md_shown.as_str()),
+        ] {
+            assert!(text.contains(shown), "{text}");
+            assert!(!text.contains(['\u{1b}', '\u{7}', '\u{202e}']), "{text}");
+        }
+        let intent = Intent {
+            key: "k".into(),
+            channel: "c".into(),
+            created_at: 0,
+            notice: n.clone(),
+        };
+        assert_eq!(
+            webhook_payload(&intent).detail,
+            n.detail,
+            "JSON stays exact"
+        );
     }
 
     #[test]

@@ -53,7 +53,8 @@ fn shape_line(message: &str) -> String {
         .unwrap_or("");
     let mut out = String::with_capacity(shown.len());
     for c in shown.trim_end().chars() {
-        if c.is_control() {
+        // Bidi overrides too: a chat shows them as silently as a terminal.
+        if crate::display::is_unsafe(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);

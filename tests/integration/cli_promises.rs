@@ -8,7 +8,7 @@ use std::process::{Output, Stdio};
 
 use serde_json::{json, Value};
 
-use crate::daemon::{chown, text, TestDaemon, ALICE, PTRAIN};
+use crate::daemon::{chown, text, TestDaemon, ALICE, BOB, PTRAIN};
 
 /// Writes a job file into the user's workdir, owned by them; returns its path.
 fn job_file(d: &TestDaemon, user: &str, name: &str, spec: &Value) -> String {
@@ -83,4 +83,67 @@ fn a_closed_pipe_ends_every_command_quietly() {
         .output()
         .unwrap();
     assert!(!text(&out).contains("panicked"), "{}", text(&out));
+}
+
+/// A job whose command sets the terminal's title and clears the screen;
+/// whoever looks at it (another user, root) sees the escapes spelled out.
+#[test]
+fn other_users_text_reaches_the_terminal_escaped() {
+    let d = TestDaemon::start("escapes");
+    let evil = json!({
+        "version": 1,
+        "command": ["/bin/sh", "-c", "exit 3", "\u{1b}]0;pwn\u{7}", "\u{1b}[2J", "\u{202e}txt.exe"],
+        "env": {"NOTE": "\u{1b}[31mred"},
+    });
+    let file = job_file(&d, ALICE, "evil.json", &evil);
+    let out = d.ptrain(ALICE, &["submit", &file]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    d.wait_ended("evil");
+    for user in [BOB, "root", ALICE] {
+        for args in [
+            &["status", "evil"][..],
+            &["list"],
+            &["list", "--all"],
+            &["list", "--tree"],
+        ] {
+            let out = d.ptrain(user, args);
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+            let shown = &out.stdout;
+            assert!(
+                !shown.iter().any(|&b| b == 0x1b || b == 0x07),
+                "{user} ptrain {args:?} printed raw control bytes: {:?}",
+                String::from_utf8_lossy(shown)
+            );
+            assert!(
+                !String::from_utf8_lossy(shown).contains('\u{202e}'),
+                "{user} ptrain {args:?} printed a raw bidi override"
+            );
+            if args[0] == "status" {
+                let shown = String::from_utf8_lossy(shown);
+                assert!(shown.contains(r"\x1b]0;pwn\x07"), "{shown}");
+                assert!(shown.contains(r"\x1b[2J"), "{shown}");
+                assert!(shown.contains(r"\u{202e}txt.exe"), "{shown}");
+            }
+        }
+    }
+    // JSON stays exact: the command as submitted, once decoded.
+    let s = d.status("evil").unwrap();
+    assert_eq!(s["command"], evil["command"], "{s}");
+
+    // A refused file's reason quotes what its owner wrote; as its owner
+    // and root see it.
+    d.drop_job(
+        ALICE,
+        "raw.json",
+        "{\"version\": 1, \"command\": [\"true\"], \"bogus\u{1b}[2J\": 1}",
+    );
+    d.wait_rejected(ALICE, "raw.json");
+    for user in [ALICE, "root"] {
+        let out = d.ptrain(user, &["rejected"]);
+        assert!(
+            !out.stdout.contains(&0x1b),
+            "{user} ptrain rejected printed a raw ESC: {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 }
