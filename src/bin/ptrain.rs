@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use futures_util::StreamExt;
+use tokio::sync::mpsc::UnboundedReceiver;
 
-use ptrain::api::{Daemon1Proxy, GpusView, JobChangedStream, JobView};
+use ptrain::api::{Daemon1Proxy, GpusView, JobView};
 use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
 use ptrain::display::escape;
 use ptrain::spec::{parse_spec, spool_file_stem, MAX_SPEC_BYTES};
@@ -286,7 +287,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         } => submit(&cli.config, &file, id, no_confirm, wait).await,
         Command::Wait { ids } => {
             let proxy = proxy().await?;
-            let changes = proxy.receive_job_changed().await.map_err(from_bus)?;
+            // Subscribed before the first look, so no change falls in between.
+            let hints = follow(&proxy).await?;
             // A sweep id stands for all of its members.
             let jobs: Vec<JobView> = parse(&proxy.list().await.map_err(from_bus)?)?;
             let mut expanded = Vec::new();
@@ -302,7 +304,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                     expanded.extend(members);
                 }
             }
-            wait_for_jobs(&proxy, changes, &expanded).await
+            wait_for_jobs(&proxy, hints, &expanded).await
         }
         Command::List {
             json,
@@ -676,7 +678,9 @@ async fn submit(
                 );
             }
             if wait {
-                return wait_for_jobs(&proxy, changes, &ids).await;
+                // Unread, this stream would stall the connection (see follow).
+                drop(changes);
+                return wait_for_jobs(&proxy, follow(&proxy).await?, &ids).await;
             }
             Ok(0)
         }
@@ -906,36 +910,154 @@ fn is_final(status: &str) -> bool {
     !matches!(status, "queued" | "launching" | "running")
 }
 
-/// Follows the jobs' state changes until all have ended; the exit code
-/// says the worst that happened.
+/// How often `wait` asks ptraind for the truth about the jobs it follows
+/// even when no signal came: the safety net under a signal the bus dropped
+/// (dbus-daemon discards messages for a reader that falls too far behind).
+const RECHECK_EVERY: Duration = Duration::from_secs(15);
+
+/// What the bus said while we wait: only hints of what to ask ptraind
+/// about. The status in a signal is never taken as the truth: ptraind
+/// emits each signal from its own task, so two changes of one job can
+/// arrive in either order.
+enum Hint {
+    /// A job changed.
+    Changed(String),
+    /// ptraind's bus name has a new owner (it restarted): anything may
+    /// have changed meanwhile, with no signal for it.
+    NewOwner,
+    /// ptraind's bus name has no owner (it stopped).
+    NoOwner,
+    /// The bus connection closed.
+    Lost,
+}
+
+/// Subscribes to JobChanged and to changes of ptraind's bus name owner,
+/// and reads both for as long as it lives, on a task of its own. zbus
+/// queues at most 64 unread messages per subscription and then stops
+/// reading the connection altogether, replies included: a stream left
+/// unread while the caller awaits a method call's reply (one `Status` per
+/// job in a burst of changes) hangs that call for ever. This task never
+/// waits on the caller; the channel it fills is unbounded.
+async fn follow(proxy: &Daemon1Proxy<'static>) -> Result<UnboundedReceiver<Hint>, Failure> {
+    let mut changes = proxy.receive_job_changed().await.map_err(from_bus)?;
+    let dbus = zbus::fdo::DBusProxy::new(proxy.inner().connection())
+        .await
+        .map_err(from_bus)?;
+    let mut owners = dbus
+        .receive_name_owner_changed_with_args(&[(0, ptrain::DBUS_NAME)])
+        .await
+        .map_err(from_bus)?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let hint = tokio::select! {
+                signal = changes.next() => match signal {
+                    Some(signal) => match signal.args() {
+                        Ok(args) => Hint::Changed(args.id),
+                        Err(_) => continue,
+                    },
+                    None => Hint::Lost,
+                },
+                signal = owners.next() => match signal {
+                    Some(signal) => match signal.args() {
+                        Ok(args) if args.new_owner().is_some() => Hint::NewOwner,
+                        Ok(_) => Hint::NoOwner,
+                        Err(_) => continue,
+                    },
+                    None => Hint::Lost,
+                },
+            };
+            let lost = matches!(hint, Hint::Lost);
+            if tx.send(hint).is_err() || lost {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// Follows the jobs until all have ended; the exit code says the worst
+/// that happened. Signals only say which jobs to look at again; each
+/// job's state is what `Status` answers. Every job is looked at after
+/// subscribing (so nothing falls in between), whenever a signal names it,
+/// all of them after ptraind restarts, and all every [`RECHECK_EVERY`].
 async fn wait_for_jobs(
     proxy: &Daemon1Proxy<'_>,
-    mut changes: JobChangedStream,
+    mut hints: UnboundedReceiver<Hint>,
     ids: &[String],
 ) -> Result<u8, Failure> {
-    let mut status: std::collections::BTreeMap<String, String> = Default::default();
-    // Subscribed before this first look, so no change falls in between.
-    for id in ids {
-        let job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
-        outln!("{id}: {}", escape(&job.detail));
-        status.insert(id.clone(), job.status);
-    }
-    while !status.values().all(|s| is_final(s)) {
-        let Some(signal) = changes.next().await else {
-            return Err(fail(EXIT_NO_DAEMON, "lost the connection to ptraind"));
-        };
-        let Ok(args) = signal.args() else { continue };
-        if let Some(old) = status.get_mut(args.id.as_str()) {
-            if *old != args.status {
-                outln!("{}: {}", args.id, escape(&args.status));
-                *old = args.status.clone();
+    use std::collections::{BTreeMap, BTreeSet};
+    // None: not looked at yet.
+    let mut status: BTreeMap<&str, Option<String>> =
+        ids.iter().map(|id| (id.as_str(), None)).collect();
+    let mut stale: BTreeSet<&str> = status.keys().copied().collect();
+    let mut recheck = tokio::time::interval(RECHECK_EVERY);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    recheck.tick().await; // the first tick is now; the look below is it
+    let mut daemon_gone = false;
+    loop {
+        for id in std::mem::take(&mut stale) {
+            let known = status.get_mut(id).expect("only followed ids are stale");
+            if known.as_deref().is_some_and(is_final) {
+                continue;
+            }
+            let job: JobView = match proxy.status(id).await.map_err(from_bus) {
+                Ok(json) => parse(&json)?,
+                // ptraind is restarting: its new owner, or the next
+                // recheck, makes us look again.
+                Err(f) if f.code == EXIT_NO_DAEMON && known.is_some() => {
+                    if !daemon_gone {
+                        errln!("ptrain: ptraind is not running; waiting for it to come back");
+                        daemon_gone = true;
+                    }
+                    continue;
+                }
+                Err(f) => return Err(f),
+            };
+            daemon_gone = false;
+            match known {
+                None => outln!("{id}: {}", escape(&job.detail)),
+                Some(old) if *old != job.status => outln!("{id}: {}", escape(&job.status)),
+                Some(_) => {}
+            }
+            *known = Some(job.status);
+        }
+        let pending: BTreeSet<&str> = status
+            .iter()
+            .filter(|(_, s)| !s.as_deref().is_some_and(is_final))
+            .map(|(id, _)| *id)
+            .collect();
+        if pending.is_empty() {
+            break;
+        }
+        // Wait for something to look at, then take every hint already
+        // queued too, so a burst costs one look per job.
+        let mut next = Some(tokio::select! {
+            hint = hints.recv() => hint.unwrap_or(Hint::Lost),
+            _ = recheck.tick() => Hint::NewOwner,
+        });
+        while let Some(hint) = next.take().or_else(|| hints.try_recv().ok()) {
+            match hint {
+                Hint::Changed(id) => {
+                    if let Some(id) = pending.get(id.as_str()) {
+                        stale.insert(id);
+                    }
+                }
+                Hint::NewOwner => stale.extend(&pending),
+                Hint::NoOwner => {}
+                Hint::Lost => {
+                    return Err(fail(
+                        EXIT_NO_DAEMON,
+                        "lost the connection to the system bus; run `ptrain wait` again",
+                    ))
+                }
             }
         }
     }
-    let worst = |word: &str| status.values().any(|s| s == word);
+    let worst = |word: &str| status.values().any(|s| s.as_deref() == Some(word));
     // A job that was not needed (an after_fail alert whose parents all
     // succeeded) is how a pipeline that went well ends: not a failure.
-    let fine = |s: &String| s == "succeeded" || s == "not-needed";
+    let fine = |s: &Option<String>| matches!(s.as_deref(), Some("succeeded" | "not-needed"));
     Ok(if status.values().all(fine) {
         0
     } else if worst("failed") || worst("killed") || worst("launch-failed") {

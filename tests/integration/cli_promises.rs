@@ -10,12 +10,100 @@ use serde_json::{json, Value};
 
 use crate::daemon::{chown, text, TestDaemon, ALICE, BOB, PTRAIN};
 
+/// How long a `ptrain` run may take before it counts as hung: it runs under
+/// timeout(1), so a hang fails the test (exit 124) instead of hanging it.
+const HANG_LIMIT_SECS: u32 = 120;
+
+/// `timeout HANG_LIMIT_SECS ptrain --config … ARGS` inside the harness as
+/// `user`.
+fn ptrain_bounded(d: &TestDaemon, user: &str, args: &[&str]) -> Output {
+    let limit = HANG_LIMIT_SECS.to_string();
+    let mut full = vec![
+        limit.as_str(),
+        PTRAIN,
+        "--config",
+        d.config.to_str().unwrap(),
+    ];
+    full.extend_from_slice(args);
+    let out = if user == "root" {
+        d.harness.command("timeout").args(&full).output().unwrap()
+    } else {
+        d.as_user(user, "timeout", &full)
+    };
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "ptrain {args:?} hung for {HANG_LIMIT_SECS} s: {}",
+        text(&out)
+    );
+    out
+}
+
 /// Writes a job file into the user's workdir, owned by them; returns its path.
 fn job_file(d: &TestDaemon, user: &str, name: &str, spec: &Value) -> String {
     let path = d.workdir(user).join(name);
     std::fs::write(&path, spec.to_string()).unwrap();
     chown(&path, user);
     path.display().to_string()
+}
+
+/// 150 jobs that each change state three or four times within a few
+/// seconds: the CLI used to stop reading D-Bus while it queried each job,
+/// zbus's queue of 64 signals filled, and the replies it waited for queued
+/// behind them for ever.
+#[test]
+fn wait_follows_a_burst_of_150_jobs_to_their_end() {
+    let d = TestDaemon::start("wait-burst");
+    let n = 150;
+    let values: Vec<usize> = (0..n).collect();
+    let sweep = job_file(
+        &d,
+        ALICE,
+        "burst.json",
+        &json!({"version": 1, "command": ["true"], "sweep": {"i": values}}),
+    );
+    let out = ptrain_bounded(&d, ALICE, &["submit", &sweep, "--wait"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("burst-i149: succeeded"),
+        "{}",
+        text(&out)
+    );
+
+    // `ptrain wait` on 150 named ids, started while they are launching,
+    // and one with a failure among them: the worst outcome decides.
+    let sweep = job_file(
+        &d,
+        ALICE,
+        "storm.json",
+        &json!({"version": 1, "command": ["/bin/sh", "-c", "exit {code}"],
+                "sweep": {"code": [0, 0, 0, 0, 0, 0, 0, 0, 0, 3], "k": (0..15).collect::<Vec<_>>()}}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &sweep]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let list: Vec<Value> =
+        serde_json::from_slice(&d.ptrain("root", &["list", "--all", "--json"]).stdout).unwrap();
+    let ids: Vec<String> = list
+        .iter()
+        .filter(|j| j["group"] == "storm")
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 150, "{list:?}");
+    let mut args = vec!["wait"];
+    args.extend(ids.iter().map(String::as_str));
+    let out = ptrain_bounded(&d, BOB, &args);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    for id in &ids {
+        let s = d.status(id).unwrap();
+        assert!(
+            matches!(s["status"].as_str(), Some("succeeded" | "failed")),
+            "{id}: {s}"
+        );
+    }
+
+    // Everything ended: a second wait returns at once, by the sweep's id.
+    let out = ptrain_bounded(&d, "root", &["wait", "burst", "storm"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
 }
 
 /// Runs `ptrain ARGS` as root with stdout a pipe whose reader is already
