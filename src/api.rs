@@ -53,6 +53,9 @@ pub struct JobView {
     /// What the job wrote to $PTRAIN_RESULT_FILE.
     #[serde(default)]
     pub result: Option<serde_json::Value>,
+    /// The details are the owner's ([`JobView::as_seen_by`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private: bool,
     /// Queue priority (higher first; 0 by default).
     #[serde(default)]
     pub priority: i32,
@@ -87,6 +90,28 @@ pub fn outcome_fields(
 }
 
 impl JobView {
+    /// The view as `caller_uid` may see it: whole for its owner and root
+    /// (and for everyone under `[privacy] show_all_jobs`), else only the
+    /// id, owner, state, GPUs and times.
+    pub fn as_seen_by(self, caller_uid: u32, privacy: crate::config::Privacy) -> JobView {
+        if privacy.show_all_jobs || caller_uid == 0 || caller_uid == self.uid {
+            return self;
+        }
+        JobView {
+            command: Vec::new(),
+            workdir: None,
+            exit_code: None,
+            signal: None,
+            outcome: None,
+            detail: String::new(),
+            systemd_result: None,
+            params: Default::default(),
+            result: None,
+            private: true,
+            ..self
+        }
+    }
+
     pub fn of(record: &JobRecord) -> JobView {
         let (exit_code, signal, mut detail) =
             outcome_fields(record.outcome.as_ref(), record.status());
@@ -145,6 +170,7 @@ impl JobView {
                 .collect(),
             waiting_for: Vec::new(),
             result: record.result.clone(),
+            private: false,
             priority: record.spec.priority,
             gpu_request: record.spec.gpus.describe(),
         }
@@ -230,11 +256,20 @@ pub enum ApiRequest {
 /// The object served at [`crate::DBUS_PATH`].
 pub struct DaemonApi {
     pub requests: mpsc::UnboundedSender<ApiRequest>,
+    /// `[privacy]`: what callers see of others' jobs.
+    pub privacy: crate::config::Privacy,
     /// Serves job output ([`crate::logs`]).
     pub logs: crate::logs::Logs,
 }
 
 impl DaemonApi {
+    fn seen_by(&self, views: Vec<JobView>, caller_uid: u32) -> Vec<JobView> {
+        views
+            .into_iter()
+            .map(|v| v.as_seen_by(caller_uid, self.privacy))
+            .collect()
+    }
+
     /// The job whose output `caller_uid` asks for: theirs, or any for root.
     async fn output_of(&self, id: String, caller_uid: u32) -> zbus::fdo::Result<JobView> {
         let job = self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await??;
@@ -292,8 +327,13 @@ fn to_json<T: Serialize>(value: &T) -> String {
 #[zbus::interface(name = "org.ptrain.Daemon1")]
 impl DaemonApi {
     /// Every job, as a JSON array of JobView.
-    async fn list(&self) -> zbus::fdo::Result<String> {
-        let views = self.ask(ApiRequest::List).await?;
+    async fn list(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller = caller_uid(conn, &header).await?;
+        let views = self.seen_by(self.ask(ApiRequest::List).await?, caller);
         let json = to_json(&views);
         drop(views);
         release_freed_memory();
@@ -303,16 +343,27 @@ impl DaemonApi {
     /// Queued and running jobs plus the `limit` most recently ended, as a
     /// JSON array of JobView: what `ptrain list` shows without `--all`. Its
     /// cost does not grow with the history.
-    async fn list_recent(&self, limit: u32) -> zbus::fdo::Result<String> {
-        Ok(to_json(
-            &self.ask(|tx| ApiRequest::ListRecent(limit, tx)).await?,
-        ))
+    async fn list_recent(
+        &self,
+        limit: u32,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller = caller_uid(conn, &header).await?;
+        let views = self.ask(|tx| ApiRequest::ListRecent(limit, tx)).await?;
+        Ok(to_json(&self.seen_by(views, caller)))
     }
 
     /// One job, as a JSON JobView.
-    async fn status(&self, id: String) -> zbus::fdo::Result<String> {
+    async fn status(
+        &self,
+        id: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller = caller_uid(conn, &header).await?;
         let view = self.ask(|tx| ApiRequest::Status(id, tx)).await??;
-        Ok(to_json(&view))
+        Ok(to_json(&view.as_seen_by(caller, self.privacy)))
     }
 
     /// Stops a job (queued or running); returns a sentence saying what happened.
@@ -487,6 +538,55 @@ pub trait Daemon1 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn others_see_only_id_owner_state_and_gpus_unless_the_admin_shows_all() {
+        let spec = crate::spec::parse_spec(
+            br#"{"version":1,"command":["python3","train.py","--key","s3cret"],"workdir":"/home/alice/p"}"#,
+            "j",
+        )
+        .unwrap();
+        let owner = crate::users::Owner {
+            uid: 1000,
+            gid: 1000,
+            name: "alice".into(),
+            home: "/home/alice".into(),
+            groups: vec![],
+        };
+        let source = crate::store::SpoolSource {
+            file: "j.json".into(),
+            dev: 0,
+            ino: 0,
+            ctime_ns: 0,
+            size: 0,
+        };
+        let mut record = JobRecord::new(spec, owner, source, 0);
+        record.result = Some(serde_json::json!({"acc": 1}));
+        let view = JobView::of(&record);
+        let private = crate::config::Privacy::default();
+        let shown = serde_json::to_string(&view.clone().as_seen_by(2000, private)).unwrap();
+        for secret in ["s3cret", "train.py", "/home/alice/p", "acc"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        let seen = view.clone().as_seen_by(2000, private);
+        assert_eq!(
+            (seen.id.as_str(), seen.owner.as_str(), seen.private),
+            ("j", "alice", true)
+        );
+        assert_eq!(seen.status, view.status);
+        for (caller, privacy) in [
+            (1000, private),
+            (0, private),
+            (
+                2000,
+                crate::config::Privacy {
+                    show_all_jobs: true,
+                },
+            ),
+        ] {
+            assert_eq!(view.clone().as_seen_by(caller, privacy), view);
+        }
+    }
 
     #[test]
     fn a_job_not_needed_has_no_exit_status_and_says_why() {

@@ -46,6 +46,18 @@ struct RawConfig {
     notify: Option<crate::notifications::config::RawNotify>,
     metrics: Option<crate::metrics::RawMetrics>,
     channels: Option<std::collections::BTreeMap<String, crate::notifications::config::RawChannel>>,
+    privacy: Option<Privacy>,
+}
+
+/// `[privacy]` (Slurm's `PrivateData` is the anchor): what a user sees of
+/// other users' jobs. By default only their id, owner, state and GPUs; the
+/// command, workdir, result, exit and detail only with the admin's consent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Privacy {
+    /// Show every job's details to every user.
+    #[serde(default)]
+    pub show_all_jobs: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -124,6 +136,8 @@ pub struct Config {
     pub notifications: crate::notifications::NotificationsConfig,
     /// The Prometheus endpoint (`[metrics]`), off unless `listen` is set.
     pub metrics: crate::metrics::MetricsConfig,
+    /// `[privacy]`: what users see of each other's jobs.
+    pub privacy: Privacy,
 }
 
 impl Config {
@@ -302,6 +316,7 @@ impl Config {
             policy,
             notifications,
             metrics,
+            privacy: raw.privacy.unwrap_or_default(),
         })
     }
 }

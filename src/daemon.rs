@@ -314,6 +314,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             DBUS_PATH,
             DaemonApi {
                 requests: api_tx,
+                privacy: daemon.config.privacy,
                 logs: daemon.logs.clone(),
             },
         )
@@ -750,12 +751,14 @@ impl Daemon {
                 identity,
                 bytes,
                 is_dir,
+                held: _held,
             } => self.reject(&name, &reason, identity, bytes.as_deref(), is_dir),
             SpoolRead::File {
                 name,
                 stem,
                 identity,
                 bytes,
+                held: _held,
             } => self.claim(&name, &stem, identity, bytes),
         }
     }
@@ -1158,7 +1161,7 @@ impl Daemon {
     /// who renamed a new file over it meanwhile keeps the new one.
     fn remove_spool_entry(&mut self, name: &str, identity: &FileIdentity, is_dir: bool) {
         match fsutil::lstat_at(&self.spool_fd, name) {
-            Ok(now) if now.dev == identity.dev && now.ino == identity.ino => {
+            Ok(now) if spool::same_entry(&now, identity) => {
                 if let Err(e) = fsutil::unlink_at(&self.spool_fd, name, is_dir) {
                     warn!(file = name, error = %e, "cannot remove spool entry; ignoring it from now on");
                     self.stuck_entries.insert((identity.dev, identity.ino));

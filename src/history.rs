@@ -81,6 +81,7 @@ impl EndedJob {
             after_any: ids(&after.after_any),
             waiting_for: Vec::new(),
             result: None,
+            private: false,
             priority: self.priority,
             gpu_request: String::new(),
         }

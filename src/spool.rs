@@ -20,6 +20,11 @@ pub enum SpoolRead {
         stem: String,
         identity: FileIdentity,
         bytes: Vec<u8>,
+        /// The open file, kept until the entry is claimed and removed: while
+        /// it is open its inode cannot be freed, so no newer file the owner
+        /// renames over the name can get the same inode number and be taken
+        /// for it ([`same_entry`]).
+        held: Option<std::fs::File>,
     },
     /// Refused before its content mattered. `identity` is from fstat when
     /// the file could be opened, else from an lstat used only to tell the
@@ -31,6 +36,8 @@ pub enum SpoolRead {
         /// The bytes, when they could be read, to keep in quarantine.
         bytes: Option<Vec<u8>>,
         is_dir: bool,
+        /// The open file, when it could be opened; as for `File`.
+        held: Option<std::fs::File>,
     },
     /// Not a job file (a dotfile, a temp name, an editor leftover) or gone.
     Ignored,
@@ -53,6 +60,7 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
         identity,
         bytes,
         is_dir,
+        held: None,
     };
     let Some(stem) = spool_file_stem(name) else {
         let identity = match fsutil::lstat_at(spool, name) {
@@ -87,7 +95,31 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
             return refused(reason, identity, None, is_dir);
         }
     };
-    let identity = match fsutil::fstat(&file) {
+    let mut read = check_open(name, stem, &mut file);
+    if let SpoolRead::File { held, .. } | SpoolRead::Refused { held, .. } = &mut read {
+        *held = Some(file);
+    }
+    read
+}
+
+/// Whether the entry found under a name now is still the one claimed:
+/// the same file system and inode (which cannot have been reused while
+/// ptraind holds the claimed file open) and the same change time.
+pub fn same_entry(now: &FileIdentity, claimed: &FileIdentity) -> bool {
+    now.dev == claimed.dev && now.ino == claimed.ino && now.ctime_ns == claimed.ctime_ns
+}
+
+/// The checks and the read of an opened spool file.
+fn check_open(name: &str, stem: &str, file: &mut std::fs::File) -> SpoolRead {
+    let refused = |reason: String, identity, bytes, is_dir| SpoolRead::Refused {
+        name: name.to_owned(),
+        reason,
+        identity,
+        bytes,
+        is_dir,
+        held: None,
+    };
+    let identity = match fsutil::fstat(&*file) {
         Ok(identity) => identity,
         Err(e) => return refused(format!("fstat failed: {e}"), None, None, false),
     };
@@ -125,7 +157,7 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
             false,
         );
     }
-    let bytes = match fsutil::read_bounded(&mut file, MAX_SPEC_BYTES) {
+    let bytes = match fsutil::read_bounded(file, MAX_SPEC_BYTES) {
         Ok(bytes) => bytes,
         Err(e) => return refused(format!("read failed: {e}"), Some(identity), None, false),
     };
@@ -142,6 +174,7 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
         stem: stem.to_owned(),
         identity,
         bytes,
+        held: None,
     }
 }
 
@@ -338,6 +371,37 @@ pub fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claimed_file_is_held_open_so_a_newer_one_is_never_taken_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(
+            p.join("job.json"),
+            br#"{"version": 1, "command": ["true"]}"#,
+        )
+        .unwrap();
+        let fd = fsutil::open_dir(p).unwrap();
+        let SpoolRead::File { identity, held, .. } = read_spool_file(&fd, "job.json") else {
+            panic!("not read");
+        };
+        assert!(held.is_some(), "the claimed file stays open until removed");
+        // The owner renames newer versions over the name, many times: while
+        // the claimed inode is held, none of them can reuse its number.
+        for i in 0..200 {
+            std::fs::write(p.join(".next"), format!("v{i}")).unwrap();
+            std::fs::rename(p.join(".next"), p.join("job.json")).unwrap();
+            let now = fsutil::lstat_at(&fd, "job.json").unwrap();
+            assert!(
+                !same_entry(&now, &identity),
+                "version {i} was taken for the claimed file"
+            );
+        }
+        let mut touched = identity;
+        touched.ctime_ns += 1;
+        assert!(!same_entry(&touched, &identity));
+        assert!(same_entry(&identity, &identity));
+    }
 
     #[test]
     fn reads_regular_files_and_refuses_the_rest() {

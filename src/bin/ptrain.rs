@@ -546,8 +546,12 @@ fn print_status(j: &JobView) {
     outln!("status:    {} — {}", escape(&j.status), escape(&j.detail));
     outln!("owner:     {} (uid {})", escape(&j.owner), j.uid);
     outln!("unit:      {}", escape(&j.unit));
-    let command: Vec<_> = j.command.iter().map(|a| escape(a)).collect();
-    outln!("command:   {}", command.join(" "));
+    if j.private {
+        outln!("command:   (private to its owner; the admin's [privacy] show_all_jobs shows it)");
+    } else {
+        let command: Vec<_> = j.command.iter().map(|a| escape(a)).collect();
+        outln!("command:   {}", command.join(" "));
+    }
     if let Some(w) = &j.workdir {
         outln!("workdir:   {}", escape(w));
     }

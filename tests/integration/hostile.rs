@@ -1357,3 +1357,43 @@ fn daemon_reload_and_reexec_during_jobs_lose_nothing() {
         );
     }
 }
+
+#[test]
+fn other_users_see_only_id_owner_state_and_gpus_of_a_job() {
+    for (test, extra, bob_sees) in [
+        ("privacy", "", false),
+        ("privacy-all", "[privacy]\nshow_all_jobs = true\n", true),
+    ] {
+        let d = TestDaemon::start_with(
+            test,
+            Opts {
+                extra_config: extra.into(),
+                ..Opts::default()
+            },
+        );
+        let job = r#"{"version": 1, "command": ["sh", "-c", "echo '{\"loss\": 0.25}' > \"$PTRAIN_RESULT_FILE\"; exit 4", "--api-key=s3cret"], "gpus": 1}"#;
+        d.drop_job(ALICE, "mine.json", job);
+        let end = d.wait_ended("mine");
+        assert_eq!(end["exit_code"], 4, "{end}");
+        for (user, whole) in [(ALICE, true), ("root", true), (BOB, bob_sees)] {
+            for args in [
+                &["status", "mine", "--json"][..],
+                &["list", "--all", "--json"],
+                &["status", "mine"],
+            ] {
+                let shown = text(&d.ptrain(user, args));
+                assert!(
+                    shown.contains("mine") && shown.contains(ALICE),
+                    "{user} {args:?}: {shown}"
+                );
+                for detail in ["s3cret", "loss", "exit code 4"] {
+                    assert_eq!(
+                        shown.contains(detail),
+                        whole,
+                        "{user} {args:?} ({test}) sees {detail}: {shown}"
+                    );
+                }
+            }
+        }
+    }
+}
