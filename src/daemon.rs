@@ -84,7 +84,20 @@ pub enum Event {
     Api(ApiRequest),
     /// The unit wrote no output for its job's idle timeout ([`crate::logs`]).
     Idle(String),
+    /// systemd answered a job's StartTransientUnit ([`Daemon::dispatch_launch`]).
+    Started {
+        id: JobId,
+        unit: String,
+        result: Result<(), SystemdError>,
+    },
 }
+
+/// StartTransientUnit calls out at once. The state task never awaits one:
+/// each is a task of its own whose answer comes back as an event, so a
+/// burst of launches cannot hold up the API, claims or the watchdog. The
+/// bound keeps ptraind under dbus-daemon's limit of pending replies per
+/// connection; later launches wait in [`Daemon::launch_backlog`].
+const MAX_LAUNCHES_IN_FLIGHT: usize = 32;
 
 pub struct Daemon {
     config: Config,
@@ -117,6 +130,11 @@ pub struct Daemon {
     /// Jobs whose unit is gone while its exit recorder still runs: their
     /// end is recorded when the recorder's unit ends.
     awaiting_recorder: HashSet<JobId>,
+    /// Launching jobs whose StartTransientUnit waits for a free call.
+    launch_backlog: std::collections::VecDeque<JobId>,
+    launches_in_flight: usize,
+    /// Where the launch tasks send systemd's answers.
+    events: mpsc::UnboundedSender<Event>,
     /// When a state write last failed; cleared by a retry that succeeds.
     store_failed_at: Option<tokio::time::Instant>,
     /// `[policy]` with group names resolved.
@@ -286,6 +304,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         ptraind: ptraind_path(),
         runtime,
         awaiting_recorder: HashSet::new(),
+        launch_backlog: Default::default(),
+        launches_in_flight: 0,
+        events: tx.clone(),
         store_failed_at: None,
         policy: crate::policy::Policy::none(),
         reserved: BTreeMap::new(),
@@ -433,6 +454,7 @@ impl Daemon {
             Event::Unit(signal) => self.on_unit_signal(signal).await,
             Event::Api(request) => self.on_api(request).await,
             Event::Idle(unit) => self.on_idle(&unit).await,
+            Event::Started { id, unit, result } => self.on_started(&id, &unit, result).await,
         }
     }
 
@@ -1187,7 +1209,7 @@ impl Daemon {
             self.waits.clear();
             return;
         }
-        if self.by_unit.len() >= MAX_TRACKED_UNITS {
+        if self.by_unit.len() + self.launch_backlog.len() >= MAX_TRACKED_UNITS {
             // Nothing could start now; the next unit end plans again. Skips
             // a pass over the whole queue per event while a flood drains.
             return;
@@ -1340,8 +1362,21 @@ impl Daemon {
         self.start_unit(id, gpus.to_vec()).await;
     }
 
-    async fn start_unit(&mut self, id: &JobId, gpus: Vec<u32>) {
-        let record = &self.jobs[id];
+    /// Starts the launching job's unit now, or once a call is free.
+    async fn start_unit(&mut self, id: &JobId, _gpus: Vec<u32>) {
+        if self.launches_in_flight >= MAX_LAUNCHES_IN_FLIGHT {
+            self.launch_backlog.push_back(id.clone());
+            return;
+        }
+        self.dispatch_launch(id).await;
+    }
+
+    /// Prepares the job's launch files and sends its StartTransientUnit
+    /// from a task of its own.
+    async fn dispatch_launch(&mut self, id: &JobId) {
+        let Some(record) = self.jobs.get(id).filter(|r| r.state == JobState::Launching) else {
+            return;
+        };
         let unit = record.unit.clone();
         let launch = unit::launch_file(record, self.parent_results(record).as_deref());
         let prepared = match self.runtime.prepare(
@@ -1369,30 +1404,64 @@ impl Daemon {
         let props = unit::job_unit_properties(record, &self.config, &ctx);
         crash_point("before-start-unit");
         self.by_unit.insert(unit.clone(), id.clone());
-        match self.systemd.start_unit(&unit, &props).await {
-            Ok(_) => {
+        self.launches_in_flight += 1;
+        let systemd = self.systemd.clone();
+        let events = self.events.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            let result = systemd.start_unit(&unit, &props).await.map(drop);
+            if result.is_ok() {
                 crash_point("after-start-unit");
+            }
+            let _ = events.send(Event::Started { id, unit, result });
+        });
+    }
+
+    /// systemd's answer to a StartTransientUnit; the next launch goes out.
+    async fn on_started(&mut self, id: &JobId, unit: &str, result: Result<(), SystemdError>) {
+        self.launches_in_flight = self.launches_in_flight.saturating_sub(1);
+        match result {
+            Ok(()) => {
+                let gpus: Vec<u32> = self
+                    .jobs
+                    .get(id)
+                    .map(|r| r.gpus.iter().map(|g| g.index).collect())
+                    .unwrap_or_default();
                 info!(job = %id, PTRAIN_JOB = %id, unit, gpus = ?gpus, "unit started");
             }
             Err(SystemdError::UnitExists(_)) => {
                 // Started before a crash: adopt it, never start it twice.
                 info!(job = %id, unit, "unit already exists; adopting it");
-                if let Err(e) = self.systemd.ref_unit(&unit).await {
+                if let Err(e) = self.systemd.ref_unit(unit).await {
                     warn!(job = %id, unit, error = %e, "cannot reference existing unit");
                 }
-                self.check_unit(&unit).await;
+                self.check_unit(unit).await;
             }
             Err(e) => {
-                error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot start unit");
-                self.finish(
-                    id,
-                    Outcome::LaunchFailed {
-                        reason: e.to_string(),
-                    },
-                    None,
-                )
-                .await;
+                // The job may have ended meanwhile (stopped): only a job
+                // still launching failed to launch.
+                if self
+                    .jobs
+                    .get(id)
+                    .is_some_and(|r| r.state == JobState::Launching)
+                {
+                    error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot start unit");
+                    self.finish(
+                        id,
+                        Outcome::LaunchFailed {
+                            reason: e.to_string(),
+                        },
+                        None,
+                    )
+                    .await;
+                }
             }
+        }
+        while self.launches_in_flight < MAX_LAUNCHES_IN_FLIGHT {
+            let Some(next) = self.launch_backlog.pop_front() else {
+                break;
+            };
+            self.dispatch_launch(&next).await;
         }
     }
 
@@ -1902,6 +1971,13 @@ impl Daemon {
                 self.finish(&job_id, Outcome::Stopped { by_uid: caller_uid }, None)
                     .await;
                 Ok(format!("job {id} removed from the queue"))
+            }
+            JobState::Launching if self.launch_backlog.contains(&job_id) => {
+                // Its unit was never asked for: nothing to stop in systemd.
+                self.launch_backlog.retain(|queued| *queued != job_id);
+                self.finish(&job_id, Outcome::Stopped { by_uid: caller_uid }, None)
+                    .await;
+                Ok(format!("job {id} stopped before its unit started"))
             }
             JobState::Launching | JobState::Running => {
                 record.stop_requested_by = Some(caller_uid);
