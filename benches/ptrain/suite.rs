@@ -60,7 +60,7 @@ use tokio::sync::watch;
 use zbus::{Connection, OwnedVariant};
 use zbus_systemd::systemd1::ManagerProxy;
 
-use crate::daemon::{Opts, TestDaemon, ALICE};
+use crate::daemon::{Opts, TestDaemon, ALICE, BOB};
 use crate::harness::{ensure_user, wait_for, Harness};
 use report::{percentile, Figure, Machine, Results, Target};
 
@@ -627,7 +627,26 @@ impl Bench<'_> {
     ) {
         let label = format!("throughput, {n} trivial jobs at once");
         say(&format!("ptraind: {label}"));
+        // Meanwhile another user asks for a status and drops a file of his
+        // own now and then: the burst must not freeze ptraind for him.
+        let bystander = Bystander::start(self, d, tracker, &format!("tp{n}"));
         let run = self.burst(d, tracker, dropper, &format!("tp{n}"), n, "");
+        let (status_ms, claim_ms) = bystander.finish(self, tracker);
+        for (key, what, samples) in [
+            ("api", "another user's Status() over D-Bus", &status_ms),
+            ("claim", "another user's file, drop to claimed", &claim_ms),
+        ] {
+            self.push(
+                Figure::new(
+                    &format!("responsive.{key}.{n}"),
+                    &format!("  {what}, p99 during the burst"),
+                    "ms",
+                    percentile(samples, 0.99),
+                )
+                .target(Target::MaxValue(50.0))
+                .note(format!("{} samples", samples.len())),
+            );
+        }
         let key = format!("throughput.{n}");
         self.push(
             Figure::new(&key, &label, "jobs/s", run.jobs_per_s())
@@ -1598,6 +1617,75 @@ impl CliTime {
 // Dropping files into the spool as a user would: written elsewhere on the
 // same file system, owned by the user, renamed in.
 
+/// Another user beside a burst: a `Status` call every [`BYSTANDER_GAP`]
+/// and one job file of his every fifth, each timed.
+struct Bystander {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(Vec<f64>, Vec<(String, u64)>)>,
+}
+
+const BYSTANDER_GAP: Duration = Duration::from_millis(25);
+const BYSTANDER_FILES: usize = 40;
+
+impl Bystander {
+    fn start(bench: &Bench<'_>, d: &TestDaemon, tracker: &Tracker, tag: &str) -> Bystander {
+        let dropper = Dropper::for_user(d, BOB);
+        let ids: Vec<String> = (0..BYSTANDER_FILES)
+            .map(|i| format!("{tag}-bob-{i}"))
+            .collect();
+        for id in &ids {
+            dropper.stage(id, &job_json(""));
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let proxy = tracker.proxy.clone();
+        let task = bench.rt.spawn(async move {
+            let (mut status_ms, mut dropped) = (Vec::new(), Vec::new());
+            let mut files = ids.into_iter();
+            let mut round = 0usize;
+            while !stopped.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                // A job nobody has: the answer still comes from the state task.
+                let _ = proxy.status("bystander-none").await;
+                status_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+                if round % 5 == 0 {
+                    if let Some(id) = files.next() {
+                        let at = dropper.publish(&id);
+                        dropped.push((id, at));
+                    }
+                }
+                round += 1;
+                tokio::time::sleep(BYSTANDER_GAP).await;
+            }
+            (status_ms, dropped)
+        });
+        Bystander { stop, task }
+    }
+
+    /// Status latencies and drop-to-claim latencies, in ms.
+    fn finish(self, bench: &Bench<'_>, tracker: &Tracker) -> (Vec<f64>, Vec<f64>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (status_ms, dropped) = bench.rt.block_on(self.task).unwrap_or_default();
+        let ids: Vec<String> = dropped.iter().map(|(id, _)| id.clone()).collect();
+        let mark = 0;
+        if let Err(e) =
+            bench
+                .rt
+                .block_on(tracker.wait(mark, &ids, is_final, Duration::from_secs(120)))
+        {
+            say(&format!("bystander's jobs: {e}"));
+        }
+        let claim_ms = dropped
+            .iter()
+            .filter_map(|(id, at)| {
+                let view = bench.rt.block_on(tracker.status(id))?;
+                Some(view.submitted_at as f64 / 1e3 - *at as f64 / 1e3)
+            })
+            .collect();
+        (status_ms, claim_ms)
+    }
+}
+
 struct Dropper {
     stage: PathBuf,
     spool: PathBuf,
@@ -1607,7 +1695,11 @@ struct Dropper {
 
 impl Dropper {
     fn new(d: &TestDaemon) -> Dropper {
-        let (uid, gid) = ensure_user(ALICE);
+        Dropper::for_user(d, ALICE)
+    }
+
+    fn for_user(d: &TestDaemon, user: &str) -> Dropper {
+        let (uid, gid) = ensure_user(user);
         let stage = d.root.join("stage");
         std::fs::create_dir_all(&stage).expect("create the staging dir");
         std::fs::set_permissions(&stage, std::fs::Permissions::from_mode(0o755))
