@@ -1,6 +1,7 @@
 # ptrain: build, test, demo and install.
 #   make build                  release binaries in target/release
-#   make test                   formatting, lints, unit and integration tests
+#   make test                   installs what the tests need (tests/install-deps.sh),
+#                               then formatting, lints, unit and integration tests
 #                               (the integration tests boot real systemd
 #                               instances, tests/harness/boot.sh: run as root)
 #   make demo                   packaging/demo.sh: set up and run one example job
@@ -40,8 +41,9 @@ ZSHCOMPDIR  ?= /usr/share/zsh/vendor-completions
 FISHCOMPDIR ?= /usr/share/fish/vendor_completions.d
 DOCDIR  ?= /usr/share/doc/ptrain
 # Man page dates from the last commit, so that rebuilds are identical.
+# Given only to the page generator and the packager: exported to cargo, it
+# would make the next plain `cargo build` rebuild ring, rustls and friends.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
-export SOURCE_DATE_EPOCH
 
 .PHONY: all build docs deb test demo gpu-check install clean bench bench-ci
 
@@ -58,14 +60,14 @@ docs:
 	    [ -x $(BINDIR)/$$b ] || { echo "make docs: $(BINDIR)/$$b is missing; run make build first" >&2; exit 1; }; \
 	done
 	rm -rf $(GENDIR)/man $(GENDIR)/completions
-	$(BINDIR)/ptrain generate --man $(GENDIR)/man --completions $(GENDIR)/completions >/dev/null
-	$(BINDIR)/ptraind generate --man $(GENDIR)/man >/dev/null
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(BINDIR)/ptrain generate --man $(GENDIR)/man --completions $(GENDIR)/completions >/dev/null
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(BINDIR)/ptraind generate --man $(GENDIR)/man >/dev/null
 
 deb: build
-	packaging/build-deb.sh target/release $(DEBDIR)
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) packaging/build-deb.sh target/release $(DEBDIR)
 
 test:
-	@[ "$$(id -u)" = 0 ] || echo "make test: warning: not root; the integration tests need root" >&2
+	bash tests/install-deps.sh
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) test -- --test-threads=2
@@ -95,8 +97,8 @@ install: docs
 	@for b in ptraind ptrain; do \
 	    [ -x $(BINDIR)/$$b ] || { echo "make install: $(BINDIR)/$$b is missing; run make build first" >&2; exit 1; }; \
 	done
-	$(INSTALL) -D -m 0755 $(BINDIR)/ptraind $(DESTDIR)/usr/sbin/ptraind
-	$(INSTALL) -D -m 0755 $(BINDIR)/ptrain $(DESTDIR)/usr/bin/ptrain
+	$(INSTALL) -D -s -m 0755 $(BINDIR)/ptraind $(DESTDIR)/usr/sbin/ptraind
+	$(INSTALL) -D -s -m 0755 $(BINDIR)/ptrain $(DESTDIR)/usr/bin/ptrain
 	$(INSTALL) -d $(DESTDIR)$(UNITDIR)
 	$(INSTALL) -m 0644 units/*.service units/*.slice $(DESTDIR)$(UNITDIR)/
 	$(INSTALL) -d $(DESTDIR)/usr/share/dbus-1/system.d

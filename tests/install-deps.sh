@@ -1,0 +1,47 @@
+#!/bin/bash
+# Installs (as root, from Debian's packages) or checks everything the tests
+# need on a fresh Debian 12 machine, with a clear message where it cannot:
+# `make test` runs it first, so `sudo make test` needs nothing else.
+#   bash tests/install-deps.sh
+set -euo pipefail
+
+# systemd, dbus, util-linux: the integration tests boot real systemd
+# instances (tests/harness/boot.sh); libsystemd0: ptraind reads the journal
+# through it (systemd depends on it; named here because ptraind loads it
+# itself); python3-aiosmtpd: the SMTP test server; passwd: useradd for test
+# users; gcc, libc6-dev: the linker rustc calls; python3: the spool
+# examples; binutils, gzip, init-system-helpers: the Debian package test
+# (strip, man pages, deb-systemd-helper).
+PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers)
+
+die() { echo "tests/install-deps.sh: $*" >&2; exit 1; }
+
+missing=()
+for p in "${PKGS[@]}"; do
+    if [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" != installed ]; then
+        missing+=("$p")
+    fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "test packages: all installed"
+else
+    echo "test packages missing: ${missing[*]}"
+    [ "$(id -u)" = 0 ] || die "run as root (sudo make test) to install them, or: apt-get install ${missing[*]}"
+    command -v apt-get >/dev/null || die "no apt-get; install these packages by hand: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update </dev/null
+    apt-get install -y --no-install-recommends "${missing[@]}" </dev/null
+fi
+
+[ "$(id -u)" = 0 ] || echo "tests/install-deps.sh: warning: not root; the integration tests need root (they boot systemd)" >&2
+if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null || die "cargo not found; install a Rust toolchain (https://rustup.rs, or apt-get install cargo)"
+need_component() {   # COMPONENT CARGO-SUBCOMMAND
+    cargo "$2" --version >/dev/null 2>&1 && return
+    command -v rustup >/dev/null || die "cargo $2 is missing and there is no rustup to add $1"
+    rustup component add "$1" </dev/null
+}
+need_component rustfmt fmt
+need_component clippy clippy
