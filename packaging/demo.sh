@@ -79,6 +79,11 @@ else
     export HARNESS_FAKE_GPUS=2
     D=$HARNESS_STATE/demo              # config, spool, state, logs; teardown removes it
     SPOOL=$D/spool
+    # Jobs run `ptraind exec-job` as their owner: the binaries must be where
+    # every user can run them, which a checkout under /root is not.
+    install -d -m 0755 /usr/local/lib/ptrain-demo
+    install -m 0755 "$BIN/ptraind" "$BIN/ptrain" /usr/local/lib/ptrain-demo/
+    BIN=/usr/local/lib/ptrain-demo
     PTRAIN=$BIN/ptrain
     TEARDOWN="HARNESS_NAME=$HARNESS_NAME HARNESS_STATE=$HARNESS_STATE $REPO/tests/harness/teardown.sh"
 
