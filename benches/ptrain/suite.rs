@@ -643,8 +643,11 @@ impl Bench<'_> {
                     "ms",
                     percentile(samples, 0.99),
                 )
-                .target(Target::MaxValue(50.0))
-                .note(format!("{} samples", samples.len())),
+                .target(Target::MaxValue(50.0)),
+            );
+            self.detail(
+                &format!("responsive.{key}.{n}"),
+                json!({"samples": samples.len(), "ms": summary(samples)}),
             );
         }
         let key = format!("throughput.{n}");
