@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::gpu::GpuInfo;
-use crate::store::{JobRecord, JobState, Outcome, RejectRecord};
+use crate::store::{JobRecord, JobState, Outcome, RejectRecord, SpoolSource};
 use crate::unit::explain_exit_status;
 
 /// One job as `ptrain status --json` and `ptrain list --json` show it.
@@ -62,6 +62,11 @@ pub struct JobView {
     /// What the job asked of its GPUs, in words ("2 GPUs (model \"A100\")").
     #[serde(default)]
     pub gpu_request: String,
+    /// The spool file the job was made of, as ptraind read it (its
+    /// fstat): how `ptrain submit` tells the job of the file it published
+    /// from a namesake's. Only `Status` fills it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SpoolSource>,
 }
 
 /// A job's exit code, signal and the sentence that says how it ended (or
@@ -173,6 +178,7 @@ impl JobView {
             private: false,
             priority: record.spec.priority,
             gpu_request: record.spec.gpus.describe(),
+            source: None,
         }
     }
 }

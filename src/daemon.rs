@@ -1155,6 +1155,8 @@ impl Daemon {
             rejected_at: now_micros(),
             reason: reason.to_owned(),
             saved_as: None,
+            dev: identity.map(|i| i.dev),
+            ino: identity.map(|i| i.ino),
         };
         match self.store.reject(record, bytes) {
             Ok(entry) => {
@@ -1743,9 +1745,14 @@ impl Daemon {
                 let view = JobId::parse(&id)
                     .ok()
                     .and_then(|id| match self.jobs.get(&id) {
-                        Some(record) => Some(self.view(record)),
-                        None => self.history.get(&id).map(|summary| {
-                            self.ended_record(&id)
+                        Some(record) => Some(JobView {
+                            source: Some(record.source.clone()),
+                            ..self.view(record)
+                        }),
+                        None => self.history.get(&id).map(|summary| JobView {
+                            source: Some(summary.source.clone()),
+                            ..self
+                                .ended_record(&id)
                                 .map_or_else(|| summary.view(), |full| JobView::of(&full))
                         }),
                     })

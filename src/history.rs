@@ -84,6 +84,7 @@ impl EndedJob {
             private: false,
             priority: self.priority,
             gpu_request: String::new(),
+            source: None,
         }
     }
 }

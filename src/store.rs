@@ -266,6 +266,12 @@ pub struct RejectRecord {
     pub reason: String,
     /// Name of the quarantined copy of the bytes, when they were readable.
     pub saved_as: Option<String>,
+    /// The refused file's device and inode (from fstat, else lstat): how
+    /// `ptrain submit` knows the refusal is of the file it published.
+    #[serde(default)]
+    pub dev: Option<u64>,
+    #[serde(default)]
+    pub ino: Option<u64>,
 }
 
 /// What the unit's own ExecStopPost recorder (`ptraind record-exit`)
@@ -968,6 +974,8 @@ mod tests {
             rejected_at: 5,
             reason: "bad".into(),
             saved_as: None,
+            dev: Some(1),
+            ino: Some(2),
         };
         store.reject(rec, Some(b"data")).unwrap();
         let listed = store.rejected().unwrap();

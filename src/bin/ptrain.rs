@@ -641,14 +641,17 @@ async fn submit(
     debug_assert!(spool_file_stem(&name).is_some());
     let spool = spool_dir(config);
 
-    // Listen before dropping, so the daemon's answer cannot be missed.
+    // Subscribed before dropping, so no change of the job is missed.
     let listener = match proxy().await {
-        Ok(p) if !no_confirm => p.receive_job_changed().await.ok().map(|s| (p, s)),
+        Ok(p) if !no_confirm => {
+            let hints = if wait { Some(follow(&p).await?) } else { None };
+            Some((p, hints))
+        }
         _ => None,
     };
-    drop_into_spool(&spool, &name, &bytes)?;
+    let published = drop_into_spool(&spool, &name, &bytes)?;
     outln!("submitted {} as {}", spec.id, spool.join(&name).display());
-    let Some((proxy, mut changes)) = listener else {
+    let Some((proxy, hints)) = listener else {
         return Ok(0);
     };
     // The jobs this file becomes: one, or every member of a sweep.
@@ -659,50 +662,47 @@ async fn submit(
             .collect(),
         None => vec![spec.id.to_string()],
     };
-    let first = ids[0].clone();
-    let accepted = async {
-        while let Some(signal) = changes.next().await {
-            if let Ok(args) = signal.args() {
-                if args.id == first {
-                    return Some(args.status.clone());
-                }
-            }
-        }
-        None
-    };
-    match tokio::time::timeout(Duration::from_secs(10), accepted).await {
-        Ok(Some(status)) => {
+    // ptraind decides within milliseconds unless it is down or its state
+    // disk stalls; --wait, asked to block, allows longer.
+    let within = Duration::from_secs(if wait { 60 } else { 10 });
+    let decision =
+        tokio::time::timeout(within, decision(&proxy, &spool, &name, &published, &ids[0])).await;
+    match decision {
+        Ok(Ok(Decision::Accepted(status))) => {
             if ids.len() > 1 {
                 outln!("ptraind accepted sweep {} as {} jobs", spec.id, ids.len());
             } else {
                 outln!(
-                    "ptraind accepted job {} ({status}); `ptrain status {}` shows it",
+                    "ptraind accepted job {} ({}); `ptrain status {}` shows it",
                     spec.id,
+                    escape(&status),
                     spec.id
                 );
             }
-            if wait {
-                // Unread, this stream would stall the connection (see follow).
-                drop(changes);
-                return wait_for_jobs(&proxy, follow(&proxy).await?, &ids).await;
+            match hints {
+                Some(hints) => wait_for_jobs(&proxy, hints, &ids).await,
+                None => Ok(0),
             }
-            Ok(0)
         }
-        _ => {
-            let rejected: Vec<RejectRecord> = proxy
-                .rejected()
-                .await
-                .ok()
-                .and_then(|j| serde_json::from_str(&j).ok())
-                .unwrap_or_default();
-            if let Some(r) = rejected.iter().rev().find(|r| r.file == name) {
-                return Err(fail(
-                    EXIT_FAILURE,
-                    format!("ptraind rejected {name}: {}", r.reason),
-                ));
-            }
+        Ok(Ok(Decision::Refused(r))) => Err(fail(
+            EXIT_USAGE,
+            format!(
+                "ptraind refused {name}: {}; `ptrain rejected` lists your refused files",
+                r.reason
+            ),
+        )),
+        Ok(Err(f)) => Err(f),
+        Err(_) if wait => Err(fail(
+            EXIT_NO_DAEMON,
+            format!(
+                "ptraind has not taken {name} within {} s (is it running? systemctl status ptraind); `ptrain wait {}` follows the job once it has",
+                within.as_secs(),
+                spec.id
+            ),
+        )),
+        Err(_) => {
             outln!(
-                "ptraind has not picked it up yet; check with `ptrain status {}`",
+                "ptraind has not decided about {name} yet; `ptrain status {}` or `ptrain rejected` will tell",
                 spec.id
             );
             Ok(0)
@@ -710,11 +710,89 @@ async fn submit(
     }
 }
 
+/// The file `ptrain submit` published, as ptraind will see it.
+struct Published {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    /// A time (µs since the epoch) after the file came to exist.
+    created_by: u64,
+}
+
+impl Published {
+    /// Is this ptraind's record of our file, rather than of a namesake's
+    /// (another user's job with this id, or our own earlier one)? The
+    /// file's (dev, ino) alone could be an earlier file's: a namesake's
+    /// spool file was removed before ours was created, and a file system
+    /// may give a freed inode number to the next file. A record of our
+    /// file was made after it was created, one of an earlier file before
+    /// (ptraind decides before it removes a spool file).
+    fn is(&self, dev: Option<u64>, ino: Option<u64>, decided_at: u64) -> bool {
+        // A ptraind that records no identity: the time alone tells.
+        let same_file = match (dev, ino) {
+            (Some(dev), Some(ino)) => (dev, ino) == (self.dev, self.ino),
+            _ => true,
+        };
+        same_file && decided_at >= self.created_by
+    }
+}
+
+enum Decision {
+    /// The job (a sweep's first member) made of our file, and its status.
+    Accepted(String),
+    Refused(RejectRecord),
+}
+
+/// What ptraind decided about the file we published as `name`: a job whose
+/// source is that file, or a refusal of it. Never a namesake's job or
+/// refusal: both are matched on the file's identity ([`Published::is`]).
+/// Looks once the file has left the spool (ptraind records its decision
+/// before it removes the file), polling a stat of it, which is cheap.
+async fn decision(
+    proxy: &Daemon1Proxy<'_>,
+    spool: &Path,
+    name: &str,
+    published: &Published,
+    first: &str,
+) -> Result<Decision, Failure> {
+    use std::os::unix::fs::MetadataExt;
+    let path = spool.join(name);
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let waiting = std::fs::symlink_metadata(&path)
+            .is_ok_and(|m| (m.dev(), m.ino()) == (published.dev, published.ino));
+        if !waiting {
+            if let Ok(json) = proxy.status(first).await {
+                let job: JobView = parse(&json)?;
+                let source = job.source.as_ref();
+                if published.is(
+                    source.map(|s| s.dev),
+                    source.map(|s| s.ino),
+                    job.submitted_at,
+                ) && source.is_none_or(|s| s.size == published.size)
+                {
+                    return Ok(Decision::Accepted(job.status));
+                }
+            }
+            let rejected: Vec<RejectRecord> = parse(&proxy.rejected().await.map_err(from_bus)?)?;
+            if let Some(r) = rejected
+                .into_iter()
+                .rev()
+                .find(|r| r.file == name && published.is(r.dev, r.ino, r.rejected_at))
+            {
+                return Ok(Decision::Refused(r));
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
 /// Writes the job under a dot-name the daemon ignores, then renames it to
 /// its final name, so ptraind never sees a half-written file. Refuses to
 /// replace a pending file of the same name.
-fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<(), Failure> {
-    use std::os::unix::fs::OpenOptionsExt;
+fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<Published, Failure> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let tmp = spool.join(format!(".{name}.{}.tmp", std::process::id()));
     let io = |what: &str, e: std::io::Error| {
         fail(
@@ -729,11 +807,18 @@ fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<(), Failure
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(|e| io("create a file", e))?;
-    let written = f.write_all(bytes).and_then(|()| f.sync_all());
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io("write the job file", e));
-    }
+    let created_by = ptrain::now_micros();
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| f.metadata());
+    let meta = match written {
+        Ok(meta) => meta,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io("write the job file", e));
+        }
+    };
     drop(f);
     if let Err(e) = ptrain::fsutil::rename_noreplace(&tmp, &spool.join(name)) {
         let _ = std::fs::remove_file(&tmp);
@@ -745,7 +830,12 @@ fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<(), Failure
         }
         return Err(io("publish the job file", e));
     }
-    Ok(())
+    Ok(Published {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        size: meta.size(),
+        created_by,
+    })
 }
 
 /// `ptrain logs`: ptraind hands over a pipe it fills from the journal (or
@@ -1258,6 +1348,27 @@ mod table_tests {
         assert_eq!(human_mib(512), "512 MiB");
         assert_eq!(human_mib(81920), "80 GiB");
         assert_eq!(human_mib(1536), "1.5 GiB");
+    }
+
+    #[test]
+    fn a_namesake_on_a_reused_inode_is_not_our_file() {
+        let ours = Published {
+            dev: 1,
+            ino: 7,
+            size: 10,
+            created_by: 1_000,
+        };
+        assert!(ours.is(Some(1), Some(7), 1_000));
+        assert!(
+            !ours.is(Some(1), Some(7), 999),
+            "decided before our file existed: an earlier file on the same inode"
+        );
+        assert!(!ours.is(Some(1), Some(8), 2_000), "another file");
+        assert!(!ours.is(Some(2), Some(7), 2_000), "another file system");
+        assert!(
+            ours.is(None, None, 2_000),
+            "a ptraind that records no identity"
+        );
     }
 
     #[test]

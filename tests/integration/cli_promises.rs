@@ -106,6 +106,71 @@ fn wait_follows_a_burst_of_150_jobs_to_their_end() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
 }
 
+/// Bob's file named like Alice's running job is refused; `submit` must say
+/// so, not report Alice's job as his.
+#[test]
+fn submit_reports_the_refusal_of_its_own_file_not_a_namesake() {
+    let d = TestDaemon::start("submit-namesake");
+    // Alice's job ends within the CLI's 10 s confirmation window: its state
+    // changes are what the CLI used to take for Bob's acceptance.
+    let alice = job_file(
+        &d,
+        ALICE,
+        "same.json",
+        &json!({"version": 1, "command": ["sleep", "3"]}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &alice]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("accepted"), "{}", text(&out));
+
+    let bob = job_file(
+        &d,
+        BOB,
+        "same.json",
+        &json!({"version": 1, "command": ["echo", "bob"]}),
+    );
+    let out = ptrain_bounded(&d, BOB, &["submit", &bob, "--wait"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(!said.contains("accepted"), "{said}");
+    assert!(
+        said.contains("refused") && said.contains("already exists"),
+        "{said}"
+    );
+    let job = d.wait_ended("same");
+    assert_eq!(job["owner"], ALICE, "{job}");
+
+    // Alice submits the same file twice while the first one runs: the
+    // second is refused, and her first job is not reported as it.
+    let first = job_file(
+        &d,
+        ALICE,
+        "twice.json",
+        &json!({"version": 1, "command": ["sleep", "3"]}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &first]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = ptrain_bounded(&d, ALICE, &["submit", &first, "--wait"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(!said.contains("accepted"), "{said}");
+    assert!(said.contains("already exists"), "{said}");
+    // Without --wait too.
+    let out = ptrain_bounded(&d, ALICE, &["submit", &first]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(!text(&out).contains("accepted"), "{}", text(&out));
+    // And a file that is accepted is still reported as accepted.
+    let fresh = job_file(
+        &d,
+        ALICE,
+        "fresh.json",
+        &json!({"version": 1, "command": ["true"]}),
+    );
+    let out = ptrain_bounded(&d, ALICE, &["submit", &fresh, "--wait"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("accepted job fresh"), "{}", text(&out));
+}
+
 /// Runs `ptrain ARGS` as root with stdout a pipe whose reader is already
 /// gone, so its first write fails with EPIPE.
 fn ptrain_into_closed_pipe(d: &TestDaemon, args: &[&str]) -> Output {
