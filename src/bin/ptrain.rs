@@ -77,7 +77,7 @@ macro_rules! errln {
   ptrain stop resnet-lr01           stop a queued or running job
 
 Exit codes: 0 success, 1 the request failed (unknown job, not yours),
-2 bad usage or invalid job file, 3 ptraind is not reachable.
+2 bad usage or a job file invalid or refused, 3 ptraind is not reachable.
 With --wait and `ptrain wait`: 0 every job succeeded or was not needed,
 4 a job failed (exit code, signal, launch), 5 a job timed out, 6 a job was
 stopped, 7 a job's dependency failed."
