@@ -4,11 +4,14 @@
 //! ends a command quietly, and text other users control reaches a terminal
 //! only escaped.
 
+use std::io::BufRead;
 use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::daemon::{chown, text, TestDaemon, ALICE, BOB, PTRAIN};
+use crate::daemon::{chown, text, TestDaemon, ALICE, BOB, PTRAIN, WAIT};
+use crate::harness::wait_for;
 
 /// How long a `ptrain` run may take before it counts as hung: it runs under
 /// timeout(1), so a hang fails the test (exit 124) instead of hanging it.
@@ -104,6 +107,68 @@ fn wait_follows_a_burst_of_150_jobs_to_their_end() {
     // Everything ended: a second wait returns at once, by the sweep's id.
     let out = ptrain_bounded(&d, "root", &["wait", "burst", "storm"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+}
+
+/// A job that ends while ptraind is down: no JobChanged signal may ever
+/// tell of it, so `wait` must look again once ptraind's bus name has a new
+/// owner, well before its periodic recheck (15 s).
+#[test]
+fn wait_looks_again_when_ptraind_comes_back() {
+    let d = TestDaemon::start("wait-restart");
+    let gate = d.workdir(ALICE).join("gate");
+    let job = job_file(
+        &d,
+        ALICE,
+        "held.json",
+        &json!({"version": 1, "workdir": d.workdir(ALICE),
+                "command": ["/bin/sh", "-c",
+                    format!("while [ ! -e {} ]; do sleep 0.1; done; exit 3", gate.display())]}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &job]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    d.wait_running("held");
+    let limit = HANG_LIMIT_SECS.to_string();
+    let config = d.config.display().to_string();
+    let mut waiter = d
+        .harness
+        .command("runuser")
+        .args([
+            "-u", BOB, "--", "timeout", &limit, PTRAIN, "--config", &config,
+        ])
+        .args(["wait", "held"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its first look is done once it printed the job's state.
+    let mut first = String::new();
+    std::io::BufReader::new(waiter.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert_eq!(first.trim(), "held: running");
+
+    let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+    assert!(ok, "{out}");
+    std::fs::write(&gate, "").unwrap();
+    wait_for("the job to end while ptraind is down", WAIT, || {
+        (d.unit_property("ptrain-job@held.service", "ActiveState") != "active").then_some(())
+    });
+    d.start_service();
+    let started = Instant::now();
+    let status = wait_for(
+        "ptrain wait to see the job ended",
+        Duration::from_secs(10),
+        || waiter.try_wait().unwrap(),
+    );
+    let out = waiter.wait_with_output().unwrap();
+    let said = format!("{first}{}", text(&out));
+    assert_eq!(
+        status.code(),
+        Some(4),
+        "after {:.1?}: {said}",
+        started.elapsed()
+    );
+    assert!(said.contains("held: failed"), "{said}");
 }
 
 /// Bob's file named like Alice's running job is refused; `submit` must say
