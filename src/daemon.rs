@@ -170,6 +170,8 @@ pub struct Daemon {
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Output readers, the idle-output watchdog and archives.
     logs: crate::logs::Logs,
+    /// (id, status) of each job change, for [`spawn_job_signals`] to emit.
+    job_signals: mpsc::UnboundedSender<(String, String)>,
 }
 
 /// Most events applied before the loop plans and looks at other work.
@@ -283,8 +285,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         "the notification outbox",
         &config.state_dir.join("outbox"),
     ))?;
+    let job_signals = spawn_job_signals(systemd.connection().clone());
     let mut daemon = Daemon {
         logs,
+        job_signals,
         notifier,
         outbox,
         config,
@@ -2010,12 +2014,22 @@ impl Daemon {
     }
 
     fn announce(&self, record: &JobRecord) {
-        let conn = self.systemd.connection().clone();
         self.logs.job_changed(record);
-        let id = record.id.to_string();
-        let status = record.status().to_string();
-        // Fire and forget: a slow listener must not hold up the state task.
-        tokio::spawn(async move {
+        // Never waits: a slow bus must not hold up the state task.
+        let _ = self
+            .job_signals
+            .send((record.id.to_string(), record.status().to_string()));
+    }
+}
+
+/// Emits JobChanged for each change sent, one after the other, in the
+/// order the state task made them. (A task per signal, as before, let two
+/// changes of one job reach listeners in either order on the
+/// multi-threaded runtime: "succeeded", then "running".)
+fn spawn_job_signals(conn: zbus::Connection) -> mpsc::UnboundedSender<(String, String)> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, String)>();
+    tokio::spawn(async move {
+        while let Some((id, status)) = rx.recv().await {
             let _ = conn
                 .emit_signal(
                     None::<&str>,
@@ -2025,6 +2039,7 @@ impl Daemon {
                     &(id.as_str(), status.as_str()),
                 )
                 .await;
-        });
-    }
+        }
+    });
+    tx
 }

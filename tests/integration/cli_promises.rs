@@ -109,6 +109,64 @@ fn wait_follows_a_burst_of_150_jobs_to_their_end() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
 }
 
+/// Every listener sees one job's changes in the order they happened:
+/// ptraind used to emit each JobChanged from a task of its own, so on its
+/// multi-threaded runtime a job's "running" could arrive after its
+/// "succeeded".
+#[test]
+fn job_changed_signals_arrive_in_order() {
+    use futures_util::StreamExt;
+    let d = TestDaemon::start("signal-order");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let address = d.harness.bus_address();
+    let mut changes = rt.block_on(async {
+        let conn = zbus::connection::Builder::address(address.as_str())
+            .build()
+            .await
+            .unwrap();
+        let proxy = ptrain::api::Daemon1Proxy::new(&conn).await.unwrap();
+        let changes = proxy.receive_job_changed().await.unwrap();
+        (conn, changes)
+    });
+    let n = 150;
+    let sweep = job_file(
+        &d,
+        ALICE,
+        "order.json",
+        &json!({"version": 1, "command": ["true"], "sweep": {"i": (0..n).collect::<Vec<_>>()}}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &sweep]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let rank = |s: &str| match s {
+        "queued" => 0,
+        "launching" => 1,
+        "running" => 2,
+        _ => 3,
+    };
+    let seen = rt.block_on(async {
+        let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        let mut ended = 0;
+        while ended < n {
+            let next = tokio::time::timeout(Duration::from_secs(60), changes.1.next());
+            let signal = next.await.expect("JobChanged signals stopped").unwrap();
+            let args = signal.args().unwrap();
+            if rank(&args.status) == 3 {
+                ended += 1;
+            }
+            seen.entry(args.id.clone())
+                .or_default()
+                .push(args.status.clone());
+        }
+        seen
+    });
+    for (id, statuses) in &seen {
+        assert!(
+            statuses.windows(2).all(|w| rank(&w[0]) <= rank(&w[1])),
+            "{id}: {statuses:?}"
+        );
+    }
+}
+
 /// A job that ends while ptraind is down: no JobChanged signal may ever
 /// tell of it, so `wait` must look again once ptraind's bus name has a new
 /// owner, well before its periodic recheck (15 s).
