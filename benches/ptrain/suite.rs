@@ -1624,8 +1624,11 @@ impl CliTime {
 /// and one job file of his every fifth, each timed.
 struct Bystander {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<(Vec<f64>, Vec<(String, u64)>)>,
+    /// Status latencies (ms), and each file dropped with when.
+    task: tokio::task::JoinHandle<BystanderSeen>,
 }
+
+type BystanderSeen = (Vec<f64>, Vec<(String, u64)>);
 
 const BYSTANDER_GAP: Duration = Duration::from_millis(25);
 const BYSTANDER_FILES: usize = 40;
@@ -1651,7 +1654,7 @@ impl Bystander {
                 // A job nobody has: the answer still comes from the state task.
                 let _ = proxy.status("bystander-none").await;
                 status_ms.push(t0.elapsed().as_secs_f64() * 1e3);
-                if round % 5 == 0 {
+                if round.is_multiple_of(5) {
                     if let Some(id) = files.next() {
                         let at = dropper.publish(&id);
                         dropped.push((id, at));
