@@ -112,6 +112,15 @@ impl JobView {
             systemd_result: None,
             params: Default::default(),
             result: None,
+            invocation_id: None,
+            timeout_secs: None,
+            after_ok: Vec::new(),
+            after_fail: Vec::new(),
+            after_any: Vec::new(),
+            waiting_for: Vec::new(),
+            group: None,
+            priority: 0,
+            gpu_request: String::new(),
             private: true,
             ..self
         }

@@ -84,6 +84,8 @@ pub enum Event {
     Api(ApiRequest),
     /// The unit wrote no output for its job's idle timeout ([`crate::logs`]).
     Idle(String),
+    /// Time to send a launch again whose StartTransientUnit got no answer.
+    Relaunch(JobId),
     /// systemd answered a job's StartTransientUnit ([`Daemon::dispatch_launch`]).
     Started {
         id: JobId,
@@ -95,9 +97,15 @@ pub enum Event {
 /// StartTransientUnit calls out at once. The state task never awaits one:
 /// each is a task of its own whose answer comes back as an event, so a
 /// burst of launches cannot hold up the API, claims or the watchdog. The
-/// bound keeps ptraind under dbus-daemon's limit of pending replies per
-/// connection; later launches wait in [`Daemon::launch_backlog`].
-const MAX_LAUNCHES_IN_FLIGHT: usize = 32;
+/// bound keeps ptraind far under dbus-daemon's 128 pending replies per
+/// connection and paces systemd as the one call at a time did: with 32 out,
+/// a kill -9 flood of 1,000 jobs (tests/integration/durability.rs) made
+/// systemd 252 drop its own bus connection ("Got disconnect on API bus").
+/// Later launches wait in [`Daemon::launch_backlog`].
+const MAX_LAUNCHES_IN_FLIGHT: usize = 4;
+/// How long a launch whose StartTransientUnit got no answer waits before
+/// it is sent again.
+const LAUNCH_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub struct Daemon {
     config: Config,
@@ -459,6 +467,7 @@ impl Daemon {
             Event::Api(request) => self.on_api(request).await,
             Event::Idle(unit) => self.on_idle(&unit).await,
             Event::Started { id, unit, result } => self.on_started(&id, &unit, result).await,
+            Event::Relaunch(id) => self.start_unit(&id, Vec::new()).await,
         }
     }
 
@@ -704,10 +713,11 @@ impl Daemon {
         let Some(record) = self.jobs.get(id) else {
             return false;
         };
-        if exit.invocation_id.is_some()
+        let other_invocation = exit.invocation_id.is_some()
             && record.invocation_id.is_some()
-            && exit.invocation_id != record.invocation_id
-        {
+            && exit.invocation_id != record.invocation_id;
+        // Written before this job was even submitted: a namesake's.
+        if other_invocation || exit.recorded_at < record.submitted_at {
             // A namesake's: an earlier job with this id ended after ptraind
             // had recorded it.
             self.store.remove_exit_record(id);
@@ -1428,12 +1438,16 @@ impl Daemon {
         self.launches_in_flight = self.launches_in_flight.saturating_sub(1);
         match result {
             Ok(()) => {
-                let gpus: Vec<u32> = self
-                    .jobs
-                    .get(id)
-                    .map(|r| r.gpus.iter().map(|g| g.index).collect())
-                    .unwrap_or_default();
-                info!(job = %id, PTRAIN_JOB = %id, unit, gpus = ?gpus, "unit started");
+                if let Some(record) = self.jobs.get(id) {
+                    let gpus: Vec<u32> = record.gpus.iter().map(|g| g.index).collect();
+                    info!(job = %id, PTRAIN_JOB = %id, unit, gpus = ?gpus, "unit started");
+                    if record.stop_requested_by.is_some() && record.state == JobState::Launching {
+                        // Stopped while its StartTransientUnit was out.
+                        if let Err(e) = self.systemd.stop_unit(unit).await {
+                            warn!(job = %id, unit, error = %e, "cannot stop a job stopped while it launched");
+                        }
+                    }
+                }
             }
             Err(SystemdError::UnitExists(_)) => {
                 // Started before a crash: adopt it, never start it twice.
@@ -1442,6 +1456,20 @@ impl Daemon {
                     warn!(job = %id, unit, error = %e, "cannot reference existing unit");
                 }
                 self.check_unit(unit).await;
+            }
+            Err(e) if e.is_transient() => {
+                // Whether systemd made the unit is unknown: ask again in a
+                // while (a unit it made answers UnitExists, and is adopted).
+                // The job stays launching, its GPUs held: never reported as
+                // failed for the bus's sake.
+                warn!(job = %id, unit, error = %e, "no answer to StartTransientUnit; asking again in {LAUNCH_RETRY:?}");
+                self.by_unit.remove(unit);
+                let events = self.events.clone();
+                let id = id.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(LAUNCH_RETRY).await;
+                    let _ = events.send(Event::Relaunch(id));
+                });
             }
             Err(e) => {
                 // The job may have ended meanwhile (stopped): only a job
@@ -1488,6 +1516,19 @@ impl Daemon {
     }
 
     async fn on_unit_signal(&mut self, signal: UnitSignal) {
+        if let UnitSignal::SystemdReconnected = signal {
+            // A new systemd connection knows no subscribers, and signals
+            // sent meanwhile are lost: subscribe again, then look at every
+            // unit ptraind waits on.
+            if let Err(e) = self.systemd.resubscribe().await {
+                warn!(error = %e, "cannot subscribe to systemd's signals again");
+            }
+            let units: Vec<String> = self.by_unit.keys().cloned().collect();
+            for unit in units {
+                self.check_unit(&unit).await;
+            }
+            return;
+        }
         if let Some(id) = JobId::from_recorder_unit(signal.unit()) {
             if let UnitSignal::StateChanged { active_state, .. } = &signal {
                 if matches!(active_state.as_str(), "inactive" | "failed") {
@@ -1996,11 +2037,15 @@ impl Daemon {
                     ApiError::Failed(format!("cannot record the stop request: {e}"))
                 })?;
                 let unit = record.unit.clone();
+                let launching = record.state == JobState::Launching;
                 info!(job = %id, PTRAIN_JOB = %id, unit, by_uid = caller_uid, "stopping job");
-                self.systemd
-                    .stop_unit(&unit)
-                    .await
-                    .map_err(|e| ApiError::Failed(e.to_string()))?;
+                match self.systemd.stop_unit(&unit).await {
+                    Ok(()) => {}
+                    // Its StartTransientUnit is still out: the answer
+                    // stops it (on_started), the stop request is recorded.
+                    Err(SystemdError::NoSuchUnit(_)) if launching => {}
+                    Err(e) => return Err(ApiError::Failed(e.to_string())),
+                }
                 Ok(format!("job {id} is stopping"))
             }
         }

@@ -9,7 +9,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -415,25 +415,53 @@ pub const MAX_RESULT_BYTES: usize = 64 * 1024;
 /// glibc's wrappers, which would change every thread of ptraind). A fsuid
 /// other than 0 also drops CAP_DAC_OVERRIDE and friends from the effective
 /// set, so `f` can open exactly what the user could open.
-pub fn as_user<T>(uid: u32, gid: u32, groups: &[u32], f: impl FnOnce() -> T) -> T {
+pub fn as_user<T>(uid: u32, gid: u32, groups: &[u32], f: impl FnOnce() -> T) -> io::Result<T> {
     let mut saved = vec![0 as libc::gid_t; 256];
     // SAFETY: getgroups fills at most `saved.len()` entries.
     let n = unsafe { libc::getgroups(saved.len() as libc::c_int, saved.as_mut_ptr()) };
-    saved.truncate(n.max(0) as usize);
-    // SAFETY: per-thread syscalls with valid pointers and lengths; the old
-    // identity is restored below before anything else runs on this thread.
-    let (old_uid, old_gid) = unsafe {
-        libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
-        (libc::setfsgid(gid), libc::setfsuid(uid))
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    saved.truncate(n as usize);
+    // Restores the old identity however `f` ends.
+    struct Restore(u32, u32, Vec<libc::gid_t>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: per-thread syscalls restoring the saved identity.
+            unsafe {
+                libc::setfsuid(self.0);
+                libc::setfsgid(self.1);
+                libc::syscall(libc::SYS_setgroups, self.2.len(), self.2.as_ptr());
+            }
+        }
+    }
+    // SAFETY: per-thread syscalls with valid pointers and lengths. An
+    // invalid id (-1) changes nothing and returns the current one, which
+    // is how a change is checked: setfsuid reports no error itself.
+    let restore = unsafe {
+        let restore = Restore(
+            libc::setfsuid(u32::MAX) as u32,
+            libc::setfsgid(u32::MAX) as u32,
+            saved,
+        );
+        let set_groups = libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+        let now = (
+            libc::setfsuid(u32::MAX) as u32,
+            libc::setfsgid(u32::MAX) as u32,
+        );
+        if set_groups != 0 || now != (uid, gid) {
+            drop(restore);
+            return Err(io::Error::other(format!(
+                "cannot take the identity of uid {uid} gid {gid} to open its files (CAP_SETUID, CAP_SETGID)"
+            )));
+        }
+        restore
     };
     let result = f();
-    // SAFETY: as above, restoring the previous ids.
-    unsafe {
-        libc::setfsuid(old_uid as u32);
-        libc::setfsgid(old_gid as u32);
-        libc::syscall(libc::SYS_setgroups, saved.len(), saved.as_ptr());
-    }
-    result
+    drop(restore);
+    Ok(result)
 }
 
 /// Reads a file a job's owner controls, as that owner ([`as_user`]), never
@@ -476,6 +504,7 @@ pub fn read_user_file(
         }
         Ok(Some(bytes))
     })
+    .map_err(|e| e.to_string())?
 }
 
 /// A job's result file: a JSON object, read as its owner. `Ok(None)`: the
@@ -498,78 +527,6 @@ pub fn read_user_json(
         ));
     }
     Ok(Some(value))
-}
-
-/// Removes everything inside the directory `dir` as the user who owns it
-/// ([`as_user`]): entries are unlinked relative to directory fds opened
-/// without following links, so nothing the user planted can redirect the
-/// removal elsewhere. The directory itself stays.
-pub fn clear_user_dir(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
-    fn clear(fd: &OwnedFd, depth: usize) -> io::Result<()> {
-        if depth > 64 {
-            return Err(io::Error::other("directory tree deeper than 64 levels"));
-        }
-        let names = read_dir_fd(fd.try_clone()?)?;
-        for (name, is_dir) in names {
-            if is_dir {
-                let sub = open_dir_at(fd, &name)?;
-                clear(&sub, depth + 1)?;
-            }
-            unlink_at(fd, &name, is_dir)?;
-        }
-        Ok(())
-    }
-    as_user(uid, gid, groups, || {
-        let fd = match open_dir(dir) {
-            Ok(fd) => fd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        clear(&fd, 0)
-    })
-}
-
-/// The entries of an open directory (without `.` and `..`), each with
-/// whether it is a directory (by `fstatat` without following links).
-fn read_dir_fd(fd: OwnedFd) -> io::Result<Vec<(String, bool)>> {
-    // SAFETY: fdopendir takes ownership of a valid directory fd.
-    let dirp = unsafe { libc::fdopendir(fd.as_raw_fd()) };
-    if dirp.is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    std::mem::forget(fd);
-    let mut out = Vec::new();
-    loop {
-        // SAFETY: dirp is a valid DIR* until closedir below.
-        let entry = unsafe { libc::readdir(dirp) };
-        if entry.is_null() {
-            break;
-        }
-        // SAFETY: d_name is NUL-terminated within the entry.
-        let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
-        let Ok(name) = name.to_str() else {
-            continue;
-        };
-        if name == "." || name == ".." {
-            continue;
-        }
-        // SAFETY: as above.
-        let dir_fd = unsafe { libc::dirfd(dirp) };
-        let is_dir = lstat_at(&BorrowedDir(dir_fd), name)
-            .map(|id| id.kind() == "directory")
-            .unwrap_or(false);
-        out.push((name.to_owned(), is_dir));
-    }
-    // SAFETY: dirp came from fdopendir and is closed once.
-    unsafe { libc::closedir(dirp) };
-    Ok(out)
-}
-
-struct BorrowedDir(RawFd);
-impl AsRawFd for BorrowedDir {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
 }
 
 /// Opens the directory `name` inside `dir`, never following a symlink.

@@ -1,14 +1,14 @@
 //! The files a job has while it lives, under `runtime_dir` (`/run/ptrain`,
 //! a tmpfs that ptraind.service keeps across its restarts):
 //!
-//! - `launch/ID/` (the owner's, 0500, its files 0400): `ptrain.job`, the
+//! - `launch/ID/` (root's, 0711; its files the owner's, 0400): `ptrain.job`, the
 //!   job's command and its whole environment as JSON, and one file per
 //!   secret it named in `credentials`, copied there as its owner. The job
 //!   finds the secrets in `$CREDENTIALS_DIRECTORY`, which names this
 //!   directory, as systemd's credentials would (systemd's `LoadCredential=`
 //!   left the files unreadable to the job's user in the test harness's
-//!   systemd 252). Written whole by root while the directory is still
-//!   root's, then handed over: no link the user planted is followed. So the
+//!   systemd 252). Each file is created new by root in a directory nobody
+//!   else can write, then given to the owner: no link is followed. So the
 //!   command and the environment are never unit properties (which any user
 //!   can read with `systemctl show`, and which systemd 252 cannot read back
 //!   from its transient unit file after a `daemon-reload` when they hold
@@ -131,7 +131,9 @@ impl JobRuntime {
     }
 
     /// Writes the launch file and the secrets, and makes the result
-    /// directory, for a job about to start. Redone whole on a relaunch.
+    /// directory, for a job about to start. Redone whole on a relaunch:
+    /// whatever an earlier launch of this id left is moved aside first,
+    /// never reused.
     pub fn prepare(
         &self,
         id: &JobId,
@@ -140,14 +142,14 @@ impl JobRuntime {
         secrets: &BTreeMap<String, PathBuf>,
     ) -> Result<PreparedLaunch, RuntimeError> {
         let dir = self.launch_dir(id);
-        self.remove_launch(id);
-        fsutil::ensure_dir(&dir, 0o700).map_err(|e| self.io_err(&dir, e))?;
-        let mut written = Vec::new();
-        let mut write = |name: &str, bytes: &[u8]| {
+        // Root's, 0711: the job opens its files by name; nobody but root
+        // can add, rename or chmod anything in it.
+        let dir_fd = self
+            .fresh_dir(&self.launch_root(), id, 0o711, None)
+            .map_err(|e| self.io_err(&dir, e))?;
+        let write = |name: &str, bytes: &[u8]| {
             let path = dir.join(name);
-            std::fs::write(&path, bytes).map_err(|e| self.io_err(&path, e))?;
-            written.push(path);
-            Ok::<(), RuntimeError>(())
+            write_owned(&dir_fd, name, bytes, owner).map_err(|e| self.io_err(&path, e))
         };
         let mut launch = launch.clone();
         launch
@@ -155,6 +157,7 @@ impl JobRuntime {
             .insert("CREDENTIALS_DIRECTORY".into(), dir.display().to_string());
         let json = serde_json::to_vec(&launch).expect("a launch file always serialises");
         write(LAUNCH_FILE, &json)?;
+        let mut secret_bytes = 0;
         for (name, path) in secrets {
             let secret_err = |message: String| RuntimeError::Secret {
                 name: name.clone(),
@@ -166,15 +169,16 @@ impl JobRuntime {
                 fsutil::read_user_file(path, owner.uid, owner.gid, &owner.groups, MAX_SECRET_BYTES)
                     .map_err(secret_err)?
                     .ok_or_else(|| secret_err("there is no such file".into()))?;
+            secret_bytes += bytes.len();
+            if secret_bytes > MAX_SECRET_BYTES {
+                return Err(secret_err(format!(
+                    "the job's secrets together pass {MAX_SECRET_BYTES} bytes"
+                )));
+            }
             write(name, &bytes)?;
         }
-        // Handed over only now, whole: until here the directory was root's.
-        for path in written.iter().chain([&dir]) {
-            let mode = if path == &dir { 0o500 } else { 0o400 };
-            hand_over(path, owner, mode).map_err(|e| self.io_err(path, e))?;
-        }
         let result_dir = self.result_dir(id);
-        self.make_result_dir(&result_dir, owner)
+        self.fresh_dir(&self.results_root(), id, 0o700, Some(owner))
             .map_err(|e| self.io_err(&result_dir, e))?;
         Ok(PreparedLaunch {
             launch_file: dir.join(LAUNCH_FILE),
@@ -182,34 +186,36 @@ impl JobRuntime {
         })
     }
 
-    /// The owner's result directory: made by root inside the root-owned
-    /// `results/` (or found there, when a launch is redone), then handed
-    /// over, so no path the user controls is ever followed. What a job left
-    /// there goes when its end is recorded ([`JobRuntime::remove`]).
-    fn make_result_dir(&self, path: &Path, owner: &Owner) -> io::Result<()> {
-        let parent = fsutil::open_dir(&self.results_root())?;
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| io::Error::other("no directory name"))?;
-        let c = std::ffi::CString::new(name)?;
-        // SAFETY: mkdirat with a valid dir fd and a NUL-terminated name.
+    /// A new, empty directory `root/ID` (the owner's when given): one that
+    /// is there already is first renamed aside within `root` (root's, so
+    /// nothing can stop it) and removed, so nothing a user left or planted
+    /// in an earlier one is ever handed to a job.
+    fn fresh_dir(
+        &self,
+        root: &Path,
+        id: &JobId,
+        mode: u32,
+        owner: Option<&Owner>,
+    ) -> io::Result<std::os::fd::OwnedFd> {
+        let parent = fsutil::open_dir(root)?;
+        set_aside(root, id.as_str());
+        let c = std::ffi::CString::new(id.as_str())?;
+        // SAFETY: mkdirat with a valid dir fd and a NUL-terminated name; it
+        // fails if the name exists, so the directory is ours.
         if unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o700) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::AlreadyExists {
-                return Err(e);
-            }
+            return Err(io::Error::last_os_error());
         }
-        let dir = fsutil::open_dir_at(&parent, name)?;
-        // SAFETY: fchown/fchmod on a directory fd opened without following links.
+        let dir = fsutil::open_dir_at(&parent, id.as_str())?;
+        let (uid, gid) = owner.map_or((0, 0), |o| (o.uid, o.gid));
+        // SAFETY: fchown/fchmod on the fd of the directory just made.
         unsafe {
-            if libc::fchown(dir.as_raw_fd(), owner.uid, owner.gid) != 0
-                || libc::fchmod(dir.as_raw_fd(), 0o700) != 0
+            if libc::fchown(dir.as_raw_fd(), uid, gid) != 0
+                || libc::fchmod(dir.as_raw_fd(), mode) != 0
             {
                 return Err(io::Error::last_os_error());
             }
         }
-        Ok(())
+        Ok(dir)
     }
 
     /// The job's result, read as its owner. `Ok(None)`: it wrote none.
@@ -221,38 +227,54 @@ impl JobRuntime {
         fsutil::read_user_json(&self.result_file(id), owner.uid, owner.gid, &owner.groups)
     }
 
-    /// Removes the launch directory (its copies of the secrets with it).
-    pub fn remove_launch(&self, id: &JobId) {
-        // remove_dir_all works through directory fds and never follows a
-        // link, so the owner's files in it cannot redirect it.
-        let dir = self.launch_dir(id);
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(job = %id, path = %dir.display(), error = %e, "cannot remove a job's launch files");
-            }
-        }
-    }
-
     /// Everything the job had here: once its end is recorded.
-    pub fn remove(&self, id: &JobId, owner: &Owner) {
-        self.remove_launch(id);
-        let dir = self.result_dir(id);
-        let cleared = fsutil::clear_user_dir(&dir, owner.uid, owner.gid, &owner.groups);
-        let removed = cleared.and_then(|()| std::fs::remove_dir(&dir));
-        if let Err(e) = removed {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(job = %id, path = %dir.display(), error = %e, "cannot remove a job's result directory");
-            }
+    pub fn remove(&self, id: &JobId, _owner: &Owner) {
+        for root in [self.launch_root(), self.results_root()] {
+            set_aside(&root, id.as_str());
         }
     }
 }
 
-/// Gives a file root wrote to the job's owner (never following a link:
-/// root made it a moment ago in a directory nobody else can write).
-fn hand_over(path: &Path, owner: &Owner, mode: u32) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::os::unix::fs::lchown(path, Some(owner.uid), Some(owner.gid))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+/// Renames `root/name` aside (`.gone-NAME-NANOS`) and removes it as root.
+/// `remove_dir_all` works through directory fds and never follows a link,
+/// so what a job left in its result directory cannot redirect it; a tree it
+/// cannot remove (too deep) stays aside, never reused.
+fn set_aside(root: &Path, name: &str) {
+    let from = root.join(name);
+    let aside = root.join(format!(".gone-{name}-{}", crate::now_micros()));
+    match std::fs::rename(&from, &aside) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::warn!(path = %from.display(), error = %e, "cannot move a job's old runtime directory aside");
+            return;
+        }
+    }
+    if let Err(e) = std::fs::remove_dir_all(&aside) {
+        tracing::warn!(path = %aside.display(), error = %e, "cannot remove a job's old runtime directory; it stays aside");
+    }
+}
+
+/// Creates `name` in the root-owned directory `dir` (never over anything,
+/// never through a link), writes it whole, and gives it to the owner, 0400.
+fn write_owned(
+    dir: &std::os::fd::OwnedFd,
+    name: &str,
+    bytes: &[u8],
+    owner: &Owner,
+) -> io::Result<()> {
+    use std::io::Write;
+    let mut file = fsutil::create_at(dir, name, libc::O_EXCL)?;
+    file.write_all(bytes)?;
+    // SAFETY: fchown/fchmod on the fd of the file just created.
+    unsafe {
+        if libc::fchown(file.as_raw_fd(), owner.uid, owner.gid) != 0
+            || libc::fchmod(file.as_raw_fd(), 0o400) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// `ptraind exec-job PATH`: the unit's ExecStart, as the job's user.

@@ -40,6 +40,35 @@ pub enum SystemdError {
     Connect(zbus::Error),
 }
 
+impl SystemdError {
+    /// The call may not have reached systemd, or its answer was lost (no
+    /// reply, the bus's limits, a timeout): what systemd did is unknown,
+    /// and the call may be made again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SystemdError::Call {
+                source: zbus::Error::MethodError(name, _, _),
+                ..
+            } => matches!(
+                name.as_str(),
+                "org.freedesktop.DBus.Error.NoReply"
+                    | "org.freedesktop.DBus.Error.LimitsExceeded"
+                    | "org.freedesktop.DBus.Error.Timeout"
+                    | "org.freedesktop.DBus.Error.TimedOut"
+                    | "org.freedesktop.DBus.Error.ServiceUnknown"
+                    | "org.freedesktop.DBus.Error.NameHasNoOwner"
+            ),
+            SystemdError::Call { source, .. } => {
+                matches!(
+                    source,
+                    zbus::Error::InputOutput(_) | zbus::Error::InterfaceNotFound
+                )
+            }
+            _ => false,
+        }
+    }
+}
+
 fn call_err<'a>(
     call: &'static str,
     unit: &'a str,
@@ -112,12 +141,16 @@ pub enum UnitSignal {
         active_state: String,
         state: Option<Box<UnitState>>,
     },
+    /// systemd's bus name changed hands: signals may have been missed and
+    /// its subscription list is new.
+    SystemdReconnected,
 }
 
 impl UnitSignal {
     pub fn unit(&self) -> &str {
         match self {
             UnitSignal::JobRemoved { unit, .. } | UnitSignal::StateChanged { unit, .. } => unit,
+            UnitSignal::SystemdReconnected => "",
         }
     }
 }
@@ -199,45 +232,72 @@ pub struct Systemd {
 }
 
 /// Tells systemd's messages from everyone else's: the unique name that owns
-/// org.freedesktop.systemd1, asked of dbus-daemon again whenever a message
-/// comes from another sender (systemd gets a new name when it re-executes
-/// or reconnects, and a signal of the new name may come before we hear of
-/// the change).
+/// org.freedesktop.systemd1, asked once and then kept current from the bus
+/// driver's NameOwnerChanged (whose sender, "org.freedesktop.DBus", only
+/// dbus-daemon can have). The signal streams never wait on a call: a flood
+/// of forged signals must not stall the connection they share with the
+/// replies ptraind waits for.
 #[derive(Clone)]
 struct SystemdSender {
-    dbus: zbus::fdo::DBusProxy<'static>,
     owner: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl SystemdSender {
-    async fn new(conn: &Connection) -> Result<SystemdSender, SystemdError> {
+    /// `changed` runs when systemd's bus name gets a new owner (systemd
+    /// re-executed or reconnected): signals may have been missed then.
+    async fn new(
+        conn: &Connection,
+        changed: impl Fn() + Send + Sync + 'static,
+    ) -> Result<SystemdSender, SystemdError> {
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .sender("org.freedesktop.DBus")
+            .interface("org.freedesktop.DBus")
+            .member("NameOwnerChanged")
+            .arg(0, SYSTEMD)
+            .build()
+            .map_err(call_err("build match rule", "-"))?;
+        let mut changes = zbus::MessageStream::for_match_rule(rule, conn, None)
+            .await
+            .map_err(call_err("AddMatch NameOwnerChanged", "-"))?;
         let dbus = zbus::fdo::DBusProxy::new(conn)
             .await
             .map_err(SystemdError::Connect)?;
+        let name = zbus::names::BusName::try_from(SYSTEMD).expect("a valid bus name");
+        let owner = dbus
+            .get_name_owner(name)
+            .await
+            .map_err(|e| SystemdError::Connect(e.into()))?;
         let this = SystemdSender {
-            dbus,
-            owner: Default::default(),
+            owner: std::sync::Arc::new(std::sync::Mutex::new(Some(owner.to_string()))),
+            refused: Default::default(),
         };
-        this.refresh().await;
+        let cache = this.owner.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(msg)) = changes.next().await {
+                let header = msg.header();
+                if header.sender().map(|s| s.as_str()) != Some("org.freedesktop.DBus") {
+                    continue;
+                }
+                let Ok((name, _, new)) = msg.body().deserialize::<(String, String, String)>()
+                else {
+                    continue;
+                };
+                if name != SYSTEMD {
+                    continue;
+                }
+                tracing::info!(owner = new, "systemd's bus name has a new owner");
+                if let Ok(mut cached) = cache.lock() {
+                    *cached = Some(new).filter(|n| !n.is_empty());
+                }
+                changed();
+            }
+        });
         Ok(this)
     }
 
-    async fn refresh(&self) -> Option<String> {
-        let name = zbus::names::BusName::try_from(SYSTEMD).expect("a valid bus name");
-        let owner = match self.dbus.get_name_owner(name).await {
-            Ok(owner) => Some(owner.to_string()),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot ask dbus-daemon who owns {SYSTEMD}");
-                None
-            }
-        };
-        if let Ok(mut cached) = self.owner.lock() {
-            cached.clone_from(&owner);
-        }
-        owner
-    }
-
-    async fn is_systemd(&self, msg: &zbus::Message) -> bool {
+    fn is_systemd(&self, msg: &zbus::Message) -> bool {
         let header = msg.header();
         let Some(sender) = header.sender() else {
             return false;
@@ -246,16 +306,21 @@ impl SystemdSender {
         if cached.as_deref() == Some(sender.as_str()) {
             return true;
         }
-        let is_owner = self.refresh().await.as_deref() == Some(sender.as_str());
-        if !is_owner {
+        // The 1st, 2nd, 4th, 8th, ... refusal is logged: a flood of forged
+        // signals must not flood the journal.
+        let n = self
+            .refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n.is_power_of_two() {
             tracing::warn!(
                 sender = sender.as_str(),
                 member = header.member().map(|m| m.as_str()).unwrap_or("-"),
                 path = header.path().map(|p| p.as_str()).unwrap_or("-"),
-                "ignoring a systemd signal that systemd did not send"
+                "ignoring a systemd signal that systemd did not send ({n} refused so far)"
             );
         }
-        is_owner
+        false
     }
 }
 
@@ -285,6 +350,14 @@ impl Systemd {
         Ok(Systemd { conn, manager })
     }
 
+    /// Asks systemd again for unit signals (after it reconnected).
+    pub async fn resubscribe(&self) -> Result<(), SystemdError> {
+        self.manager
+            .subscribe()
+            .await
+            .map_err(call_err("Subscribe", "-"))
+    }
+
     pub fn connection(&self) -> &Connection {
         &self.conn
     }
@@ -307,7 +380,9 @@ impl Systemd {
         sink: impl Fn(UnitSignal) + Send + Sync + Clone + 'static,
         lost: impl Fn(&'static str) + Send + Sync + Clone + 'static,
     ) -> Result<(), SystemdError> {
-        let sender = SystemdSender::new(&self.conn).await?;
+        let sink0 = sink.clone();
+        let sender =
+            SystemdSender::new(&self.conn, move || sink0(UnitSignal::SystemdReconnected)).await?;
         let path_prefixes: Vec<String> =
             unit_prefixes.iter().map(|p| unit_object_path(p)).collect();
         let wanted_unit = move |unit: &str| unit_prefixes.iter().any(|p| unit.starts_with(p));
@@ -331,7 +406,7 @@ impl Systemd {
         tokio::spawn(async move {
             while let Some(msg) = removed.next().await {
                 let Ok(msg) = msg else { continue };
-                if !sender1.is_systemd(&msg).await {
+                if !sender1.is_systemd(&msg) {
                     continue;
                 }
                 let Ok((_, _, unit, result)) =
@@ -370,7 +445,7 @@ impl Systemd {
                 let Some(unit) = unit_name_from_path(path.as_str()) else {
                     continue;
                 };
-                if !sender.is_systemd(&msg).await {
+                if !sender.is_systemd(&msg) {
                     continue;
                 }
                 let Ok((interface, changed, _)) =
