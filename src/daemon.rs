@@ -106,6 +106,9 @@ const MAX_LAUNCHES_IN_FLIGHT: usize = 4;
 /// How long a launch whose StartTransientUnit got no answer waits before
 /// it is sent again.
 const LAUNCH_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a StartTransientUnit may take before it counts as unanswered
+/// (systemd answers in milliseconds, in seconds when very busy).
+const LAUNCH_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub struct Daemon {
     config: Config,
@@ -1425,7 +1428,17 @@ impl Daemon {
         let events = self.events.clone();
         let id = id.clone();
         tokio::spawn(async move {
-            let result = systemd.start_unit(&unit, &props).await.map(drop);
+            // zbus waits for a reply forever: a call systemd never answers
+            // would hold its slot, and with all of them every launch.
+            let call = systemd.start_unit(&unit, &props);
+            let result = match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, call).await {
+                Ok(result) => result.map(drop),
+                Err(_) => Err(SystemdError::NoAnswer {
+                    call: "StartTransientUnit",
+                    unit: unit.clone(),
+                    secs: LAUNCH_CALL_TIMEOUT.as_secs(),
+                }),
+            };
             if result.is_ok() {
                 crash_point("after-start-unit");
             }

@@ -36,6 +36,12 @@ pub enum SystemdError {
         unit: String,
         source: zbus::Error,
     },
+    #[error("systemd did not answer {call} for {unit} within {secs} s")]
+    NoAnswer {
+        call: &'static str,
+        unit: String,
+        secs: u64,
+    },
     #[error("cannot connect to the system bus: {0}; is dbus running (DBUS_SYSTEM_BUS_ADDRESS)?")]
     Connect(zbus::Error),
 }
@@ -64,6 +70,7 @@ impl SystemdError {
                     zbus::Error::InputOutput(_) | zbus::Error::InterfaceNotFound
                 )
             }
+            SystemdError::NoAnswer { .. } => true,
             _ => false,
         }
     }
