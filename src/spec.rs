@@ -398,6 +398,9 @@ pub enum SpecError {
     #[error("field `workdir` must not contain `..` components ({path}); write the resolved absolute path")]
     WorkdirDotDot { path: String },
 
+    #[error("field `workdir` {path} holds `{found}`, which systemd would read as its own syntax in a unit (`%` specifiers, `$` variables, `\\` escapes, quotes, control characters); use a directory without it")]
+    WorkdirUnitSyntax { path: String, found: String },
+
     #[error("field `env` has {len} variables, more than the limit of {MAX_ENV}; put bulk configuration in a file")]
     EnvTooMany { len: usize },
 
@@ -1054,6 +1057,18 @@ fn validate_workdir(v: Value) -> Result<PathBuf, SpecError> {
     }
     if !s.starts_with('/') {
         return Err(SpecError::WorkdirNotAbsolute { path: quote(&s) });
+    }
+    // The workdir is the one user string that becomes unit properties
+    // (WorkingDirectory, ReadWritePaths), which systemd 252 writes to the
+    // transient file and parses again on daemon-reload.
+    if let Some(c) = s
+        .chars()
+        .find(|c| matches!(c, '%' | '$' | '\\' | '"' | '\'') || c.is_control())
+    {
+        return Err(SpecError::WorkdirUnitSyntax {
+            path: quote(&s),
+            found: c.escape_default().to_string(),
+        });
     }
     let mut normal = String::with_capacity(s.len());
     for comp in s.split('/') {
@@ -1717,6 +1732,24 @@ mod tests {
                 "{msg}"
             );
         }
+        for bad in [
+            "/home/a/%h",
+            "/data/$USER",
+            "/a\\b",
+            "/a\nb",
+            "/q\"x",
+            "/it's",
+        ] {
+            let msg = wd(bad).unwrap_err().to_string();
+            assert!(
+                msg.contains("field `workdir`") && msg.contains("systemd would read"),
+                "{msg}"
+            );
+        }
+        assert_eq!(
+            wd("/data/exp 1/run-2.0_x").unwrap(),
+            PathBuf::from("/data/exp 1/run-2.0_x")
+        );
         for bad in ["/a/../b", "/..", "/a/.."] {
             let msg = wd(bad).unwrap_err().to_string();
             assert!(
