@@ -51,25 +51,25 @@ impl SystemdError {
     /// reply, the bus's limits, a timeout): what systemd did is unknown,
     /// and the call may be made again.
     pub fn is_transient(&self) -> bool {
+        const TRANSIENT: &[&str] = &[
+            "org.freedesktop.DBus.Error.NoReply",
+            "org.freedesktop.DBus.Error.LimitsExceeded",
+            "org.freedesktop.DBus.Error.Timeout",
+            "org.freedesktop.DBus.Error.TimedOut",
+            "org.freedesktop.DBus.Error.ServiceUnknown",
+            "org.freedesktop.DBus.Error.NameHasNoOwner",
+            "org.freedesktop.DBus.Error.Disconnected",
+        ];
         match self {
-            SystemdError::Call {
-                source: zbus::Error::MethodError(name, _, _),
-                ..
-            } => matches!(
-                name.as_str(),
-                "org.freedesktop.DBus.Error.NoReply"
-                    | "org.freedesktop.DBus.Error.LimitsExceeded"
-                    | "org.freedesktop.DBus.Error.Timeout"
-                    | "org.freedesktop.DBus.Error.TimedOut"
-                    | "org.freedesktop.DBus.Error.ServiceUnknown"
-                    | "org.freedesktop.DBus.Error.NameHasNoOwner"
-            ),
-            SystemdError::Call { source, .. } => {
-                matches!(
-                    source,
-                    zbus::Error::InputOutput(_) | zbus::Error::InterfaceNotFound
-                )
-            }
+            SystemdError::Call { source, .. } => match source {
+                zbus::Error::MethodError(name, _, _) => TRANSIENT.contains(&name.as_str()),
+                // zbus turns the bus's own errors into fdo::Error.
+                zbus::Error::FDO(e) => {
+                    TRANSIENT.contains(&zbus::DBusError::name(e.as_ref()).as_str())
+                }
+                zbus::Error::InputOutput(_) | zbus::Error::InterfaceNotFound => true,
+                _ => false,
+            },
             SystemdError::NoAnswer { .. } => true,
             _ => false,
         }
@@ -591,6 +591,24 @@ pub fn to_variant(value: &PropValue) -> OwnedVariant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lost_answers_are_transient_and_refusals_are_not() {
+        let call = |source: zbus::Error| SystemdError::Call {
+            call: "StartTransientUnit",
+            unit: "u".into(),
+            source,
+        };
+        let no_reply = zbus::Error::FDO(Box::new(zbus::fdo::Error::NoReply(
+            "Message recipient disconnected from message bus without replying".into(),
+        )));
+        assert!(call(no_reply).is_transient());
+        let limits = zbus::Error::FDO(Box::new(zbus::fdo::Error::LimitsExceeded("x".into())));
+        assert!(call(limits).is_transient());
+        let invalid = zbus::Error::FDO(Box::new(zbus::fdo::Error::InvalidArgs("x".into())));
+        assert!(!call(invalid).is_transient());
+        assert!(!SystemdError::UnitExists("u".into()).is_transient());
+    }
 
     #[test]
     fn unit_paths_round_trip() {
