@@ -1228,7 +1228,7 @@ impl Daemon {
             self.waits.clear();
             return;
         }
-        if self.by_unit.len() + self.launch_backlog.len() >= MAX_TRACKED_UNITS {
+        if self.tracked_units() >= MAX_TRACKED_UNITS {
             // Nothing could start now; the next unit end plans again. Skips
             // a pass over the whole queue per event while a flood drains.
             return;
@@ -1325,7 +1325,7 @@ impl Daemon {
         // Jobs with and without GPUs start in one planning order.
         placements.sort_by_key(|p| self.queue.position(&p.id));
         for placement in placements {
-            if self.by_unit.len() >= MAX_TRACKED_UNITS {
+            if self.tracked_units() >= MAX_TRACKED_UNITS {
                 // The rest start as these end (each end plans again).
                 gpu_jobs_wait = true;
                 break;
@@ -1379,6 +1379,12 @@ impl Daemon {
         }
         self.emit_changed(id);
         self.start_unit(id, gpus.to_vec()).await;
+    }
+
+    /// Units systemd tracks a reference of ptraind's for, or soon will:
+    /// those started and those whose launch waits for a call.
+    fn tracked_units(&self) -> usize {
+        self.by_unit.len() + self.launch_backlog.len()
     }
 
     /// Starts the launching job's unit now, or once a call is free.
