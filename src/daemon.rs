@@ -745,14 +745,14 @@ impl Daemon {
     /// Whether systemd still runs (or has queued) one of the job's exit
     /// recorders.
     async fn recorder_pending(&self, id: &JobId) -> bool {
-        for unit in id.recorder_units() {
-            if let Ok(state) = self.systemd.unit_state(&unit).await {
-                if !state.has_ended() {
-                    return true;
-                }
+        match self.systemd.any_pending(&id.recorder_units()).await {
+            Ok(pending) => pending,
+            Err(e) => {
+                // Unknown: wait for its signal rather than guess an end.
+                warn!(job = %id, error = %e, "cannot ask systemd about the job's exit recorder");
+                true
             }
         }
-        false
     }
 
     /// An exit recorder's unit ended: its record is complete.

@@ -532,6 +532,20 @@ impl Systemd {
             .map_err(call_err("StopUnit", unit))
     }
 
+    /// Whether any of `units` is loaded and not yet done: active or
+    /// activating or deactivating, or with a job queued. One call for all.
+    pub async fn any_pending(&self, units: &[String]) -> Result<bool, SystemdError> {
+        let listed = self
+            .manager
+            .list_units_by_names(units.to_vec())
+            .await
+            .map_err(call_err("ListUnitsByNames", "-"))?;
+        // (name, description, load, active, sub, following, path, job id, ...)
+        Ok(listed.iter().any(|unit| {
+            unit.2 == "loaded" && (!matches!(unit.3.as_str(), "inactive" | "failed") || unit.7 != 0)
+        }))
+    }
+
     /// Is a unit of this name loaded? Returns its state if so.
     pub async fn unit_state(&self, unit: &str) -> Result<UnitState, SystemdError> {
         // GetUnit fails with NoSuchUnit for a unit that is not loaded; the
