@@ -21,12 +21,20 @@
 //!    choosing GPUs from an inventory snapshot ([`gpu`]) by priority, with
 //!    reservations against starvation, within the `[policy]` ([`policy`]).
 //! 5. [`unit`](mod@unit): the transient unit's properties (identity, confinement, GPU
-//!    device allow-list, environment) are built from the record. Pure.
-//! 6. [`systemd`]: `StartTransientUnit` over D-Bus, and one stream of
-//!    `JobRemoved` / `PropertiesChanged` signals that tells when a unit ends;
-//!    the end (Result, exit code or signal) comes in the signals themselves
-//!    (or is read back when they fall short) before the unit is released
-//!    for garbage collection.
+//!    device allow-list, the daemon's variables) are built from the record.
+//!    Pure. Nothing the user wrote is a property but the workdir: the
+//!    command, its environment and its secrets go to the job's launch file
+//!    ([`runtime`]), which `ptraind exec-job` reads as the job's user and
+//!    execs; the job's result directory is made there too.
+//! 6. [`systemd`]: `StartTransientUnit` over D-Bus (from a task of its own
+//!    per launch: the state task never waits on it), and one stream of
+//!    `JobRemoved` / `PropertiesChanged` signals, from systemd's own bus
+//!    name only, that tells when a unit ends; the end (Result, exit code or
+//!    signal) comes in the signals themselves (or is read back when they
+//!    fall short) before the unit is released for garbage collection. A
+//!    job that ends while ptraind is down is recorded by its unit's
+//!    `OnSuccess=`/`OnFailure=` recorder (`ptrain-exit@.service`, `ptraind
+//!    record-exit`) from the facts systemd hands it.
 //! 7. [`daemon`]: the one task that owns the state, receives every event
 //!    (spool, systemd, API) on a channel and applies it; [`api`] is the
 //!    D-Bus interface the `ptrain` CLI talks to.
