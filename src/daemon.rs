@@ -86,7 +86,7 @@ pub enum Event {
     Idle(String),
     /// Time to send a launch again whose StartTransientUnit got no answer.
     Relaunch(JobId),
-    /// systemd answered a job's StartTransientUnit ([`Daemon::dispatch_launch`]).
+    /// systemd answered a job's StartTransientUnit (sent by `Daemon::dispatch_launch`).
     Started {
         id: JobId,
         unit: String,

@@ -380,7 +380,7 @@ impl Systemd {
     /// filter what reaches us: any client may send a signal addressed to
     /// our unique name, with any path and body. The sender field, though,
     /// is set by dbus-daemon, so each message's sender is checked against
-    /// the current owner of org.freedesktop.systemd1 ([`SystemdSender`]).
+    /// the current owner of org.freedesktop.systemd1 (`SystemdSender`).
     pub async fn forward_signals(
         &self,
         unit_prefixes: &'static [&'static str],
