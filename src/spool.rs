@@ -54,14 +54,7 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
     if !is_candidate_name(name) {
         return SpoolRead::Ignored;
     }
-    let refused = |reason: String, identity, bytes, is_dir| SpoolRead::Refused {
-        name: name.to_owned(),
-        reason,
-        identity,
-        bytes,
-        is_dir,
-        held: None,
-    };
+    let refused = |reason, identity, bytes, is_dir| refusal(name, reason, identity, bytes, is_dir);
     let Some(stem) = spool_file_stem(name) else {
         let identity = match fsutil::lstat_at(spool, name) {
             // Gone already (refused at an earlier event for the same name):
@@ -109,16 +102,26 @@ pub fn same_entry(now: &FileIdentity, claimed: &FileIdentity) -> bool {
     now.dev == claimed.dev && now.ino == claimed.ino && now.ctime_ns == claimed.ctime_ns
 }
 
-/// The checks and the read of an opened spool file.
-fn check_open(name: &str, stem: &str, file: &mut std::fs::File) -> SpoolRead {
-    let refused = |reason: String, identity, bytes, is_dir| SpoolRead::Refused {
+fn refusal(
+    name: &str,
+    reason: String,
+    identity: Option<FileIdentity>,
+    bytes: Option<Vec<u8>>,
+    is_dir: bool,
+) -> SpoolRead {
+    SpoolRead::Refused {
         name: name.to_owned(),
         reason,
         identity,
         bytes,
         is_dir,
         held: None,
-    };
+    }
+}
+
+/// The checks and the read of an opened spool file.
+fn check_open(name: &str, stem: &str, file: &mut std::fs::File) -> SpoolRead {
+    let refused = |reason, identity, bytes, is_dir| refusal(name, reason, identity, bytes, is_dir);
     let identity = match fsutil::fstat(&*file) {
         Ok(identity) => identity,
         Err(e) => return refused(format!("fstat failed: {e}"), None, None, false),

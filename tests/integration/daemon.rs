@@ -138,62 +138,38 @@ impl TestDaemon {
         .unwrap();
         let units = root.join("units");
         std::fs::create_dir_all(&units).unwrap();
-        let unit =
-            std::fs::read_to_string(crate::harness::repo_root().join("units/ptraind.service"))
-                .expect("units/ptraind.service");
-        // The shipped unit, pointed at this test's binary, config and dirs.
-        let unit = unit
-            .replace(
-                "ExecStart=/usr/sbin/ptraind",
-                &format!(
-                    "ExecStart={} --config {}",
-                    ptraind_bin().display(),
-                    config.display()
+        let bin = ptraind_bin().display();
+        let config_arg = format!("--config {}", config.display());
+        let rw = format!("ReadWritePaths={}", root.display());
+        // The shipped units, pointed at this test's binary, config and dirs
+        // (the binary is under /srv: no private /tmp hides it).
+        shipped_unit(
+            &units,
+            "ptraind.service",
+            &[
+                (
+                    "ExecStart=/usr/sbin/ptraind",
+                    &format!("ExecStart={bin} {config_arg}"),
                 ),
-            )
-            .replace(
-                "ReadWritePaths=/var/spool/ptrain",
-                &format!("ReadWritePaths={}", root.display()),
-            )
-            // The test's state and log dirs live under its root; do not
-            // create /var/lib/ptrain on the host that the harness shares.
-            .replace("StateDirectory=ptrain", "#StateDirectory=ptrain")
-            .replace("LogsDirectory=ptrain", "#LogsDirectory=ptrain");
-        // A checkout under /tmp (CI clones anywhere) would be hidden from
-        // the service by its private /tmp: the binary would not be found.
-        let unit = if ptraind_bin().starts_with("/tmp") || ptraind_bin().starts_with("/var/tmp") {
-            assert!(unit.contains("\nPrivateTmp=yes\n"));
-            unit.replace("\nPrivateTmp=yes\n", "\nPrivateTmp=no\n")
-        } else {
-            unit
-        };
-        assert!(unit.contains(&format!("ReadWritePaths={}", root.display())));
-        std::fs::write(units.join("ptraind.service"), unit).unwrap();
-        // The exit recorder, pointed at the same binary and config.
-        let recorder =
-            std::fs::read_to_string(crate::harness::repo_root().join("units/ptrain-exit@.service"))
-                .expect("units/ptrain-exit@.service");
-        let recorder = recorder
-            .replace(
-                "ExecStart=/usr/sbin/ptraind record-exit",
-                &format!(
-                    "ExecStart={} --config {} record-exit",
-                    ptraind_bin().display(),
-                    config.display()
+                ("ReadWritePaths=/var/spool/ptrain", &rw),
+                // The test's state and log dirs live under its root; do not
+                // create /var/lib/ptrain on the host that the harness shares.
+                ("StateDirectory=ptrain", "#StateDirectory=ptrain"),
+                ("LogsDirectory=ptrain", "#LogsDirectory=ptrain"),
+            ],
+        );
+        // The exit recorder, run from the same binary with the same config.
+        shipped_unit(
+            &units,
+            "ptrain-exit@.service",
+            &[
+                (
+                    "ExecStart=/usr/sbin/ptraind record-exit",
+                    &format!("ExecStart={bin} {config_arg} record-exit"),
                 ),
-            )
-            .replace(
-                "ReadWritePaths=/var/lib/ptrain",
-                &format!("ReadWritePaths={}", root.display()),
-            );
-        let recorder = if ptraind_bin().starts_with("/tmp") || ptraind_bin().starts_with("/var/tmp")
-        {
-            recorder.replace("\nPrivateTmp=yes\n", "\nPrivateTmp=no\n")
-        } else {
-            recorder
-        };
-        assert!(recorder.contains(&format!("--config {} record-exit", config.display())));
-        std::fs::write(units.join("ptrain-exit@.service"), recorder).unwrap();
+                ("ReadWritePaths=/var/lib/ptrain", &rw),
+            ],
+        );
         let harness = Harness::boot(test, opts.gpus, Some(&units));
         let daemon = TestDaemon {
             harness,
@@ -339,6 +315,19 @@ impl Drop for TestDaemon {
             .arg(&self.state)
             .output();
     }
+}
+
+/// Writes `units/NAME` from the repository into `dir` with each
+/// (from, to) replaced; each `from` must be there.
+fn shipped_unit(dir: &Path, name: &str, replacements: &[(&str, &str)]) {
+    let path = crate::harness::repo_root().join("units").join(name);
+    let mut unit =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for (from, to) in replacements {
+        assert!(unit.contains(from), "units/{name} has no {from:?}");
+        unit = unit.replace(from, to);
+    }
+    std::fs::write(dir.join(name), unit).unwrap();
 }
 
 pub fn chown(path: &Path, user: &str) {
