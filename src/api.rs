@@ -118,7 +118,8 @@ impl JobView {
             after_fail: Vec::new(),
             after_any: Vec::new(),
             waiting_for: Vec::new(),
-            group: None,
+            // The sweep's id stays: it names jobs, as their ids do, and
+            // `ptrain wait SWEEP` by others needs it.
             priority: 0,
             gpu_request: String::new(),
             private: true,

@@ -530,7 +530,7 @@ impl Daemon {
     fn notify_status(&mut self) {
         // Tracked units are the launching and running jobs: counting them
         // costs nothing per finished job in history.
-        let running = self.by_unit.len();
+        let running = self.tracked_units();
         let mut status = format!(
             "{} queued, {} running, {} GPUs busy",
             self.queue.len(),
@@ -543,15 +543,16 @@ impl Daemon {
             );
         }
         self.offer_status(status);
-        let launching = self
-            .by_unit
-            .values()
-            .filter(|id| {
-                self.jobs
-                    .get(*id)
-                    .is_some_and(|r| r.state == JobState::Launching)
-            })
-            .count();
+        let launching = self.launch_backlog.len()
+            + self
+                .by_unit
+                .values()
+                .filter(|id| {
+                    self.jobs
+                        .get(*id)
+                        .is_some_and(|r| r.state == JobState::Launching)
+                })
+                .count();
         let queued = self.queue.len();
         let running = running.saturating_sub(launching);
         self.metrics
@@ -1069,7 +1070,8 @@ impl Daemon {
             }
             let mut never = Vec::new();
             let mut running_in_group: HashMap<&JobId, u32> = HashMap::new();
-            for id in self.by_unit.values() {
+            // Launching jobs whose call waits count as running.
+            for id in self.by_unit.values().chain(&self.launch_backlog) {
                 if let Some(g) = self.jobs.get(id).and_then(|r| r.group.as_ref()) {
                     *running_in_group.entry(g).or_default() += 1;
                 }
@@ -1956,7 +1958,12 @@ impl Daemon {
     /// submission order. From memory only: a finished job's summary has
     /// what a listing shows (`ptrain status ID` reads its full record).
     fn listing(&self, ended: usize) -> Vec<JobView> {
-        let mut live: Vec<&JobId> = self.queue.iter().chain(self.by_unit.values()).collect();
+        let mut live: Vec<&JobId> = self
+            .queue
+            .iter()
+            .chain(self.by_unit.values())
+            .chain(&self.launch_backlog)
+            .collect();
         live.sort();
         live.dedup();
         let mut views: Vec<JobView> = live
