@@ -543,7 +543,11 @@ fn print_table(jobs: &[JobView]) {
 /// be anyone, root included.
 fn print_status(j: &JobView) {
     outln!("job:       {}", escape(&j.id));
-    outln!("status:    {} — {}", escape(&j.status), escape(&j.detail));
+    if j.detail.is_empty() {
+        outln!("status:    {}", escape(&j.status));
+    } else {
+        outln!("status:    {} — {}", escape(&j.status), escape(&j.detail));
+    }
     outln!("owner:     {} (uid {})", escape(&j.owner), j.uid);
     outln!("unit:      {}", escape(&j.unit));
     if j.private {
@@ -1110,6 +1114,8 @@ async fn wait_for_jobs(
             };
             daemon_gone = false;
             match known {
+                // Another user's job under [privacy] has no detail.
+                None if job.detail.is_empty() => outln!("{id}: {}", escape(&job.status)),
                 None => outln!("{id}: {}", escape(&job.detail)),
                 Some(old) if *old != job.status => outln!("{id}: {}", escape(&job.status)),
                 Some(_) => {}

@@ -365,7 +365,14 @@ fn a_closed_pipe_ends_every_command_quietly() {
 /// whoever looks at it (another user, root) sees the escapes spelled out.
 #[test]
 fn other_users_text_reaches_the_terminal_escaped() {
-    let d = TestDaemon::start("escapes");
+    // Others see a job's command only with the admin's consent.
+    let d = TestDaemon::start_with(
+        "escapes",
+        crate::daemon::Opts {
+            extra_config: "[privacy]\nshow_all_jobs = true\n".into(),
+            ..Default::default()
+        },
+    );
     let evil = json!({
         "version": 1,
         "command": ["/bin/sh", "-c", "exit 3", "\u{1b}]0;pwn\u{7}", "\u{1b}[2J", "\u{202e}txt.exe"],
