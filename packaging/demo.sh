@@ -113,8 +113,6 @@ EOF
 [Service]
 ExecStart=
 ExecStart=$BIN/ptraind --config $D/ptrain.toml record-exit %i
-ReadWritePaths=
-ReadWritePaths=$D/state
 EOF
     case "$BIN" in /tmp/*|/var/tmp/*)   # PrivateTmp=yes would hide the binary
         echo "PrivateTmp=no" >> "$UNITS/ptraind.service.d/demo.conf"

@@ -167,7 +167,6 @@ impl TestDaemon {
                     "ExecStart=/usr/sbin/ptraind record-exit",
                     &format!("ExecStart={bin} {config_arg} record-exit"),
                 ),
-                ("ReadWritePaths=/var/lib/ptrain", &rw),
             ],
         );
         let harness = Harness::boot(test, opts.gpus, Some(&units));
