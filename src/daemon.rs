@@ -98,11 +98,12 @@ pub enum Event {
 /// each is a task of its own whose answer comes back as an event, so a
 /// burst of launches cannot hold up the API, claims or the watchdog. The
 /// bound keeps ptraind far under dbus-daemon's 128 pending replies per
-/// connection and paces systemd as the one call at a time did: with 32 out,
-/// a kill -9 flood of 1,000 jobs (tests/integration/durability.rs) made
-/// systemd 252 drop its own bus connection ("Got disconnect on API bus").
-/// Later launches wait in [`Daemon::launch_backlog`].
-const MAX_LAUNCHES_IN_FLIGHT: usize = 4;
+/// connection. Later launches wait in [`Daemon::launch_backlog`], and count
+/// against [`MAX_TRACKED_UNITS`] like started ones ([`Daemon::tracked_units`]):
+/// when they did not, a kill -9 flood of 1,000 jobs
+/// (tests/integration/durability.rs) had systemd track more references than
+/// dbus-daemon's 512 match rules allow, and it dropped off the bus.
+const MAX_LAUNCHES_IN_FLIGHT: usize = 16;
 /// How long a launch whose StartTransientUnit got no answer waits before
 /// it is sent again.
 const LAUNCH_RETRY: std::time::Duration = std::time::Duration::from_secs(2);

@@ -162,12 +162,10 @@ impl TestDaemon {
         shipped_unit(
             &units,
             "ptrain-exit@.service",
-            &[
-                (
-                    "ExecStart=/usr/sbin/ptraind record-exit",
-                    &format!("ExecStart={bin} {config_arg} record-exit"),
-                ),
-            ],
+            &[(
+                "ExecStart=/usr/sbin/ptraind record-exit",
+                &format!("ExecStart={bin} {config_arg} record-exit"),
+            )],
         );
         let harness = Harness::boot(test, opts.gpus, Some(&units));
         let daemon = TestDaemon {
