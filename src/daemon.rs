@@ -471,7 +471,7 @@ impl Daemon {
             Event::Api(request) => self.on_api(request).await,
             Event::Idle(unit) => self.on_idle(&unit).await,
             Event::Started { id, unit, result } => self.on_started(&id, &unit, result).await,
-            Event::Relaunch(id) => self.start_unit(&id, Vec::new()).await,
+            Event::Relaunch(id) => self.start_unit(&id).await,
         }
     }
 
@@ -692,9 +692,8 @@ impl Daemon {
             // it left no exit: it never ran. Start it now, once.
             warn!(job = %id, unit, "launch was interrupted; launching now");
             self.by_unit.remove(&unit);
-            let gpus: Vec<u32> = self.jobs[id].gpus.iter().map(|g| g.index).collect();
             // Boxed: start_unit comes back here when systemd cannot be read.
-            Box::pin(self.start_unit(id, gpus)).await;
+            Box::pin(self.start_unit(id)).await;
         } else {
             warn!(job = %id, unit, "unit is gone without a recorded exit; its result is unknown");
             self.finish(
@@ -1381,7 +1380,7 @@ impl Daemon {
             self.held.insert(*gpu, id.clone());
         }
         self.emit_changed(id);
-        self.start_unit(id, gpus.to_vec()).await;
+        self.start_unit(id).await;
     }
 
     /// Units systemd tracks a reference of ptraind's for, or soon will:
@@ -1391,7 +1390,7 @@ impl Daemon {
     }
 
     /// Starts the launching job's unit now, or once a call is free.
-    async fn start_unit(&mut self, id: &JobId, _gpus: Vec<u32>) {
+    async fn start_unit(&mut self, id: &JobId) {
         if self.launches_in_flight >= MAX_LAUNCHES_IN_FLIGHT {
             self.launch_backlog.push_back(id.clone());
             return;
@@ -1776,7 +1775,7 @@ impl Daemon {
         );
         crash_point("after-record-exit");
         self.store.remove_exit_record(id);
-        self.runtime.remove(id, &record.owner);
+        self.runtime.remove(id);
         let unit = record.unit.clone();
         self.held.retain(|_, holder| holder != id);
         if self.by_unit.remove(&unit).is_some() && state.is_some() {

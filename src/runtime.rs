@@ -228,7 +228,7 @@ impl JobRuntime {
     }
 
     /// Everything the job had here: once its end is recorded.
-    pub fn remove(&self, id: &JobId, _owner: &Owner) {
+    pub fn remove(&self, id: &JobId) {
         for root in [self.launch_root(), self.results_root()] {
             set_aside(&root, id.as_str());
         }
@@ -351,7 +351,7 @@ mod tests {
             rt.read_result(&id, &owner()).unwrap(),
             Some(serde_json::json!({"acc": 1}))
         );
-        rt.remove(&id, &owner());
+        rt.remove(&id);
         assert!(!rt.launch_dir(&id).exists());
         assert!(!prepared.result_dir.exists());
         assert!(
