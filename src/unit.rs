@@ -40,6 +40,13 @@ pub enum PropValue {
 
 pub type UnitProperties = Vec<(&'static str, PropValue)>;
 
+/// Lines a job may log per journald rate-limit interval (30 s): more than
+/// journald writes in that time on any host (a few 100,000 a second).
+/// journald scales it by up to 12 for free space in 32-bit arithmetic,
+/// so it stays under u32::MAX / 12 (4,000,000,000 wrapped to a limit of
+/// a few thousand lines in the harness).
+pub const JOURNAL_BURST: u32 = 100_000_000;
+
 /// The working directory of a job: the one it asked for, else its owner's
 /// home when that exists, else `/`.
 pub fn workdir(record: &JobRecord, home_exists: bool) -> PathBuf {
@@ -194,8 +201,11 @@ pub fn job_unit_properties(
             PropValue::Str(syslog_identifier(record)),
         ),
         // A job's output is its record: journald's default rate limit
-        // (10,000 lines in 30 s) would silently drop most of a fast one.
-        ("LogRateLimitIntervalUSec", PropValue::U64(0)),
+        // (10,000 lines in 30 s, scaled by free space) silently drops most
+        // of a fast one, and says so only if the job writes again after
+        // the interval. An interval of 0 does not turn it off (systemd
+        // 252 takes 0 as "unset"); a burst journald cannot reach does.
+        ("LogRateLimitBurst", PropValue::U32(JOURNAL_BURST)),
         // `journalctl PTRAIN_JOB=ID` shows the job's output next to
         // ptraind's own entries about it.
         (

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
-use super::journal::{self, Entry, RunFilter, Selection};
+use super::journal::{self, lost_head_notice, Entry, RunFilter, Selection};
 use super::retention::{self, ArchiveInfo, Disk, RetentionPolicy, UserUsage};
 use super::sd_journal;
 use crate::fsutil;
@@ -312,6 +312,10 @@ pub fn archive_from_journal(
     now: u64,
 ) -> Result<ArchiveInfo, ArchiveError> {
     let sel = &job.selection;
+    let oldest = journal.oldest_entry_time().unwrap_or_else(|e| {
+        warn!(job = %job.id, PTRAIN_JOB = %job.id, error = %e, "cannot tell whether the journal still holds the start of the job's output");
+        None
+    });
     let entries = journal
         .entries_since(&sel.unit, sel.started_at)
         .map_err(|source| ArchiveError::Journal {
@@ -319,9 +323,12 @@ pub fn archive_from_journal(
             source,
         })?;
     let mut filter = RunFilter::new(sel);
-    let lines = entries
-        .filter(|e: &Entry| filter.accept(e))
-        .map(|e| (e.realtime, e.message));
+    let lost_head = lost_head_notice(sel, 0, oldest);
+    let lines = lost_head.into_iter().chain(
+        entries
+            .filter(|e: &Entry| filter.accept(e))
+            .map(|e| (e.realtime, e.message)),
+    );
     write_lines(
         log_dir,
         job.uid,

@@ -32,6 +32,33 @@ pub struct Selection {
     pub started_at: u64,
 }
 
+/// The line a reader gets in place of a run's output the journal no
+/// longer has, with the time it is filed under: journald's oldest entry
+/// is newer than where the read begins (the run's start, or `since`), so
+/// whatever the run wrote before it went when journald removed its
+/// oldest files to keep within its size limits. None when the journal
+/// reaches back far enough (or is empty).
+pub fn lost_head_notice(
+    sel: &Selection,
+    since: u64,
+    journal_oldest: Option<u64>,
+) -> Option<(u64, String)> {
+    let oldest = journal_oldest?;
+    if oldest <= sel.started_at.max(since) {
+        return None;
+    }
+    let when =
+        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_micros(oldest));
+    Some((
+        oldest - 1,
+        format!(
+            "[ptrain] this job's output before {when} is no longer in the journal: journald \
+             removed its oldest entries to keep within its size limit (SystemMaxUse= or \
+             RuntimeMaxUse= in journald.conf); what follows is what remains"
+        ),
+    ))
+}
+
 /// Where a read begins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Start {
@@ -287,6 +314,27 @@ mod tests {
             invocation_id: inv.map(str::to_owned),
             started_at: 1_000_000_000,
         }
+    }
+
+    #[test]
+    fn a_journal_newer_than_the_read_says_where_output_is_missing() {
+        let run = sel(None);
+        // The journal reaches back past the start: nothing to say.
+        assert_eq!(lost_head_notice(&run, 0, Some(999_000_000)), None);
+        assert_eq!(lost_head_notice(&run, 0, Some(1_000_000_000)), None);
+        assert_eq!(lost_head_notice(&run, 0, None), None);
+        // Its oldest entry came after the run started: the head is gone,
+        // and the notice is filed just before what remains.
+        let (t, text) = lost_head_notice(&run, 0, Some(1_000_000_000 + 5_000_000)).unwrap();
+        assert_eq!(t, 1_005_000_000 - 1);
+        assert!(text.contains("before 1970-01-01T00:16:45Z"), "{text}");
+        assert!(text.contains("SystemMaxUse="), "{text}");
+        // A read that begins after the oldest entry lost nothing it asked for.
+        assert_eq!(
+            lost_head_notice(&run, 1_006_000_000, Some(1_005_000_000)),
+            None
+        );
+        assert!(lost_head_notice(&run, 1_004_000_000, Some(1_005_000_000)).is_some());
     }
 
     fn entry(t: u64, inv: Option<&str>, stream: Option<&str>) -> Entry {

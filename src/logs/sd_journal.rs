@@ -39,6 +39,7 @@ struct Api {
     set_data_threshold: unsafe extern "C" fn(Handle, usize) -> c_int,
     seek_realtime_usec: unsafe extern "C" fn(Handle, u64) -> c_int,
     seek_tail: unsafe extern "C" fn(Handle) -> c_int,
+    get_cutoff_realtime_usec: unsafe extern "C" fn(Handle, *mut u64, *mut u64) -> c_int,
     next: unsafe extern "C" fn(Handle) -> c_int,
     previous: unsafe extern "C" fn(Handle) -> c_int,
     get_realtime_usec: unsafe extern "C" fn(Handle, *mut u64) -> c_int,
@@ -73,6 +74,7 @@ fn load() -> Result<Api, libloading::Error> {
             set_data_threshold: *lib.get(b"sd_journal_set_data_threshold\0")?,
             seek_realtime_usec: *lib.get(b"sd_journal_seek_realtime_usec\0")?,
             seek_tail: *lib.get(b"sd_journal_seek_tail\0")?,
+            get_cutoff_realtime_usec: *lib.get(b"sd_journal_get_cutoff_realtime_usec\0")?,
             next: *lib.get(b"sd_journal_next\0")?,
             previous: *lib.get(b"sd_journal_previous\0")?,
             get_realtime_usec: *lib.get(b"sd_journal_get_realtime_usec\0")?,
@@ -190,6 +192,17 @@ impl Journal {
         })
     }
 
+    /// When the oldest entry still in any journal file was received (µs);
+    /// None for an empty journal. Read from the files' headers.
+    fn oldest(&self) -> io::Result<Option<u64>> {
+        let (mut from, mut to) = (0u64, 0u64);
+        // SAFETY: handle is open; both are valid out pointers.
+        let r = check("sd_journal_get_cutoff_realtime_usec", unsafe {
+            (self.api.get_cutoff_realtime_usec)(self.handle, &mut from, &mut to)
+        })?;
+        Ok((r > 0).then_some(from))
+    }
+
     fn step(&mut self, forward: bool) -> io::Result<bool> {
         // SAFETY: handle is open.
         let r = unsafe {
@@ -221,6 +234,11 @@ impl Reader {
         Ok(Reader {
             journal: Journal::open()?,
         })
+    }
+
+    /// See [`oldest_entry_time`].
+    pub fn oldest_entry_time(&self) -> io::Result<Option<u64>> {
+        self.journal.oldest()
     }
 
     /// Every entry of `unit` received at or after `since` (µs).
@@ -270,6 +288,13 @@ impl Iterator for EntriesSince<'_> {
         }
         None
     }
+}
+
+/// When the oldest entry journald still keeps was received (µs): output
+/// from before it may have been removed to keep the journal within its
+/// size limits ([`super::journal::lost_head_notice`]).
+pub fn oldest_entry_time() -> io::Result<Option<u64>> {
+    Journal::open()?.oldest()
 }
 
 /// The last `n` entries of `unit` received at or after `since` (µs), oldest

@@ -77,6 +77,18 @@ async fn serve_inner(
     };
 
     let mut tail = Tail::new(opts.lines);
+    let oldest = tokio::task::spawn_blocking(super::sd_journal::oldest_entry_time)
+        .await
+        .map_err(std::io::Error::other)?
+        .unwrap_or_else(|e| {
+            tracing::warn!(job = %job.id, PTRAIN_JOB = %job.id, error = %e, "cannot tell whether the journal still holds the start of the job's output");
+            None
+        });
+    if let Some((_, notice)) = journal::lost_head_notice(&sel, opts.since_us, oldest) {
+        if let Some(m) = tail.push(notice) {
+            write_line(&mut out, &m).await?;
+        }
+    }
     let mut history = EntryStream::spawn(&sel, &Start::Since(opts.since_us), false)?;
     while let Some(e) = history.next().await? {
         last = Some(e.cursor.clone());

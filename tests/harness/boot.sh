@@ -24,6 +24,8 @@
 #                            none). The host's /etc is never modified.
 #   HARNESS_UNITS_DIR        copied into the harness's /run/systemd/system before boot
 #                            (units, drop-in dirs, ptrain-harness.target.wants/ links).
+#   HARNESS_JOURNAL_MAX      journald's RuntimeMaxUse= in the harness (default 64M;
+#                            the journal is volatile, under the state dir's run/).
 #   HARNESS_BOOT_TIMEOUT     seconds to wait for systemd + D-Bus (default 60).
 #   HARNESS_KEEP_ON_FAILURE=1  leave a harness that failed to boot for inspection.
 #   SYSTEMD_BIN              default /lib/systemd/systemd.
@@ -42,6 +44,7 @@ HARNESS_FAKE_GPUS=${HARNESS_FAKE_GPUS:-0}
 # no colon: an explicitly empty HARNESS_DBUS_POLICY_DIR means "no extra policy"
 POLICY_DIR=${HARNESS_DBUS_POLICY_DIR-$HERE/../../packaging/dbus}
 UNITS_DIR=${HARNESS_UNITS_DIR:-}
+JOURNAL_MAX=${HARNESS_JOURNAL_MAX:-64M}
 
 die() { echo "boot.sh: $*" >&2; exit 1; }
 
@@ -52,6 +55,7 @@ for b in unshare nsenter mount mknod busctl systemctl journalctl dbus-daemon set
 done
 [ -x "$SYSTEMD_BIN" ] || die "missing $SYSTEMD_BIN"
 [[ $HARNESS_NAME =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "bad HARNESS_NAME '$HARNESS_NAME' (use [A-Za-z0-9._-])"
+[[ $JOURNAL_MAX =~ ^[0-9]+[KMG]?$ ]] || die "HARNESS_JOURNAL_MAX '$JOURNAL_MAX' must be a size such as 64M"
 [ ${#HARNESS_NAME} -le 64 ] || die "HARNESS_NAME '$HARNESS_NAME' is longer than 64 chars (hostname limit)"
 [[ $STATE = /?* ]] || die "HARNESS_STATE '$STATE' must be an absolute path other than /"
 BUS_PATH=$STATE/run/dbus/system_bus_socket
@@ -185,10 +189,10 @@ for d in /etc/systemd/system-generators /lib/systemd/system-generators \
     [ -d "$d" ] || continue
     for g in "$d"/*; do [ -e "$g" ] && ln -sf /dev/null "$STATE/run/systemd/system-generators/${g##*/}"; done
 done
-cat > "$STATE/run/systemd/journald.conf.d/harness.conf" <<'EOF'
+cat > "$STATE/run/systemd/journald.conf.d/harness.conf" <<EOF
 [Journal]
 Storage=volatile
-RuntimeMaxUse=64M
+RuntimeMaxUse=$JOURNAL_MAX
 ForwardToConsole=no
 ForwardToWall=no
 EOF

@@ -64,6 +64,8 @@ pub struct Opts {
     pub extra_config: String,
     /// Put the state directory on a tmpfs of this many KiB (disk-full tests).
     pub state_tmpfs_kib: Option<u64>,
+    /// The harness journal's size limit (RuntimeMaxUse=; default 64M).
+    pub journal_max: Option<&'static str>,
 }
 
 impl Default for Opts {
@@ -72,6 +74,7 @@ impl Default for Opts {
             gpus: 2,
             extra_config: String::new(),
             state_tmpfs_kib: None,
+            journal_max: None,
         }
     }
 }
@@ -167,7 +170,8 @@ impl TestDaemon {
                 &format!("ExecStart={bin} {config_arg} record-exit"),
             )],
         );
-        let harness = Harness::boot(test, opts.gpus, Some(&units));
+        let journal_max = opts.journal_max.map(|max| ("HARNESS_JOURNAL_MAX", max));
+        let harness = Harness::boot(test, opts.gpus, Some(&units), journal_max.as_slice());
         let daemon = TestDaemon {
             harness,
             root,

@@ -49,8 +49,13 @@ impl Harness {
     /// Boots tests/harness/boot.sh with HARNESS_NAME derived from `test_name`
     /// and the pid (unique, short), HARNESS_FAKE_GPUS=`fake_gpus`, and
     /// HARNESS_UNITS_DIR=`units_dir` if Some. Panics with boot.sh's output on
-    /// failure.
-    pub fn boot(test_name: &str, fake_gpus: u32, units_dir: Option<&Path>) -> Harness {
+    /// failure. `env` adds boot.sh settings (HARNESS_JOURNAL_MAX).
+    pub fn boot(
+        test_name: &str,
+        fake_gpus: u32,
+        units_dir: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Harness {
         reap_orphans();
         let name = harness_name(
             test_name,
@@ -68,6 +73,7 @@ impl Harness {
             .env("HARNESS_NAME", &name)
             .env("HARNESS_STATE", &state)
             .env("HARNESS_FAKE_GPUS", fake_gpus.to_string())
+            .envs(env.iter().copied())
             .stdin(Stdio::null());
         match units_dir {
             Some(dir) => cmd.env("HARNESS_UNITS_DIR", dir),

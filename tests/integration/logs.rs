@@ -424,3 +424,115 @@ fn planted_symlinks_in_the_log_dir_are_not_followed() {
     assert_eq!(lines_of(&out), ["bob output"], "{}", text(&out));
     d.assert_alive();
 }
+
+// ---------------------------------------------------------------------
+// Issue 17.5: fast output is kept whole, and output the journal no longer
+// has is reported where it was.
+
+/// The messages of an archive, in order.
+fn archived_messages(path: &Path) -> Vec<String> {
+    gunzip(path)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["m"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn two_hundred_thousand_lines_in_a_second_are_kept_whole() {
+    let d = TestDaemon::start_with(
+        "logs-flood",
+        Opts {
+            // Room for the flood (about 120 MB of entries) beside the
+            // harness's own: only the rate limit is under test here.
+            journal_max: Some("400M"),
+            ..Opts::default()
+        },
+    );
+    let work = d.workdir(ALICE);
+    d.drop_job(
+        ALICE,
+        "flood.json",
+        &job(&work, "seq -f 'line %g' 1 200000", json!({})),
+    );
+    assert_eq!(d.wait_ended("flood")["status"], "succeeded");
+    let expected: Vec<String> = (1..=200_000).map(|i| format!("line {i}")).collect();
+    // From the journal (or the archive, if it is written already)...
+    let out = d.ptrain(ALICE, &["logs", "flood"]);
+    let got = lines_of(&out);
+    assert!(
+        got == expected,
+        "ptrain logs gave {} lines (first {:?}, last {:?}); {}",
+        got.len(),
+        got.first(),
+        got.last(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // ...and from the archive, which outlives the journal.
+    let archive = archived_messages(&wait_archive(&d, ALICE, "flood"));
+    assert!(
+        archive == expected,
+        "the archive has {} lines (first {:?}, last {:?})",
+        archive.len(),
+        archive.first(),
+        archive.last()
+    );
+    d.assert_alive();
+}
+
+#[test]
+fn output_the_journal_rotated_away_is_reported_where_it_was() {
+    let d = TestDaemon::start_with(
+        "logs-rotated",
+        Opts {
+            // A journal far smaller than the job's output: journald
+            // removes its oldest files while the job writes.
+            journal_max: Some("8M"),
+            ..Opts::default()
+        },
+    );
+    let work = d.workdir(ALICE);
+    let g = gate(&d, ALICE, "gate");
+    d.drop_job(
+        ALICE,
+        "big.json",
+        &job(&work, "seq -f 'line %g' 1 60000; read x < gate", json!({})),
+    );
+    // The notice, then an unbroken run of the job's last lines.
+    let check = |lines: &[String], what: &str| {
+        let notice = lines.first().unwrap_or_else(|| panic!("{what}: no output"));
+        assert!(
+            notice.starts_with("[ptrain] this job's output before ")
+                && notice.contains("is no longer in the journal"),
+            "{what}: the first line is {notice:?}"
+        );
+        let rest = &lines[1..];
+        let first: u64 = rest
+            .first()
+            .and_then(|l| l.strip_prefix("line "))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: {:?} follows the notice", rest.first()));
+        assert!(first > 1, "{what}: the notice is there but line 1 too");
+        let expected: Vec<String> = (first..=60_000).map(|i| format!("line {i}")).collect();
+        assert!(
+            rest == expected,
+            "{what}: after the notice come {} lines, not the job's lines {first}..60000 in order",
+            rest.len()
+        );
+    };
+    // A running job, read from the journal, once journald has written its
+    // last line (the oldest files go while the job writes).
+    let live = wait_for("ptrain logs to show the job's last line", WAIT, || {
+        let lines = lines_of(&d.ptrain(ALICE, &["logs", "big"]));
+        (lines.last().map(String::as_str) == Some("line 60000")).then_some(lines)
+    });
+    check(&live, "ptrain logs of the running job");
+    release(&g);
+    assert_eq!(d.wait_ended("big")["status"], "succeeded");
+    // The archive says so too, in the same place.
+    let archive = archived_messages(&wait_archive(&d, ALICE, "big"));
+    check(&archive, "the archive");
+    d.assert_alive();
+}

@@ -302,7 +302,7 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
 
     // --- install into a running systemd. The harness goes before the
     // guard (declared after it): nothing runs when the guard purges.
-    let harness = Harness::boot("package", 2, None);
+    let harness = Harness::boot("package", 2, None, &[]);
     // policy-rc.d is the host's (in containers, "start nothing"); inside
     // the harness services are meant to run.
     if Path::new("/usr/sbin/policy-rc.d").exists() {
