@@ -86,6 +86,12 @@ pub enum Event {
     Idle(String),
     /// Time to send a launch again whose StartTransientUnit got no answer.
     Relaunch(JobId),
+    /// What a unit looked like when ptraind asked off the state task
+    /// (after systemd came back on the bus: [`Daemon::look_again_at_all`]).
+    Looked {
+        unit: String,
+        state: Result<UnitState, SystemdError>,
+    },
     /// systemd answered a job's StartTransientUnit (sent by `Daemon::dispatch_launch`).
     Started {
         id: JobId,
@@ -164,8 +170,11 @@ pub struct Daemon {
     gpu_replan_at: Option<tokio::time::Instant>,
     /// The status line systemd shows, coalesced.
     status: StatusLine,
-    /// The spool queue, for rescans to feed.
-    spool_events: mpsc::UnboundedSender<Event>,
+    /// Spool files seen and not yet claimed, taken in turn by owner.
+    intake: spool::FairIntake,
+    /// A plan stopped at [`PASS_BUDGET`] with launches left: plan again
+    /// once the API and systemd's signals had their turn.
+    schedule_again: bool,
     /// Sweep id → its members, in expansion order.
     groups: BTreeMap<JobId, Vec<JobId>>,
     /// Queued jobs that may not start yet (dependencies, max_parallel).
@@ -188,6 +197,12 @@ pub struct Daemon {
 
 /// Most events applied before the loop plans and looks at other work.
 const MAX_EVENT_BATCH: usize = 256;
+/// How long one pass of the loop (a batch of events, claims or launches)
+/// may hold the state task before the API and systemd's signals get their
+/// turn: each claim, launch and end costs fsyncs, and a burst of 10,000
+/// must not make another user's `ptrain status` wait for all of them
+/// (`make bench`, `responsive.*`). At least one item is done per pass.
+const PASS_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
 /// Most jobs one `List` reply carries (dbus-daemon's default maximum
 /// message on the system bus is 32 MiB).
 const MAX_LIST_ALL: usize = 20_000;
@@ -334,7 +349,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         blocked: HashSet::new(),
         constrained: HashSet::new(),
         metrics: Default::default(),
-        spool_events: spool_tx.clone(),
+        intake: Default::default(),
+        schedule_again: false,
     };
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
@@ -360,15 +376,6 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     conn.request_name(DBUS_NAME)
         .await
         .map_err(DaemonError::Api)?;
-    let api_forward = tx.clone();
-    tokio::spawn(async move {
-        while let Some(req) = api_rx.recv().await {
-            if api_forward.send(Event::Api(req)).is_err() {
-                break;
-            }
-        }
-    });
-
     let _watcher = spool::watch(&daemon.config.spool_dir, move |event| {
         let _ = spool_tx.send(Event::Spool(event));
     })?;
@@ -418,13 +425,36 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             _ = watchdog_tick.tick(), if watchdog.is_some() => {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             }
+            // Callers first: a request waits at most for the pass under
+            // way ([`PASS_BUDGET`]), never behind a queue of unit events.
+            request = api_rx.recv() => {
+                let Some(request) = request else { break };
+                let pass = std::time::Instant::now();
+                daemon.handle(Event::Api(request)).await;
+                while pass.elapsed() < PASS_BUDGET {
+                    let Ok(request) = api_rx.try_recv() else { break };
+                    daemon.handle(Event::Api(request)).await;
+                }
+                daemon.schedule().await;
+                daemon.notify_status();
+            }
             event = rx.recv() => {
                 let Some(event) = event else { break };
+                let pass = std::time::Instant::now();
                 daemon.handle(event).await;
                 for _ in 0..MAX_EVENT_BATCH {
+                    if pass.elapsed() >= PASS_BUDGET {
+                        break;
+                    }
                     let Ok(event) = rx.try_recv() else { break };
                     daemon.handle(event).await;
                 }
+                // Claims take turns with systemd's signals: a flood of unit
+                // events must not hold another user's file unclaimed.
+                while let Ok(event) = spool_rx.try_recv() {
+                    daemon.handle(event).await;
+                }
+                daemon.claim_a_pass().await;
                 daemon.schedule().await;
                 daemon.prune_history();
                 daemon.notify_status();
@@ -441,18 +471,27 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             _ = tokio::time::sleep_until(status_at.unwrap_or_else(tokio::time::Instant::now)), if status_at.is_some() => {
                 daemon.notify_status();
             }
+            // Every file seen goes into the fair intake at once (a name
+            // costs an lstat); claims are taken from it a pass at a time.
             event = spool_rx.recv() => {
                 let Some(event) = event else { break };
                 daemon.handle(event).await;
-                // Claim what is already waiting before planning, so a burst
-                // of files is scheduled once; bounded, so unit ends, the
-                // API and the watchdog get their turn during a flood.
-                for _ in 0..MAX_SPOOL_BATCH {
-                    let Ok(event) = spool_rx.try_recv() else { break };
+                while let Ok(event) = spool_rx.try_recv() {
                     daemon.handle(event).await;
                 }
+                daemon.claim_a_pass().await;
                 daemon.schedule().await;
                 daemon.prune_history();
+                daemon.notify_status();
+            }
+            _ = std::future::ready(()), if !daemon.intake.is_empty() => {
+                daemon.claim_a_pass().await;
+                daemon.schedule().await;
+                daemon.prune_history();
+                daemon.notify_status();
+            }
+            _ = std::future::ready(()), if daemon.schedule_again => {
+                daemon.schedule().await;
                 daemon.notify_status();
             }
         }
@@ -465,13 +504,14 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
 impl Daemon {
     async fn handle(&mut self, event: Event) {
         match event {
-            Event::Spool(SpoolEvent::File(name)) => self.ingest(&name).await,
+            Event::Spool(SpoolEvent::File(name)) => self.note_spool_file(name),
             Event::Spool(SpoolEvent::Rescan) => self.rescan().await,
             Event::Unit(signal) => self.on_unit_signal(signal).await,
             Event::Api(request) => self.on_api(request).await,
             Event::Idle(unit) => self.on_idle(&unit).await,
             Event::Started { id, unit, result } => self.on_started(&id, &unit, result).await,
             Event::Relaunch(id) => self.start_unit(&id).await,
+            Event::Looked { unit, state } => self.on_looked(&unit, state).await,
         }
     }
 
@@ -766,17 +806,38 @@ impl Daemon {
         }
     }
 
-    /// Queues every file in the spool for claiming, in bounded batches
+    /// Queues every file in the spool for claiming, a pass at a time
     /// through the loop (at start, and after an inotify overflow).
     async fn rescan(&mut self) {
         match spool::scan(&self.config.spool_dir) {
             Ok(names) => {
                 for name in names {
-                    let _ = self.spool_events.send(Event::Spool(SpoolEvent::File(name)));
+                    self.note_spool_file(name);
                 }
             }
             Err(e) => {
                 error!(spool = %self.config.spool_dir.display(), error = %e, "cannot read the spool")
+            }
+        }
+    }
+
+    /// Puts a spool file in the intake, in its owner's turn.
+    fn note_spool_file(&mut self, name: String) {
+        let owner = fsutil::lstat_at(&self.spool_fd, &name)
+            .ok()
+            .map(|st| st.uid);
+        self.intake.push(name, owner);
+    }
+
+    /// Claims files from the intake for one pass ([`PASS_BUDGET`], at most
+    /// [`MAX_SPOOL_BATCH`]), owners in turn.
+    async fn claim_a_pass(&mut self) {
+        let pass = std::time::Instant::now();
+        for _ in 0..MAX_SPOOL_BATCH {
+            let Some(name) = self.intake.pop() else { break };
+            self.ingest(&name).await;
+            if pass.elapsed() >= PASS_BUDGET {
+                break;
             }
         }
     }
@@ -1224,6 +1285,7 @@ impl Daemon {
     /// through events.
     async fn schedule(&mut self) {
         self.gpu_replan_at = None;
+        self.schedule_again = false;
         self.resolve_dependencies().await;
         if self.queue.is_empty() {
             self.reserved.clear();
@@ -1326,10 +1388,16 @@ impl Daemon {
         let mut placements = plan.placements;
         // Jobs with and without GPUs start in one planning order.
         placements.sort_by_key(|p| self.queue.position(&p.id));
+        let pass = std::time::Instant::now();
         for placement in placements {
             if self.tracked_units() >= MAX_TRACKED_UNITS {
                 // The rest start as these end (each end plans again).
                 gpu_jobs_wait = true;
+                break;
+            }
+            if pass.elapsed() >= PASS_BUDGET {
+                // The rest in a pass of their own, after the API's turn.
+                self.schedule_again = true;
                 break;
             }
             self.launch(&placement.id, &placement.gpus, gpus).await;
@@ -1538,16 +1606,7 @@ impl Daemon {
 
     async fn on_unit_signal(&mut self, signal: UnitSignal) {
         if let UnitSignal::SystemdReconnected = signal {
-            // A new systemd connection knows no subscribers, and signals
-            // sent meanwhile are lost: subscribe again, then look at every
-            // unit ptraind waits on.
-            if let Err(e) = self.systemd.resubscribe().await {
-                warn!(error = %e, "cannot subscribe to systemd's signals again");
-            }
-            let units: Vec<String> = self.by_unit.keys().cloned().collect();
-            for unit in units {
-                self.check_unit(&unit).await;
-            }
+            self.look_again_at_all();
             return;
         }
         if let Some(id) = JobId::from_recorder_unit(signal.unit()) {
@@ -1600,23 +1659,68 @@ impl Daemon {
 
     /// Looks at a unit and moves its job on: launching → running → ended.
     async fn check_unit(&mut self, unit: &str) {
+        if !self.by_unit.contains_key(unit) {
+            return;
+        }
+        let state = self.systemd.unit_state(unit).await;
+        self.on_looked(unit, state).await;
+    }
+
+    /// Moves a job on from what its unit looked like.
+    async fn on_looked(&mut self, unit: &str, state: Result<UnitState, SystemdError>) {
         let Some(id) = self.by_unit.get(unit).cloned() else {
+            // Ended meanwhile.
             return;
         };
-        let state = match self.systemd.unit_state(unit).await {
-            Ok(state) => state,
-            Err(SystemdError::NoSuchUnit(_)) => {
-                // Collected before we could read it (our reference went
-                // with a lost bus connection), or never loaded.
-                self.unit_gone(&id).await;
-                return;
-            }
+        match state {
+            Ok(state) => self.apply_unit_state(unit, &state).await,
+            // Collected before we could read it (our reference went with a
+            // lost bus connection), or never loaded.
+            Err(SystemdError::NoSuchUnit(_)) => self.unit_gone(&id).await,
             Err(e) => {
                 warn!(job = %id, unit, error = %e, "cannot read unit state; will look again at its next signal");
-                return;
             }
-        };
-        self.apply_unit_state(unit, &state).await;
+        }
+    }
+
+    /// systemd came back on the bus: a new connection knows no
+    /// subscribers, and signals sent meanwhile are lost. Subscribes again,
+    /// then looks at every unit ptraind waits on, a few calls at a time,
+    /// off the state task: systemd drops off the bus when it is busiest
+    /// (`make bench`: four times in a 500-job burst on two cores), and
+    /// 256 looks in a row held the API and claims for up to 7.5 s.
+    fn look_again_at_all(&self) {
+        let units: Vec<String> = self.by_unit.keys().cloned().collect();
+        let systemd = self.systemd.clone();
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            if let Err(e) = systemd.resubscribe().await {
+                warn!(error = %e, "cannot subscribe to systemd's signals again");
+            }
+            let mut looks = futures_util::stream::iter(units)
+                .map(|unit| {
+                    let systemd = systemd.clone();
+                    async move {
+                        let look = systemd.unit_state(&unit);
+                        let state = match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, look).await {
+                            Ok(state) => state,
+                            Err(_) => Err(SystemdError::NoAnswer {
+                                call: "GetUnit",
+                                unit: unit.clone(),
+                                secs: LAUNCH_CALL_TIMEOUT.as_secs(),
+                            }),
+                        };
+                        (unit, state)
+                    }
+                })
+                .buffer_unordered(MAX_LAUNCHES_IN_FLIGHT);
+            while let Some((unit, state)) = looks.next().await {
+                if events.send(Event::Looked { unit, state }).is_err() {
+                    break;
+                }
+            }
+        });
     }
 
     /// Moves a unit's job on to what the unit's state says.

@@ -2,6 +2,7 @@
 //! data that untrusted users control. Everything here decides from `fstat` of
 //! the open fd, never from a path looked up earlier.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -371,9 +372,77 @@ pub fn watch(
     Ok(watcher)
 }
 
+/// Spool names waiting to be claimed, taken in turn by owner: one user's
+/// burst of 10,000 files must not make another user's one file wait
+/// behind it (`make bench`, `responsive.claim`). The owner here is only
+/// the entry's lstat, a hint for the order; what is done with a file is
+/// decided from fstat of the open fd when it is read. A name already
+/// waiting is not queued twice (a file sends several events).
+#[derive(Debug, Default)]
+pub struct FairIntake {
+    by_owner: HashMap<u32, VecDeque<String>>,
+    /// Owners with names waiting, in the order they get their next turn.
+    turns: VecDeque<u32>,
+    waiting: HashSet<String>,
+}
+
+impl FairIntake {
+    /// Queues `name` behind the other names of `owner` (None: its entry
+    /// could not be looked at; such names share one turn).
+    pub fn push(&mut self, name: String, owner: Option<u32>) {
+        if !self.waiting.insert(name.clone()) {
+            return;
+        }
+        let owner = owner.unwrap_or(u32::MAX);
+        let queue = self.by_owner.entry(owner).or_default();
+        if queue.is_empty() {
+            self.turns.push_back(owner);
+        }
+        queue.push_back(name);
+    }
+
+    /// The next name: the oldest of the owner whose turn it is.
+    pub fn pop(&mut self) -> Option<String> {
+        let owner = self.turns.pop_front()?;
+        let queue = self.by_owner.get_mut(&owner)?;
+        let name = queue.pop_front()?;
+        if queue.is_empty() {
+            self.by_owner.remove(&owner);
+        } else {
+            self.turns.push_back(owner);
+        }
+        self.waiting.remove(&name);
+        Some(name)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.turns.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_take_turns_and_a_name_waits_once() {
+        let mut intake = FairIntake::default();
+        for i in 0..5 {
+            intake.push(format!("a{i}.json"), Some(1000));
+        }
+        intake.push("a0.json".into(), Some(1000));
+        intake.push("b0.json".into(), Some(1001));
+        intake.push("x.json".into(), None);
+        let order: Vec<String> = std::iter::from_fn(|| intake.pop()).collect();
+        assert_eq!(
+            order,
+            ["a0.json", "b0.json", "x.json", "a1.json", "a2.json", "a3.json", "a4.json"]
+        );
+        assert!(intake.is_empty());
+        // Once taken, a name may come again (rewritten after a refusal).
+        intake.push("a0.json".into(), Some(1000));
+        assert_eq!(intake.pop().as_deref(), Some("a0.json"));
+    }
 
     #[test]
     fn a_claimed_file_is_held_open_so_a_newer_one_is_never_taken_for_it() {

@@ -8,7 +8,8 @@
 //! minutes on two cores, 100,000 jobs of history included), `quick` (300
 //! jobs per throughput case, for profiling one change) or `smoke`.
 //! `BENCH_ONLY=throughput` or `history` runs one of the two harnesses
-//! (`gpu`: only the GPU bursts and their floors, for profiling them);
+//! (`gpu`: only the GPU bursts and their floors, for profiling them;
+//! `burst`: only the trivial bursts and the bystander's responsiveness);
 //! `BENCH_SIZES=1000,10000` replaces the scale's throughput sizes.
 //! Needs root, like the integration tests.
 //!

@@ -243,8 +243,12 @@ pub fn run(scale: &Scale) -> Results {
         results: &mut results,
     };
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    if only.is_empty() || only == "throughput" || only == "gpu" {
-        bench.throughput_daemon(only == "gpu");
+    if only.is_empty() || only == "throughput" || only == "gpu" || only == "burst" {
+        bench.throughput_daemon(match only.as_str() {
+            "gpu" => Part::Gpu,
+            "burst" => Part::Burst,
+            _ => Part::All,
+        });
     }
     if only.is_empty() || only == "history" {
         bench.history_daemon();
@@ -257,6 +261,16 @@ pub fn run(scale: &Scale) -> Results {
 /// Progress, on stderr: the table alone goes to stdout.
 fn say(msg: &str) {
     eprintln!("[bench] {msg}");
+}
+
+/// Which part of the throughput daemon's scenarios runs (`BENCH_ONLY`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    All,
+    /// The GPU bursts and their floors alone, for profiling them.
+    Gpu,
+    /// The trivial bursts with the bystander's responsiveness, no floors.
+    Burst,
 }
 
 struct Bench<'a> {
@@ -278,9 +292,7 @@ impl Bench<'_> {
     // The throughput daemon: floors, latency, throughput, queued jobs,
     // notifications.
 
-    /// `gpu_only` (`BENCH_ONLY=gpu`): the GPU bursts and their floors
-    /// alone, for profiling them.
-    fn throughput_daemon(&mut self, gpu_only: bool) {
+    fn throughput_daemon(&mut self, part: Part) {
         let endpoint = SlowEndpoint::start(SLOW_ENDPOINT_DELAY);
         let extra = format!(
             "max_queued_per_user = 1000000\n\
@@ -297,17 +309,24 @@ impl Bench<'_> {
             },
         );
         let dropper = Dropper::new(&d);
-        let (tracker, bare_floors) = if gpu_only {
-            let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
-            (tracker, HashMap::new())
-        } else {
-            self.trivial_jobs(&d, &dropper)
+        let (tracker, bare_floors) = match part {
+            Part::All => self.trivial_jobs(&d, &dropper),
+            Part::Gpu | Part::Burst => {
+                let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
+                (tracker, HashMap::new())
+            }
         };
-        for &n in &self.scale.throughput_sizes.clone() {
-            let floor = bare_floors.get(&n).copied();
-            self.gpu_throughput(&d, &tracker, &dropper, n, floor);
+        if part == Part::Burst {
+            for &n in &self.scale.throughput_sizes.clone() {
+                self.throughput(&d, &tracker, &dropper, n, None, None);
+            }
+        } else {
+            for &n in &self.scale.throughput_sizes.clone() {
+                let floor = bare_floors.get(&n).copied();
+                self.gpu_throughput(&d, &tracker, &dropper, n, floor);
+            }
         }
-        if !gpu_only {
+        if part == Part::All {
             self.notifications(&d, &tracker, &dropper, &endpoint);
         }
         drop(tracker);
@@ -631,20 +650,27 @@ impl Bench<'_> {
         // own now and then: the burst must not freeze ptraind for him.
         let bystander = Bystander::start(self, d, tracker, &format!("tp{n}"));
         let run = self.burst(d, tracker, dropper, &format!("tp{n}"), n, "");
-        let (status_ms, claim_ms) = bystander.finish(self, tracker);
+        let (status_ms, ping_ms, claim_ms) = bystander.finish(self, tracker);
         for (key, what, samples) in [
             ("api", "another user's Status() over D-Bus", &status_ms),
+            (
+                "ping",
+                "  the bus's own round trip to ptraind (Peer.Ping, no state task)",
+                &ping_ms,
+            ),
             ("claim", "another user's file, drop to claimed", &claim_ms),
         ] {
-            self.push(
-                Figure::new(
-                    &format!("responsive.{key}.{n}"),
-                    &format!("  {what}, p99 during the burst"),
-                    "ms",
-                    percentile(samples, 0.99),
-                )
-                .target(Target::MaxValue(50.0)),
+            let figure = Figure::new(
+                &format!("responsive.{key}.{n}"),
+                &format!("  {what}, p99 during the burst"),
+                "ms",
+                percentile(samples, 0.99),
             );
+            // The ping is what the host's load alone costs a call.
+            self.push(match key {
+                "ping" => figure,
+                _ => figure.target(Target::MaxValue(50.0)),
+            });
             self.detail(
                 &format!("responsive.{key}.{n}"),
                 json!({"samples": samples.len(), "ms": summary(samples)}),
@@ -1628,7 +1654,8 @@ struct Bystander {
     task: tokio::task::JoinHandle<BystanderSeen>,
 }
 
-type BystanderSeen = (Vec<f64>, Vec<(String, u64)>);
+/// Status latencies, Peer.Ping latencies (ms), and each file dropped with when.
+type BystanderSeen = (Vec<f64>, Vec<f64>, Vec<(String, u64)>);
 
 const BYSTANDER_GAP: Duration = Duration::from_millis(25);
 const BYSTANDER_FILES: usize = 40;
@@ -1645,8 +1672,9 @@ impl Bystander {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = stop.clone();
         let proxy = tracker.proxy.clone();
+        let peer = tracker.peer.clone();
         let task = bench.rt.spawn(async move {
-            let (mut status_ms, mut dropped) = (Vec::new(), Vec::new());
+            let (mut status_ms, mut ping_ms, mut dropped) = (Vec::new(), Vec::new(), Vec::new());
             let mut files = ids.into_iter();
             let mut round = 0usize;
             while !stopped.load(Ordering::Relaxed) {
@@ -1654,6 +1682,9 @@ impl Bystander {
                 // A job nobody has: the answer still comes from the state task.
                 let _ = proxy.status("bystander-none").await;
                 status_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+                let t0 = Instant::now();
+                let _ = peer.ping().await;
+                ping_ms.push(t0.elapsed().as_secs_f64() * 1e3);
                 if round.is_multiple_of(5) {
                     if let Some(id) = files.next() {
                         let at = dropper.publish(&id);
@@ -1663,15 +1694,15 @@ impl Bystander {
                 round += 1;
                 tokio::time::sleep(BYSTANDER_GAP).await;
             }
-            (status_ms, dropped)
+            (status_ms, ping_ms, dropped)
         });
         Bystander { stop, task }
     }
 
-    /// Status latencies and drop-to-claim latencies, in ms.
-    fn finish(self, bench: &Bench<'_>, tracker: &Tracker) -> (Vec<f64>, Vec<f64>) {
+    /// Status, Peer.Ping and drop-to-claim latencies, in ms.
+    fn finish(self, bench: &Bench<'_>, tracker: &Tracker) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         self.stop.store(true, Ordering::Relaxed);
-        let (status_ms, dropped) = bench.rt.block_on(self.task).unwrap_or_default();
+        let (status_ms, ping_ms, dropped) = bench.rt.block_on(self.task).unwrap_or_default();
         let ids: Vec<String> = dropped.iter().map(|(id, _)| id.clone()).collect();
         let mark = 0;
         if let Err(e) =
@@ -1688,7 +1719,7 @@ impl Bystander {
                 Some(view.submitted_at as f64 / 1e3 - *at as f64 / 1e3)
             })
             .collect();
-        (status_ms, claim_ms)
+        (status_ms, ping_ms, claim_ms)
     }
 }
 
@@ -1749,6 +1780,9 @@ struct Tracker {
     seen: Arc<Mutex<Seen>>,
     changed: watch::Receiver<usize>,
     proxy: Daemon1Proxy<'static>,
+    /// org.freedesktop.DBus.Peer at ptraind: answered by its bus
+    /// connection without the state task, the floor of any call.
+    peer: zbus::fdo::PeerProxy<'static>,
     _conn: Connection,
 }
 
@@ -1787,10 +1821,17 @@ impl Tracker {
             }
         });
         let proxy = Daemon1Proxy::new(&conn).await.expect("a ptraind proxy");
+        let peer = zbus::fdo::PeerProxy::builder(&conn)
+            .destination(ptrain::DBUS_NAME)
+            .path(ptrain::DBUS_PATH)
+            .build()
+            .await
+            .expect("a Peer proxy at ptraind");
         Tracker {
             seen,
             changed,
             proxy,
+            peer,
             _conn: conn,
         }
     }

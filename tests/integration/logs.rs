@@ -338,10 +338,15 @@ fn archives_outlive_the_journal_and_keep_to_the_policy() {
     );
     let out = d.ptrain(ALICE, &["logs", "--since", "whenever", "kept"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    // Gone from both the journal and the archive: nothing, no error.
+    // Gone from both the journal and the archive: no error, and the one
+    // line says where it went.
     let out = d.ptrain(ALICE, &["logs", "old"]);
+    let lines = lines_of(&out);
     assert!(
-        out.status.success() && out.stdout.is_empty(),
+        out.status.success()
+            && lines.len() == 1
+            && lines[0].starts_with("[ptrain] this job's output before ")
+            && lines[0].contains("is no longer in the journal"),
         "{}",
         text(&out)
     );
