@@ -357,7 +357,7 @@ impl DaemonApi {
     }
 
     /// Queued and running jobs plus the `limit` most recently ended, as a
-    /// JSON array of JobView: what `ptrain list` shows without `--all`. Its
+    /// JSON array of JobView: what `ptrain list` shows by default. Its
     /// cost does not grow with the history.
     async fn list_recent(
         &self,

@@ -1803,7 +1803,21 @@ impl Daemon {
         let Some(current) = self.jobs.get(id) else {
             return;
         };
-        let outcome = crate::logs::idle_outcome(current.idle_timeout_hit, outcome);
+        let mut outcome = crate::logs::idle_outcome(current.idle_timeout_hit, outcome);
+        if let Outcome::Stopped {
+            by_uid,
+            by_name: by_name @ None,
+        } = &mut outcome
+        {
+            // "stopped by alice": the name as it is now, kept with the record.
+            *by_name = match *by_uid {
+                0 => Some("root".into()),
+                uid => self.owners.owner_of_uid(uid).map(|o| o.name),
+            };
+        }
+        let Some(current) = self.jobs.get(id) else {
+            return;
+        };
         // Changed on a copy: memory says "ended" only once the disk does.
         let mut record = current.clone();
         let was_queued = record.state == JobState::Queued;
@@ -2085,6 +2099,17 @@ impl Daemon {
     /// (a cap, GPUs kept for a job ahead, busy GPUs).
     fn view(&self, record: &JobRecord) -> JobView {
         let mut view = JobView::of(record);
+        if let (Some(by), JobState::Launching | JobState::Running) =
+            (record.stop_requested_by, record.state)
+        {
+            // Until systemd says it ended, the job still runs: say that it
+            // is on its way out.
+            let who = match by {
+                0 => "root".to_string(),
+                uid => users::owner_of_uid(uid).map_or_else(|| format!("uid {uid}"), |o| o.name),
+            };
+            view.detail = format!("stopping (asked by {who}): SIGTERM, then SIGKILL if it is still there after the stop grace");
+        }
         if record.state != JobState::Queued {
             return view;
         }
@@ -2150,15 +2175,29 @@ impl Daemon {
         match record.state {
             JobState::Ended => Ok(format!("job {id} already ended ({})", record.status())),
             JobState::Queued => {
-                self.finish(&job_id, Outcome::Stopped { by_uid: caller_uid }, None)
-                    .await;
+                self.finish(
+                    &job_id,
+                    Outcome::Stopped {
+                        by_uid: caller_uid,
+                        by_name: None,
+                    },
+                    None,
+                )
+                .await;
                 Ok(format!("job {id} removed from the queue"))
             }
             JobState::Launching if self.launch_backlog.contains(&job_id) => {
                 // Its unit was never asked for: nothing to stop in systemd.
                 self.launch_backlog.retain(|queued| *queued != job_id);
-                self.finish(&job_id, Outcome::Stopped { by_uid: caller_uid }, None)
-                    .await;
+                self.finish(
+                    &job_id,
+                    Outcome::Stopped {
+                        by_uid: caller_uid,
+                        by_name: None,
+                    },
+                    None,
+                )
+                .await;
                 Ok(format!("job {id} stopped before its unit started"))
             }
             JobState::Launching | JobState::Running => {

@@ -193,13 +193,12 @@ pub fn effective_limits(
     fn pick(
         asked: Option<u64>,
         cap: Option<u64>,
-        what: &str,
         user: &str,
         show: fn(u64) -> String,
     ) -> Result<Option<u64>, String> {
         match (asked, cap) {
             (Some(a), Some(c)) if a > c => Err(format!(
-                "it asks for {} of {what}, more than the {} allowed to {user}; ask for less or have the admin raise [limits]",
+                "it asks for {}, more than the {} allowed to {user}; ask for less or have the admin raise [limits]",
                 show(a),
                 show(c)
             )),
@@ -207,19 +206,19 @@ pub fn effective_limits(
             (None, cap) => Ok(cap),
         }
     }
-    let bytes = |b: u64| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64);
-    let cpus = |m: u64| format!("{} CPUs", m as f64 / 1000.0);
-    let count = |t: u64| t.to_string();
+    let memory = |b: u64| format!("{:.1} GiB of memory", b as f64 / (1u64 << 30) as f64);
+    let cpus = |m: u64| match m {
+        1000 => "1 CPU".to_string(),
+        m => format!("{} CPUs", m as f64 / 1000.0),
+    };
+    let tasks = |t: u64| match t {
+        1 => "1 task".to_string(),
+        t => format!("{t} tasks"),
+    };
     Ok(ResourceRequest {
-        memory_bytes: pick(
-            request.memory_bytes,
-            caps.memory_bytes,
-            "memory",
-            user,
-            bytes,
-        )?,
-        millicpus: pick(request.millicpus, caps.millicpus, "CPU", user, cpus)?,
-        tasks: pick(request.tasks, caps.tasks, "tasks", user, count)?,
+        memory_bytes: pick(request.memory_bytes, caps.memory_bytes, user, memory)?,
+        millicpus: pick(request.millicpus, caps.millicpus, user, cpus)?,
+        tasks: pick(request.tasks, caps.tasks, user, tasks)?,
     })
 }
 
@@ -275,7 +274,41 @@ mod tests {
             Some(12 << 30)
         );
         let e = effective_limits(&ask, &bob, "bob").unwrap_err();
-        assert!(e.contains("memory") && e.contains("bob"), "{e}");
+        assert!(
+            e.starts_with(
+                "it asks for 12.0 GiB of memory, more than the 8.0 GiB of memory allowed to bob;"
+            ),
+            "{e}"
+        );
+        // Each kind of limit reads as a phrase of its own.
+        let greedy = ResourceRequest {
+            millicpus: Some(4000),
+            tasks: Some(10_000),
+            ..Default::default()
+        };
+        let capped = ResourceRequest {
+            millicpus: Some(1000),
+            tasks: Some(1),
+            ..Default::default()
+        };
+        let e = effective_limits(&greedy, &capped, "carol").unwrap_err();
+        assert!(
+            e.starts_with("it asks for 4 CPUs, more than the 1 CPU allowed"),
+            "{e}"
+        );
+        let e = effective_limits(
+            &ResourceRequest {
+                tasks: Some(10_000),
+                ..Default::default()
+            },
+            &capped,
+            "carol",
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("it asks for 10000 tasks, more than the 1 task allowed"),
+            "{e}"
+        );
         // Asking nothing gets the caps.
         assert_eq!(
             effective_limits(&Default::default(), &bob, "bob").unwrap(),

@@ -301,11 +301,19 @@ pub fn never_reason(
             .filter(|r| r.limits.allowed_gpus.is_some())
             .map(|r| format!("`{}.allowed_gpus`", r.key))
             .collect();
+        let policy = keys.join(", ");
+        if allowed.is_empty() {
+            return Some(format!(
+                "field `gpus` asks for {} but the policy ({policy}) lets {} use none of the matching GPUs; \
+                 run it without GPUs, or ask the admin for some",
+                request.describe(),
+                owner.name,
+            ));
+        }
         return Some(format!(
-            "field `gpus` asks for {} but the policy ({}) lets {} use only {} of the matching GPUs ({}); \
+            "field `gpus` asks for {} but the policy ({policy}) lets {} use only {} of the matching GPUs ({}); \
              ask for at most {}, or ask the admin",
             request.describe(),
-            keys.join(", "),
             owner.name,
             allowed.len(),
             index_list(allowed.iter().copied()),
@@ -646,7 +654,10 @@ pub fn outcome_of_unit(
         return Outcome::Timeout;
     }
     if let Some(by_uid) = stop_requested_by {
-        return Outcome::Stopped { by_uid };
+        return Outcome::Stopped {
+            by_uid,
+            by_name: None,
+        };
     }
     match exec_main_code {
         CLD_EXITED if exec_main_status == 0 && result == "success" => Outcome::Succeeded,
@@ -1353,7 +1364,9 @@ mod tests {
         );
         let allowed = never(serde_json::json!({"count": 1, "indices": [3]}), &o).unwrap();
         assert!(
-            allowed.contains("`policy.users.alice.allowed_gpus`"),
+            allowed.contains("`policy.users.alice.allowed_gpus`")
+                && allowed.contains("lets alice use none of the matching GPUs;")
+                && !allowed.contains("at most 0"),
             "{allowed}"
         );
         assert_eq!(never(serde_json::json!(2), &o), None);
@@ -1433,7 +1446,10 @@ mod tests {
         assert_eq!(outcome_of_unit("timeout", 2, 15, None), Outcome::Timeout);
         assert_eq!(
             outcome_of_unit("success", 2, 15, Some(7)),
-            Outcome::Stopped { by_uid: 7 }
+            Outcome::Stopped {
+                by_uid: 7,
+                by_name: None
+            }
         );
         assert!(matches!(
             outcome_of_unit("resources", 0, 0, None),

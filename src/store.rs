@@ -75,6 +75,9 @@ pub enum Outcome {
     },
     Stopped {
         by_uid: u32,
+        /// Who that is, as ptraind recorded it (older records have none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by_name: Option<String>,
     },
     LaunchFailed {
         reason: String,
@@ -118,7 +121,11 @@ impl Outcome {
                 "stopped after {} without output (its idle_timeout)",
                 humantime::format_duration(std::time::Duration::from_secs(*idle_secs))
             ),
-            Outcome::Stopped { by_uid } => format!("stopped by uid {by_uid}"),
+            Outcome::Stopped {
+                by_name: Some(name),
+                ..
+            } => format!("stopped by {name}"),
+            Outcome::Stopped { by_uid, .. } => format!("stopped by uid {by_uid}"),
             Outcome::LaunchFailed { reason } => format!("could not be launched: {reason}"),
             Outcome::DependencyFailed { reason, .. } => format!("never ran: {reason}"),
             Outcome::NotNeeded { reason, .. } => format!("not needed, never ran: {reason}"),

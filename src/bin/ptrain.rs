@@ -113,7 +113,8 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
-    /// List every job.
+    /// List the active jobs and the most recent ends (--all: every job
+    /// ptraind remembers).
     List {
         #[arg(long)]
         json: bool,
@@ -329,11 +330,37 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             Ok(0)
         }
         Command::Status { id, json } => {
-            let job: JobView = parse(&proxy().await?.status(&id).await.map_err(from_bus)?)?;
+            let proxy = proxy().await?;
+            let failure = match proxy.status(&id).await {
+                Ok(job) => {
+                    let job: JobView = parse(&job)?;
+                    if json {
+                        print_json(&job);
+                    } else {
+                        print_status(&job);
+                    }
+                    return Ok(0);
+                }
+                Err(e) => from_bus(e),
+            };
+            // Not a job: a sweep id stands for its members (as for `wait`
+            // and `stop`).
+            if failure.code != EXIT_FAILURE {
+                return Err(failure);
+            }
+            let jobs: Vec<JobView> = parse(&proxy.list().await.map_err(from_bus)?)?;
+            let mut members: Vec<JobView> = jobs
+                .into_iter()
+                .filter(|j| j.group.as_deref() == Some(id.as_str()))
+                .collect();
+            if members.is_empty() {
+                return Err(failure);
+            }
+            members.sort_by(|a, b| a.id.cmp(&b.id));
             if json {
-                print_json(&job);
+                print_json(&members);
             } else {
-                print_status(&job);
+                print_sweep(&id, &members);
             }
             Ok(0)
         }
@@ -538,12 +565,45 @@ fn print_table(jobs: &[JobView]) {
     }
 }
 
+/// A sweep for people: how many of its jobs are in each state, then each
+/// job with what it ran with and how it ended.
+fn print_sweep(id: &str, members: &[JobView]) {
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for m in members {
+        *counts.entry(m.status.as_str()).or_default() += 1;
+    }
+    let counts: Vec<String> = counts
+        .iter()
+        .map(|(s, n)| format!("{n} {}", escape(s)))
+        .collect();
+    outln!(
+        "sweep:     {} ({} jobs: {})",
+        escape(id),
+        members.len(),
+        counts.join(", ")
+    );
+    for m in members {
+        let params: Vec<String> = m
+            .params
+            .iter()
+            .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
+            .collect();
+        let how = if m.detail.is_empty() || m.detail == m.status {
+            escape(&m.status).into_owned()
+        } else {
+            format!("{} — {}", escape(&m.status), escape(&m.detail))
+        };
+        outln!("  {:<24} {:<20} {}", escape(&m.id), params.join(" "), how);
+    }
+}
+
 /// One job for people. Every field a user wrote (the command, its
 /// workdir, a reason quoted in the detail) is [`escape`]d: the reader may
 /// be anyone, root included.
 fn print_status(j: &JobView) {
     outln!("job:       {}", escape(&j.id));
-    if j.detail.is_empty() {
+    // A detail that only repeats the status ("succeeded") says nothing more.
+    if j.detail.is_empty() || j.detail == j.status {
         outln!("status:    {}", escape(&j.status));
     } else {
         outln!("status:    {} — {}", escape(&j.status), escape(&j.detail));
@@ -1117,6 +1177,12 @@ async fn wait_for_jobs(
                 // Another user's job under [privacy] has no detail.
                 None if job.detail.is_empty() => outln!("{id}: {}", escape(&job.status)),
                 None => outln!("{id}: {}", escape(&job.detail)),
+                // An end says how ("failed with exit code 3"), not only that.
+                Some(old)
+                    if *old != job.status && is_final(&job.status) && !job.detail.is_empty() =>
+                {
+                    outln!("{id}: {}", escape(&job.detail))
+                }
                 Some(old) if *old != job.status => outln!("{id}: {}", escape(&job.status)),
                 Some(_) => {}
             }

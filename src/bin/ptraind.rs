@@ -12,6 +12,7 @@ use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
 /// Runs GPU training jobs dropped into the spool as supervised systemd units.
 #[derive(Parser)]
 #[command(
+    name = "ptraind",
     version,
     about,
     after_help = "Examples:\n  ptraind --check-config\n  ptraind --config /etc/ptrain/ptrain.toml"

@@ -537,7 +537,11 @@ impl Logs {
             .map_err(|_| unavailable())?;
         let mut usage = rx.await.map_err(|_| unavailable())?;
         if caller_uid != 0 {
+            // Only the caller's own, totals included: how much others keep
+            // is theirs to know.
             usage.users.retain(|u| u.uid == caller_uid);
+            usage.count = usage.users.iter().map(|u| u.count).sum();
+            usage.bytes = usage.users.iter().map(|u| u.bytes).sum();
         }
         Ok(usage)
     }
@@ -658,7 +662,10 @@ mod tests {
             Outcome::Killed { signal: 15 },
             Outcome::Failed { exit_code: 143 },
             Outcome::Succeeded,
-            Outcome::Stopped { by_uid: 0 },
+            Outcome::Stopped {
+                by_uid: 0,
+                by_name: None,
+            },
         ] {
             assert_eq!(idle_outcome(Some(60), o), idle);
         }

@@ -438,7 +438,10 @@ mod tests {
             NotifyEvent::Timeout
         );
         assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Stopped { by_uid: 0 }),
+            NotifyEvent::of_outcome(&Outcome::Stopped {
+                by_uid: 0,
+                by_name: None,
+            }),
             NotifyEvent::Stopped
         );
         // Not needed is its own event, not a failure, and an end.

@@ -216,6 +216,11 @@ fn submit_wait_exit_codes_tell_what_happened() {
     let bad = write("w-bad.json", json!({"version": 1, "command": ["false"]}));
     let out = d.ptrain(ALICE, &["submit", &bad, "--wait"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        text(&out).contains("w-bad: failed with exit code 1"),
+        "{}",
+        text(&out)
+    );
     let slow = write(
         "w-slow.json",
         json!({"version": 1, "command": ["sleep", "30"], "timeout": "1s"}),
@@ -236,6 +241,18 @@ fn submit_wait_exit_codes_tell_what_happened() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let out = d.ptrain(BOB, &["wait", "w-sw", "w-ok"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // A sweep id is shown as its members, as `wait` and `stop` take it.
+    let shown = d.ptrain(ALICE, &["status", "w-sw"]);
+    assert!(
+        shown.status.success() && text(&shown).contains("sweep:     w-sw (2 jobs: 2 succeeded)"),
+        "{}",
+        text(&shown)
+    );
+    let members: serde_json::Value =
+        serde_json::from_slice(&d.ptrain(ALICE, &["status", "w-sw", "--json"]).stdout).unwrap();
+    assert_eq!(members.as_array().map(Vec::len), Some(2), "{members}");
+    let none = d.ptrain(ALICE, &["status", "w-none"]);
+    assert_eq!(none.status.code(), Some(1), "{}", text(&none));
 }
 
 #[test]

@@ -141,9 +141,11 @@ fn exits_are_recorded_success_failure_signal_timeout() {
             (d.unit_property(&unit, "LoadState") == "not-found").then_some(())
         });
     }
-    // Human output names the outcome.
+    // Human output names the outcome, once.
     let shown = text(&d.ptrain(ALICE, &["status", "fail3"]));
     assert!(shown.contains("failed with exit code 3"), "{shown}");
+    let shown = text(&d.ptrain(ALICE, &["status", "ok"]));
+    assert!(shown.contains("status:    succeeded\n"), "{shown}");
     let list = text(&d.ptrain(BOB, &["list"]));
     for id in ["ok", "fail3", "segv", "slow"] {
         assert!(list.contains(id), "{list}");
@@ -219,9 +221,30 @@ fn only_the_owner_or_root_may_stop_a_job() {
     assert!(text(&missing).contains("no job"), "{}", text(&missing));
     let ok = d.ptrain("root", &["stop", "long"]);
     assert!(ok.status.success(), "{}", text(&ok));
+    // Right after the stop: on its way out, or gone.
+    let now = d.status("long").unwrap();
+    assert!(
+        now["status"] == "stopped"
+            || now["detail"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("stopping (asked by root)")),
+        "{now}"
+    );
     let ended = d.wait_ended("long");
     assert_eq!(ended["status"], "stopped");
     assert_eq!(ended["outcome"]["by_uid"], 0);
+    assert_eq!(ended["detail"], "stopped by root", "{ended}");
+    // The owner's own stop names her.
+    d.drop_job(
+        ALICE,
+        "mine.json",
+        r#"{"version": 1, "command": ["sleep", "60"]}"#,
+    );
+    d.wait_running("mine");
+    let ok = d.ptrain(ALICE, &["stop", "mine"]);
+    assert!(ok.status.success(), "{}", text(&ok));
+    let ended = d.wait_ended("mine");
+    assert_eq!(ended["detail"], format!("stopped by {ALICE}"), "{ended}");
 }
 
 #[test]
@@ -333,4 +356,72 @@ fn restart_keeps_running_jobs_and_picks_up_files_dropped_while_down() {
         "the job ran twice"
     );
     assert_eq!(d.wait_ended("while-down")["status"], "succeeded");
+}
+
+#[test]
+fn each_binary_names_itself_in_its_version() {
+    for (bin, name) in [
+        (crate::daemon::PTRAIND, "ptraind"),
+        (crate::daemon::PTRAIN, "ptrain"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .arg("--version")
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && shown.starts_with(&format!("{name} {}", env!("CARGO_PKG_VERSION"))),
+            "{bin} --version printed {shown:?}"
+        );
+    }
+}
+
+/// zbus writes each method's doc comment into the introspection XML as a
+/// comment, where `--` is not allowed: strict parsers (python-dbus) then
+/// refuse the whole interface.
+#[test]
+fn introspection_is_well_formed_xml() {
+    let d = TestDaemon::start("introspect");
+    let out = d
+        .harness
+        .command("busctl")
+        .args([
+            "--system",
+            "--xml-interface",
+            "introspect",
+            ptrain::DBUS_NAME,
+            ptrain::DBUS_PATH,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "busctl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let xml = String::from_utf8(out.stdout).unwrap();
+    assert!(xml.contains("org.ptrain.Daemon1"), "{xml}");
+    let mut parse = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, xml.dom.minidom; xml.dom.minidom.parseString(sys.stdin.buffer.read())",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    parse
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(xml.as_bytes())
+        .unwrap();
+    let parsed = parse.wait_with_output().unwrap();
+    assert!(
+        parsed.status.success(),
+        "a strict XML parser refuses the introspection: {}\n{xml}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
 }

@@ -366,6 +366,13 @@ fn archives_outlive_the_journal_and_keep_to_the_policy() {
     );
     let bob_du: Value = serde_json::from_slice(&d.ptrain(BOB, &["du", "--json"]).stdout).unwrap();
     assert!(bob_du["users"].as_array().unwrap().is_empty(), "{bob_du}");
+    // Nor do the totals count Alice's archives for him.
+    assert_eq!(
+        (&bob_du["count"], &bob_du["bytes"]),
+        (&json!(0), &json!(0)),
+        "{bob_du}"
+    );
+    assert_eq!(du["count"], 1, "{du}");
 }
 
 #[test]
