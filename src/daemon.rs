@@ -2175,29 +2175,15 @@ impl Daemon {
         match record.state {
             JobState::Ended => Ok(format!("job {id} already ended ({})", record.status())),
             JobState::Queued => {
-                self.finish(
-                    &job_id,
-                    Outcome::Stopped {
-                        by_uid: caller_uid,
-                        by_name: None,
-                    },
-                    None,
-                )
-                .await;
+                self.finish(&job_id, Outcome::stopped_by(caller_uid), None)
+                    .await;
                 Ok(format!("job {id} removed from the queue"))
             }
             JobState::Launching if self.launch_backlog.contains(&job_id) => {
                 // Its unit was never asked for: nothing to stop in systemd.
                 self.launch_backlog.retain(|queued| *queued != job_id);
-                self.finish(
-                    &job_id,
-                    Outcome::Stopped {
-                        by_uid: caller_uid,
-                        by_name: None,
-                    },
-                    None,
-                )
-                .await;
+                self.finish(&job_id, Outcome::stopped_by(caller_uid), None)
+                    .await;
                 Ok(format!("job {id} stopped before its unit started"))
             }
             JobState::Launching | JobState::Running => {

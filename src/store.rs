@@ -96,6 +96,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Stopped by `uid`; ptraind adds the name when it records the end.
+    pub fn stopped_by(uid: u32) -> Outcome {
+        Outcome::Stopped {
+            by_uid: uid,
+            by_name: None,
+        }
+    }
+
     /// The one-word status users see in `ptrain list`.
     pub fn status(&self) -> &'static str {
         match self {

@@ -206,12 +206,15 @@ fn two_gpus_two_jobs_without_overlap_and_a_third_waits() {
 #[test]
 fn only_the_owner_or_root_may_stop_a_job() {
     let d = TestDaemon::start("stop");
-    d.drop_job(
-        ALICE,
-        "long.json",
-        r#"{"version": 1, "command": ["sleep", "60"]}"#,
-    );
-    d.wait_running("long");
+    let sleeper = |id: &str| {
+        d.drop_job(
+            ALICE,
+            &format!("{id}.json"),
+            r#"{"version": 1, "command": ["sleep", "60"]}"#,
+        );
+        d.wait_running(id);
+    };
+    sleeper("long");
     let denied = d.ptrain(BOB, &["stop", "long"]);
     assert_eq!(denied.status.code(), Some(1));
     assert!(text(&denied).contains("belongs to"), "{}", text(&denied));
@@ -235,12 +238,7 @@ fn only_the_owner_or_root_may_stop_a_job() {
     assert_eq!(ended["outcome"]["by_uid"], 0);
     assert_eq!(ended["detail"], "stopped by root", "{ended}");
     // The owner's own stop names her.
-    d.drop_job(
-        ALICE,
-        "mine.json",
-        r#"{"version": 1, "command": ["sleep", "60"]}"#,
-    );
-    d.wait_running("mine");
+    sleeper("mine");
     let ok = d.ptrain(ALICE, &["stop", "mine"]);
     assert!(ok.status.success(), "{}", text(&ok));
     let ended = d.wait_ended("mine");
