@@ -516,8 +516,11 @@ fn duration_of(job: &JobView) -> Option<u64> {
 fn print_table(jobs: &[JobView]) {
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let width = terminal_width();
+    // Every column keeps its width whatever is in it, so the next one
+    // starts where its header does: STATUS fits the longest status
+    // ("dependency-failed"), and the rest are cut with "…".
     outln!(
-        "{:<24} {:<13} {:<12} {:<6} {:<20} {:<10} DETAIL",
+        "{:<24} {:<17} {:<12} {:<8} {:<20} {:<10} DETAIL",
         "ID",
         "STATUS",
         "OWNER",
@@ -526,16 +529,17 @@ fn print_table(jobs: &[JobView]) {
         "RAN"
     );
     for j in jobs {
+        // GPU indices as `#0,#1`: a bare "1" read like a count.
         let gpus = if j.gpus.is_empty() {
             "-".to_string()
         } else {
             j.gpus
                 .iter()
-                .map(u32::to_string)
+                .map(|i| format!("#{i}"))
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        let status = format!("{:<13}", j.status);
+        let status = format!("{:<17}", truncate(&j.status, 17));
         let status = if color {
             let code = match j.status.as_str() {
                 "succeeded" => "32",
@@ -550,17 +554,17 @@ fn print_table(jobs: &[JobView]) {
             status
         };
         outln!(
-            "{:<24} {} {:<12} {:<6} {:<20} {:<10} {}",
+            "{:<24} {} {:<12} {:<8} {:<20} {:<10} {}",
             truncate(&j.id, 24),
             status,
             truncate(&escape(&j.owner), 12),
-            gpus,
+            truncate(&gpus, 8),
             format_time(j.submitted_at),
             duration_of(j)
                 .map(format_duration)
                 .unwrap_or_else(|| "-".into()),
             // The columns before DETAIL and their separators.
-            last_column(&escape(&j.detail), 24 + 13 + 12 + 6 + 20 + 10 + 6, width)
+            last_column(&escape(&j.detail), 24 + 17 + 12 + 8 + 20 + 10 + 6, width)
         );
     }
 }
@@ -755,6 +759,15 @@ async fn submit(
                 r.reason
             ),
         )),
+        Ok(Err(f)) if f.code == EXIT_NO_DAEMON => Err(fail(
+            EXIT_NO_DAEMON,
+            format!(
+                "ptraind is not running, so nothing has checked {name} yet: it waits in the spool \
+                 and ptraind claims it when it starts (systemctl start ptraind); `ptrain status {}` \
+                 tells then",
+                spec.id
+            ),
+        )),
         Ok(Err(f)) => Err(f),
         Err(_) if wait => Err(fail(
             EXIT_NO_DAEMON,
@@ -825,7 +838,16 @@ async fn decision(
     loop {
         let waiting = std::fs::symlink_metadata(&path)
             .is_ok_and(|m| (m.dev(), m.ino()) == (published.dev, published.ino));
-        if !waiting {
+        if waiting {
+            // Nobody claims it while ptraind is down: say so now, not
+            // after the timeout.
+            if let Err(e) = proxy.status(first).await {
+                let failure = from_bus(e);
+                if failure.code == EXIT_NO_DAEMON {
+                    return Err(failure);
+                }
+            }
+        } else {
             if let Ok(json) = proxy.status(first).await {
                 let job: JobView = parse(&json)?;
                 let source = job.source.as_ref();
@@ -1374,22 +1396,29 @@ fn render_tree(jobs: &[JobView]) -> String {
     }
     impl<'a> Tree<'a> {
         fn walk(&mut self, job: &'a JobView, depth: usize) {
+            let indent = "  ".repeat(depth);
+            // A job under two parents is shown and expanded once; under
+            // the others it is named.
+            if !self.shown.insert(job.id.as_str()) {
+                self.out
+                    .push_str(&format!("{indent}{} (shown above)\n", escape(&job.id)));
+                return;
+            }
             let how = if job.after_fail.is_empty() {
                 ""
             } else {
                 " (after_fail)"
             };
+            let detail = if job.detail.is_empty() || job.detail == job.status {
+                String::new()
+            } else {
+                format!(" — {}", escape(&job.detail))
+            };
             self.out.push_str(&format!(
-                "{}{} {}{how} — {}\n",
-                "  ".repeat(depth),
+                "{indent}{} {}{how}{detail}\n",
                 escape(&job.id),
                 escape(&job.status),
-                escape(&job.detail)
             ));
-            // A job under two parents is expanded once.
-            if !self.shown.insert(job.id.as_str()) {
-                return;
-            }
             for kid in self
                 .children
                 .get(job.id.as_str())
@@ -1440,6 +1469,37 @@ mod table_tests {
         assert!(
             ours.is(None, None, 2_000),
             "a ptraind that records no identity"
+        );
+    }
+
+    #[test]
+    fn a_job_with_two_parents_is_shown_once_and_named_under_the_other() {
+        let job = |id: &str, after: &[&str]| -> JobView {
+            serde_json::from_value(serde_json::json!({
+                "id": id, "status": "succeeded", "owner": "alice", "uid": 1000,
+                "unit": format!("ptrain-job@{id}.service"), "command": ["true"],
+                "gpus": [], "gpu_uuids": [], "submitted_at": 1, "detail": "succeeded",
+                "after_ok": after,
+            }))
+            .unwrap()
+        };
+        let jobs = [
+            job("a", &[]),
+            job("b", &[]),
+            job("ab", &["a", "b"]),
+            job("next", &["ab"]),
+        ];
+        let tree = render_tree(&jobs);
+        assert_eq!(
+            tree.lines().collect::<Vec<_>>(),
+            [
+                "a succeeded",
+                "  ab succeeded",
+                "    next succeeded",
+                "b succeeded",
+                "  ab (shown above)",
+            ],
+            "{tree}"
         );
     }
 

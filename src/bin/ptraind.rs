@@ -98,7 +98,7 @@ fn generate_man(dir: &std::path::Path) -> ExitCode {
             (DEFAULT_CONFIG_PATH, "The configuration, every key commented; check a change with ptraind --check-config."),
             ("/var/spool/ptrain", "The spool: users drop job files here (root-owned, mode 1733)."),
             ("/var/lib/ptrain", "Job records, quarantined files and the notification outbox (root only)."),
-            ("/var/log/ptrain", "Logs ptraind writes itself (root only); job output is in the journal."),
+            ("/var/log/ptrain", "log_dir: each ended job's output, copied from the journal into LOG_DIR/UID/ID.INVOCATION.log.gz (root only; owners read theirs with `ptrain logs`, which falls back to it once the journal has rotated the output away). ptraind's own log is the journal."),
             ("/lib/systemd/system/ptraind.service", "The service; override with systemctl edit ptraind."),
             ("/lib/systemd/system/ptrain.slice", "The parent of every job unit; set limits for all jobs here."),
             ("/usr/share/dbus-1/system.d/org.ptrain.Daemon1.conf", "Who may own and call the D-Bus API."),

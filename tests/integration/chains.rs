@@ -233,6 +233,24 @@ fn submit_wait_exit_codes_tell_what_happened() {
     );
     let out = d.ptrain(ALICE, &["submit", &dep, "--wait"]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    // `ptrain list`: each column starts where its header does, the
+    // longest status ("dependency-failed") included.
+    let list = text(&d.ptrain(ALICE, &["list"]));
+    let mut lines = list.lines();
+    let header = lines.next().unwrap();
+    let at = header.find("SUBMITTED").unwrap();
+    let rows: Vec<&str> = lines.collect();
+    assert!(
+        rows.iter().any(|r| r.contains("dependency-failed")),
+        "{list}"
+    );
+    for row in rows {
+        let submitted: String = row.chars().skip(at).take(4).collect();
+        assert!(
+            submitted.starts_with("20"),
+            "SUBMITTED is not under its header in {row:?}:\n{list}"
+        );
+    }
     let sweep = write(
         "w-sw.json",
         json!({"version": 1, "command": ["/bin/sh", "-c", "exit {code}"], "sweep": {"code": [0, 0]}}),

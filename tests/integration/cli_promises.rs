@@ -207,6 +207,23 @@ fn wait_looks_again_when_ptraind_comes_back() {
 
     let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
     assert!(ok, "{out}");
+    // A file submitted meanwhile: `submit` says ptraind is down and that
+    // the file waits; it is claimed once ptraind is back.
+    let late = job_file(
+        &d,
+        ALICE,
+        "late.json",
+        &json!({"version": 1, "command": ["true"]}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &late]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains(
+            "ptraind is not running, so nothing has checked late.json yet: it waits in the spool"
+        ),
+        "{}",
+        text(&out)
+    );
     std::fs::write(&gate, "").unwrap();
     wait_for("the job to end while ptraind is down", WAIT, || {
         (d.unit_property("ptrain-job@held.service", "ActiveState") != "active").then_some(())
@@ -226,7 +243,10 @@ fn wait_looks_again_when_ptraind_comes_back() {
         "after {:.1?}: {said}",
         started.elapsed()
     );
+    // Bob waits on Alice's job: he sees its status, not its detail
+    // ([privacy]).
     assert!(said.contains("held: failed"), "{said}");
+    assert_eq!(d.wait_ended("late")["status"], "succeeded");
 }
 
 /// Bob's file named like Alice's running job is refused; `submit` must say

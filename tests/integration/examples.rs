@@ -55,6 +55,19 @@ fn spool_examples_run_as_documented() {
         2
     );
     assert_eq!(d.wait_ended("pipe-alert")["status"], "not-needed");
+    // Without the channels it names, notify.json is refused, and the
+    // reason says which and how to fix it.
+    let src = repo_root().join("spool-examples/notify.json");
+    let dst = d.workdir(ALICE).join("notify.json");
+    std::fs::copy(&src, &dst).unwrap();
+    chown(&dst, ALICE);
+    let out = d.ptrain(ALICE, &["submit", dst.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("names channel \"ops-wecom\", which the admin has not configured"),
+        "{}",
+        text(&out)
+    );
     let compare = d.wait_ended("sweep-compare");
     assert_eq!(compare["status"], "succeeded", "{compare}");
     assert_eq!(
