@@ -95,13 +95,27 @@ fn a_failed_stage_fails_its_descendants_and_runs_the_alert() {
         "    eval dependency-failed",
         "      deploy dependency-failed",
         "      alert succeeded (after_fail)",
-        "  strict not-needed (after_fail)",
     ] {
         assert!(
             tree.lines().any(|l| l.starts_with(line)),
             "no line {line:?} in\n{tree}"
         );
     }
+    // Under both of its parents: shown under the one walked first, named
+    // under the other.
+    let strict: Vec<&str> = tree
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with("strict "))
+        .collect();
+    assert_eq!(strict.len(), 2, "{tree}");
+    assert!(
+        strict
+            .iter()
+            .any(|l| l.starts_with("strict not-needed (after_fail)"))
+            && strict.contains(&"strict (shown above)"),
+        "{tree}"
+    );
 }
 
 #[test]
