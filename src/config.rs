@@ -68,6 +68,8 @@ struct RawJobs {
     idle_timeout: Option<serde_json::Value>,
     idle_requires_gpu_idle: Option<bool>,
     stop_grace: Option<String>,
+    keep_ended_units: Option<String>,
+    max_kept_units: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -128,6 +130,9 @@ pub struct Config {
     /// SIGTERM and SIGKILL (the unit's TimeoutStopSec); its GPUs stay held
     /// until then.
     pub stop_grace: std::time::Duration,
+    /// `[jobs] keep_ended_units`, `max_kept_units`: how long and how many
+    /// ended units stay loaded for `systemctl status`.
+    pub kept_units: crate::kept_units::KeepPolicy,
     /// `[logs]`: output archives and their retention.
     pub logs: crate::logs::LogsConfig,
     /// Which GPUs users and groups may use, and how many at once (`[policy]`).
@@ -280,6 +285,28 @@ impl Config {
                 ),
             ));
         }
+        let kept_units = crate::kept_units::KeepPolicy {
+            keep: duration(
+                "jobs.keep_ended_units",
+                raw.jobs.as_ref().and_then(|j| j.keep_ended_units.clone()),
+            )?
+            .unwrap_or(crate::kept_units::DEFAULT_KEEP),
+            max_kept: raw
+                .jobs
+                .as_ref()
+                .and_then(|j| j.max_kept_units)
+                .unwrap_or(crate::kept_units::DEFAULT_MAX_KEPT),
+        };
+        if kept_units.max_kept > crate::kept_units::MAX_KEPT {
+            return Err(invalid(
+                "jobs.max_kept_units",
+                format!(
+                    "{} is more than {}: each kept unit holds a reference that costs systemd a D-Bus match rule, and dbus-daemon disconnects it past 512; lower it",
+                    kept_units.max_kept,
+                    crate::kept_units::MAX_KEPT
+                ),
+            ));
+        }
         let logs = raw
             .logs
             .unwrap_or_default()
@@ -312,6 +339,7 @@ impl Config {
             idle_timeout,
             idle_requires_gpu_idle,
             stop_grace,
+            kept_units,
             logs,
             policy,
             notifications,

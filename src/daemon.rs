@@ -193,6 +193,9 @@ pub struct Daemon {
     logs: crate::logs::Logs,
     /// (id, status) of each job change, for [`spawn_job_signals`] to emit.
     job_signals: mpsc::UnboundedSender<(String, String)>,
+    /// Ended units still referenced, for `systemctl status`; released
+    /// oldest first (`[jobs] keep_ended_units`, `max_kept_units`).
+    kept: crate::kept_units::KeptUnits,
 }
 
 /// Most events applied before the loop plans and looks at other work.
@@ -351,7 +354,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         metrics: Default::default(),
         intake: Default::default(),
         schedule_again: false,
+        kept: Default::default(),
     };
+    daemon.kept = crate::kept_units::KeptUnits::new(daemon.config.kept_units);
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
     daemon.logs.restored(daemon.jobs.values());
@@ -411,6 +416,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         let retry_at = daemon.store_failed_at.map(|t| t + STORE_RETRY_INTERVAL);
         let replan_at = daemon.gpu_replan_at;
         let status_at = daemon.status.flush_at;
+        let release_at = daemon.kept.next_due().map(|due| {
+            tokio::time::Instant::now()
+                + std::time::Duration::from_micros(due.saturating_sub(now_micros()))
+        });
         tokio::select! {
             // In this order: a flood of spool files must starve neither the
             // watchdog nor the recording of jobs that end.
@@ -470,6 +479,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             }
             _ = tokio::time::sleep_until(status_at.unwrap_or_else(tokio::time::Instant::now)), if status_at.is_some() => {
                 daemon.notify_status();
+            }
+            _ = tokio::time::sleep_until(release_at.unwrap_or_else(tokio::time::Instant::now)), if release_at.is_some() => {
+                daemon.release_kept_units();
             }
             // Every file seen goes into the fair intake at once (a name
             // costs an lstat); claims are taken from it a pass at a time.
@@ -1449,12 +1461,25 @@ impl Daemon {
         }
         self.emit_changed(id);
         self.start_unit(id).await;
+        // The new unit's reference comes out of the kept units' share.
+        if !self.kept.is_empty() {
+            self.release_kept_units();
+        }
     }
 
     /// Units systemd tracks a reference of ptraind's for, or soon will:
     /// those started and those whose launch waits for a call.
     fn tracked_units(&self) -> usize {
         self.by_unit.len() + self.launch_backlog.len()
+    }
+
+    /// Lets systemd collect the kept units whose time is up, or whose
+    /// references the launching and running jobs need.
+    fn release_kept_units(&mut self) {
+        let room = MAX_TRACKED_UNITS.saturating_sub(self.tracked_units());
+        for unit in self.kept.due(now_micros(), room) {
+            self.systemd.release_in_background(unit);
+        }
     }
 
     /// Starts the launching job's unit now, or once a call is free.
@@ -1897,7 +1922,13 @@ impl Daemon {
         let unit = record.unit.clone();
         self.held.retain(|_, holder| holder != id);
         if self.by_unit.remove(&unit).is_some() && state.is_some() {
-            self.systemd.release_in_background(unit);
+            // Kept loaded a while, so that `systemctl status` shows how
+            // it ended; released oldest first.
+            let room = MAX_TRACKED_UNITS.saturating_sub(self.tracked_units());
+            let ended_at = record.ended_at.unwrap_or_else(now_micros);
+            for unit in self.kept.keep(unit, ended_at, now_micros(), room) {
+                self.systemd.release_in_background(unit);
+            }
         }
         self.history.insert(&record);
         self.announce(&record);
@@ -2056,6 +2087,15 @@ impl Daemon {
                 if let Err(e) = self.outbox.remove(key) {
                     warn!(job = %id, key, error = %e, "cannot remove a compacted job's outbox entry");
                 }
+            }
+            // Its id is free again: the old unit must be gone before a new
+            // job of that id starts, or systemd would answer UnitExists and
+            // the old end be taken for the new job's. The Unref is sent
+            // now, a pass before any claim of that id, on the connection
+            // that would carry its StartTransientUnit: systemd handles it
+            // (and collects the unit) first.
+            if self.kept.forget(&record.unit) {
+                self.systemd.release_in_background(record.unit.clone());
             }
             let Some(oldest) = self.history.remove(&id) else {
                 break;

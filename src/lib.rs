@@ -34,7 +34,9 @@
 //!    fall short) before the unit is released for garbage collection. A
 //!    job that ends while ptraind is down is recorded by its unit's
 //!    `OnSuccess=`/`OnFailure=` recorder (`ptrain-exit@.service`, `ptraind
-//!    record-exit`) from the facts systemd hands it.
+//!    record-exit`) from the facts systemd hands it. An ended unit stays
+//!    loaded a while for `systemctl status` ([`kept_units`], pure: which to
+//!    release when).
 //! 7. [`daemon`]: the one task that owns the state, receives every event
 //!    (spool, systemd, API) on a channel and applies it; [`api`] is the
 //!    D-Bus interface the `ptrain` CLI talks to.
@@ -66,6 +68,7 @@ pub mod docgen;
 pub mod fsutil;
 pub mod gpu;
 pub mod history;
+pub mod kept_units;
 pub mod logs;
 pub mod metrics;
 pub mod notifications;

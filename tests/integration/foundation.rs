@@ -5,7 +5,13 @@ use crate::harness::{ensure_user, wait_for};
 
 #[test]
 fn job_runs_as_file_owner_in_workdir_with_its_gpu() {
-    let d = TestDaemon::start("owner");
+    let d = TestDaemon::start_with(
+        "owner",
+        Opts {
+            extra_config: KEEP_BRIEFLY.into(),
+            ..Opts::default()
+        },
+    );
     let work = d.workdir(ALICE);
     let job = format!(
         r#"{{"version": 1, "command": ["/bin/sh", "-c", "echo uid=$(id -u) pwd=$(pwd) cuda=$CUDA_VISIBLE_DEVICES order=$CUDA_DEVICE_ORDER job=$PTRAIN_JOB_ID lr=$LR > out.txt; echo training output line; exec sleep 30"],
@@ -83,15 +89,69 @@ fn job_runs_as_file_owner_in_workdir_with_its_gpu() {
     assert!(ended["started_at"].as_u64().unwrap() <= ended["ended_at"].as_u64().unwrap());
     // The spool file was claimed: nothing is left behind to run twice.
     assert!(!d.spool.join("resnet-lr01.json").exists());
-    // No unit is left behind once the end is recorded.
+    // No unit is left behind once its keep_ended_units is over.
     wait_for("the unit to be collected", crate::daemon::WAIT, || {
         (d.unit_property(unit, "LoadState") == "not-found").then_some(())
     });
 }
 
+/// Kept this long in the tests that watch units go: the release on time.
+const KEEP_BRIEFLY: &str = "[jobs]\nkeep_ended_units = \"1s\"\n";
+
+#[test]
+fn an_ended_unit_stays_for_systemctl_status_then_goes_oldest_first() {
+    let d = TestDaemon::start_with(
+        "kept",
+        Opts {
+            extra_config: "[jobs]\nkeep_ended_units = \"10m\"\nmax_kept_units = 2\n".into(),
+            ..Opts::default()
+        },
+    );
+    let job = |line: &str, code: u8| {
+        format!(r#"{{"version": 1, "command": ["/bin/sh", "-c", "echo {line}; exit {code}"]}}"#)
+    };
+    d.drop_job(ALICE, "first.json", &job("first-output-line", 3));
+    assert_eq!(d.wait_ended("first")["exit_code"], 3);
+    // What an admin reads after the end: the result, the exit status and
+    // the journal tail, as Slurm's MinJobAge keeps a job for scontrol.
+    let unit = "ptrain-job@first.service";
+    let (_, shown) = d.harness.systemctl(&["status", "--lines", "20", unit]);
+    assert!(!shown.contains("could not be found"), "{shown}");
+    assert!(
+        shown.contains("Active: failed (Result: exit-code)"),
+        "{shown}"
+    );
+    assert!(shown.contains("status=3"), "{shown}");
+    assert!(shown.contains("first-output-line"), "{shown}");
+    for id in ["second", "third"] {
+        d.drop_job(ALICE, &format!("{id}.json"), &job("ok", 0));
+        assert_eq!(d.wait_ended(id)["status"], "succeeded");
+    }
+    // Two are kept: the oldest goes first, the two newest stay.
+    wait_for(
+        "the oldest kept unit to be collected",
+        crate::daemon::WAIT,
+        || (d.unit_property(unit, "LoadState") == "not-found").then_some(()),
+    );
+    for id in ["second", "third"] {
+        let unit = format!("ptrain-job@{id}.service");
+        assert_eq!(d.unit_property(&unit, "LoadState"), "loaded", "{unit}");
+        let (_, shown) = d.harness.systemctl(&["status", &unit]);
+        assert!(shown.contains("status=0/SUCCESS"), "{shown}");
+    }
+    // The job's record outlives its unit.
+    assert_eq!(d.status("first").unwrap()["exit_code"], 3);
+}
+
 #[test]
 fn exits_are_recorded_success_failure_signal_timeout() {
-    let d = TestDaemon::start("exits");
+    let d = TestDaemon::start_with(
+        "exits",
+        Opts {
+            extra_config: KEEP_BRIEFLY.into(),
+            ..Opts::default()
+        },
+    );
     let cases = [
         ("ok", r#"["true"]"#, None),
         ("fail3", r#"["/bin/sh", "-c", "exit 3"]"#, None),
