@@ -228,6 +228,8 @@ pub enum ApiError {
         owner: String,
         action: &'static str,
     },
+    #[error("job {0:?} is no longer in ptraind's records ([retention] compacted it; its summary is a line of STATE/history.jsonl); its output is still archived: `ptrain logs {0}`")]
+    Compacted(String),
     #[error("{0}")]
     Failed(String),
     #[error("only root may {0}; run it with sudo")]
@@ -237,7 +239,9 @@ pub enum ApiError {
 impl From<ApiError> for zbus::fdo::Error {
     fn from(e: ApiError) -> Self {
         match e {
-            ApiError::NotFound(_) => zbus::fdo::Error::FileNotFound(e.to_string()),
+            ApiError::NotFound(_) | ApiError::Compacted(_) => {
+                zbus::fdo::Error::FileNotFound(e.to_string())
+            }
             ApiError::NotYours { .. } => zbus::fdo::Error::AccessDenied(e.to_string()),
             ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
@@ -287,8 +291,21 @@ impl DaemonApi {
     }
 
     /// The job whose output `caller_uid` asks for: theirs, or any for root.
-    async fn output_of(&self, id: String, caller_uid: u32) -> zbus::fdo::Result<JobView> {
-        let job = self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await??;
+    async fn output_of(
+        &self,
+        id: String,
+        caller_uid: u32,
+    ) -> zbus::fdo::Result<crate::logs::JobOutput> {
+        let job = match self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await? {
+            Ok(job) => job,
+            Err(ApiError::NotFound(_)) => {
+                return self
+                    .compacted(&id, caller_uid)
+                    .await
+                    .ok_or_else(|| ApiError::NotFound(id).into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         if caller_uid != 0 && caller_uid != job.uid {
             return Err(ApiError::NotYours {
                 id,
@@ -297,7 +314,14 @@ impl DaemonApi {
             }
             .into());
         }
-        Ok(job)
+        Ok(crate::logs::JobOutput::of_view(&job))
+    }
+
+    /// The output of a job `[retention]` compacted, known now by its
+    /// archive only: for its owner and root; to others it is no job.
+    async fn compacted(&self, id: &str, caller_uid: u32) -> Option<crate::logs::JobOutput> {
+        let output = self.logs.archived_output(id).await?;
+        (caller_uid == 0 || caller_uid == output.uid).then_some(output)
     }
 
     async fn ask<T>(
@@ -378,7 +402,13 @@ impl DaemonApi {
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
         let caller = caller_uid(conn, &header).await?;
-        let view = self.ask(|tx| ApiRequest::Status(id, tx)).await??;
+        let view = match self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await? {
+            Ok(view) => view,
+            Err(ApiError::NotFound(_)) if self.compacted(&id, caller).await.is_some() => {
+                return Err(ApiError::Compacted(id).into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(to_json(&view.as_seen_by(caller, self.privacy)))
     }
 
@@ -426,7 +456,7 @@ impl DaemonApi {
         let job = self.output_of(id, caller_uid).await?;
         Ok(self
             .logs
-            .read_to_string(&job, caller_uid, lines, self.requests.clone())
+            .read_to_string(job, caller_uid, lines, self.requests.clone())
             .await?)
     }
 
@@ -458,7 +488,7 @@ impl DaemonApi {
         };
         let fd = self
             .logs
-            .open(&job, caller_uid, opts, changes, self.requests.clone())?;
+            .open(job, caller_uid, opts, changes, self.requests.clone())?;
         Ok(fd.into())
     }
 

@@ -193,6 +193,11 @@ pub struct Daemon {
     logs: crate::logs::Logs,
     /// (id, status) of each job change, for [`spawn_job_signals`] to emit.
     job_signals: mpsc::UnboundedSender<(String, String)>,
+    /// Entries under stray names, refused when their grace is over.
+    strays: spool::Strays,
+    /// Running jobs whose units systemd is stopping without ptraind having
+    /// asked ([`Daemon::note_stop_from_outside`]).
+    stopping_outside: HashSet<JobId>,
     /// Ended units still referenced, for `systemctl status`; released
     /// oldest first (`[jobs] keep_ended_units`, `max_kept_units`).
     kept: crate::kept_units::KeptUnits,
@@ -217,6 +222,9 @@ const MAX_SPOOL_BATCH: usize = 64;
 /// systemd drops off the bus and forgets every reference. Jobs beyond this
 /// wait in ptraind's queue, which costs nothing.
 const MAX_TRACKED_UNITS: usize = 256;
+
+/// Who stopped a job whose unit systemd stopped without ptraind asking.
+const STOPPED_BY_SYSTEMD: &str = "systemd (systemctl stop or a shutdown, not through ptrain)";
 
 /// How long to wait before retrying after a failed state write.
 const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -355,6 +363,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         intake: Default::default(),
         schedule_again: false,
         kept: Default::default(),
+        stopping_outside: HashSet::new(),
+        strays: Default::default(),
     };
     daemon.kept = crate::kept_units::KeptUnits::new(daemon.config.kept_units);
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
@@ -416,6 +426,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         let retry_at = daemon.store_failed_at.map(|t| t + STORE_RETRY_INTERVAL);
         let replan_at = daemon.gpu_replan_at;
         let status_at = daemon.status.flush_at;
+        let strays_at = daemon.strays.next_due();
         let release_at = daemon.kept.next_due().map(|due| {
             tokio::time::Instant::now()
                 + std::time::Duration::from_micros(due.saturating_sub(now_micros()))
@@ -483,6 +494,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             _ = tokio::time::sleep_until(release_at.unwrap_or_else(tokio::time::Instant::now)), if release_at.is_some() => {
                 daemon.release_kept_units();
             }
+            _ = tokio::time::sleep_until(strays_at.unwrap_or_else(tokio::time::Instant::now)), if strays_at.is_some() => {
+                daemon.refuse_strays();
+            }
             // Every file seen goes into the fair intake at once (a name
             // costs an lstat); claims are taken from it a pass at a time.
             event = spool_rx.recv() => {
@@ -517,6 +531,9 @@ impl Daemon {
     async fn handle(&mut self, event: Event) {
         match event {
             Event::Spool(SpoolEvent::File(name)) => self.note_spool_file(name),
+            Event::Spool(SpoolEvent::Stray(name)) => {
+                self.strays.note(name, tokio::time::Instant::now())
+            }
             Event::Spool(SpoolEvent::Rescan) => self.rescan().await,
             Event::Unit(signal) => self.on_unit_signal(signal).await,
             Event::Api(request) => self.on_api(request).await,
@@ -822,9 +839,12 @@ impl Daemon {
     /// through the loop (at start, and after an inotify overflow).
     async fn rescan(&mut self) {
         match spool::scan(&self.config.spool_dir) {
-            Ok(names) => {
-                for name in names {
+            Ok(listing) => {
+                for name in listing.candidates {
                     self.note_spool_file(name);
+                }
+                for name in listing.strays {
+                    self.strays.note(name, tokio::time::Instant::now());
                 }
             }
             Err(e) => {
@@ -839,6 +859,33 @@ impl Daemon {
             .ok()
             .map(|st| st.uid);
         self.intake.push(name, owner);
+    }
+
+    /// Refuses what is still left under stray names after their grace
+    /// ([`spool::STRAY_GRACE`]): their owners learn through `ptrain
+    /// rejected`, and the bytes are kept in quarantine.
+    fn refuse_strays(&mut self) {
+        let now = tokio::time::Instant::now();
+        for name in self.strays.due(now) {
+            // Another entry came under that name meanwhile: its own grace.
+            let changed_ns = fsutil::lstat_at(&self.spool_fd, &name).map(|st| st.ctime_ns);
+            let grace_ns = spool::STRAY_GRACE.as_nanos() as i128;
+            if changed_ns.is_ok_and(|ctime| ctime > now_micros() as i128 * 1000 - grace_ns) {
+                self.strays.note(name, now);
+                continue;
+            }
+            if let SpoolRead::Refused {
+                name,
+                reason,
+                identity,
+                bytes,
+                is_dir,
+                held: _held,
+            } = spool::read_stray(&self.spool_fd, &name)
+            {
+                self.reject(&name, &reason, identity, bytes.as_deref(), is_dir);
+            }
+        }
     }
 
     /// Claims files from the intake for one pass ([`PASS_BUDGET`], at most
@@ -1005,6 +1052,27 @@ impl Daemon {
             Ok(limits) => limits,
             Err(reason) => return reject(self, reason),
         };
+        // Checked as the owner now, so that a typo is refused with its
+        // reason instead of failing at the start with exit status 200/226.
+        let mut workdirs: Vec<&std::path::Path> = members
+            .iter()
+            .filter_map(|m| m.spec.workdir.as_deref())
+            .collect();
+        workdirs.dedup();
+        for dir in workdirs {
+            if let Some(why) =
+                crate::fsutil::why_not_enterable(dir, owner.uid, owner.gid, &owner.groups)
+            {
+                return reject(
+                    self,
+                    format!(
+                        "workdir {} cannot be the job's working directory: {why}; create it, or name a directory {} can enter",
+                        crate::display::escape(&dir.display().to_string()),
+                        owner.name
+                    ),
+                );
+            }
+        }
         let now = now_micros();
         let group = spec.sweep.as_ref().map(|_| spec.id.clone());
         let max_parallel = spec.sweep.as_ref().and_then(|s| s.max_parallel);
@@ -1650,6 +1718,21 @@ impl Daemon {
         else {
             return;
         };
+        if let UnitSignal::StateChanged {
+            active_state,
+            state: Some(state),
+            ..
+        } = &signal
+        {
+            // systemd stops the unit while its command still runs: a stop
+            // job, which ptraind did not ask for if it has no request.
+            if active_state == "deactivating"
+                && job_state == JobState::Running
+                && state.exec_main_code == 0
+            {
+                self.note_stop_from_outside(signal.unit());
+            }
+        }
         match signal {
             // Passing states move no job on, and "active" of a job already
             // seen running tells nothing new (skipping their looks took
@@ -1679,6 +1762,23 @@ impl Daemon {
             UnitSignal::JobRemoved { result, .. }
                 if job_state != JobState::Launching || result == "done" => {}
             signal => self.check_unit(signal.unit()).await,
+        }
+    }
+
+    /// A running job's unit is being stopped by systemd itself (`systemctl
+    /// stop`, a shutdown): unless ptraind asked (a stop request, an idle
+    /// timeout), its end is recorded as stopped by systemd, not as killed
+    /// by the SIGTERM that the stop sends.
+    fn note_stop_from_outside(&mut self, unit: &str) {
+        let Some(id) = self.by_unit.get(unit) else {
+            return;
+        };
+        let record = &self.jobs[id];
+        if record.stop_requested_by.is_none()
+            && record.idle_timeout_hit.is_none()
+            && self.stopping_outside.insert(id.clone())
+        {
+            info!(job = %id, PTRAIN_JOB = %id, unit, "systemd is stopping the job (systemctl stop or a shutdown, not through ptrain)");
         }
     }
 
@@ -1755,12 +1855,18 @@ impl Daemon {
         };
         if state.has_ended() {
             let stop_requested_by = self.jobs[&id].stop_requested_by;
-            let outcome = scheduler::outcome_of_unit(
+            let mut outcome = scheduler::outcome_of_unit(
                 &state.result,
                 state.exec_main_code,
                 state.exec_main_status,
                 stop_requested_by,
             );
+            if self.stopping_outside.contains(&id) && outcome != Outcome::Timeout {
+                outcome = Outcome::Stopped {
+                    by_uid: 0,
+                    by_name: Some(STOPPED_BY_SYSTEMD.into()),
+                };
+            }
             self.finish(&id, outcome, Some(state)).await;
         } else if state.active_state == "active" || state.active_state == "deactivating" {
             let record = self.jobs.get_mut(&id).expect("tracked job exists");
@@ -1828,6 +1934,7 @@ impl Daemon {
         let Some(current) = self.jobs.get(id) else {
             return;
         };
+        self.stopping_outside.remove(id);
         let mut outcome = crate::logs::idle_outcome(current.idle_timeout_hit, outcome);
         if let Outcome::Stopped {
             by_uid,

@@ -464,6 +464,52 @@ pub fn as_user<T>(uid: u32, gid: u32, groups: &[u32], f: impl FnOnce() -> T) -> 
     Ok(result)
 }
 
+/// How long [`why_not_enterable`] waits for the file system: a directory
+/// on a hung network mount must not hold up the claim of every other job.
+pub const ENTER_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Why the user (uid, gid, groups) could not make `dir` its working
+/// directory, as systemd would for the job: it must exist, be a directory
+/// (symlinks followed, as `chdir` does) and be searchable for the user all
+/// the way down. `None`: it can, or the file system did not answer within
+/// [`ENTER_CHECK_TIMEOUT`] (then systemd's own check, at the start, says).
+/// Checked on a thread of its own, which takes the user's identity
+/// ([`as_user`]) and may be left behind blocked.
+pub fn why_not_enterable(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> Option<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (path, groups) = (dir.to_owned(), groups.to_vec());
+    std::thread::Builder::new()
+        .name("workdir-check".into())
+        .spawn(move || {
+            let why = as_user(uid, gid, &groups, || enter_problem(&path))
+                .unwrap_or_else(|e| Some(e.to_string()));
+            let _ = tx.send(why);
+        })
+        .ok()?;
+    rx.recv_timeout(ENTER_CHECK_TIMEOUT).ok().flatten()
+}
+
+fn enter_problem(dir: &Path) -> Option<String> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Some("it does not exist".into());
+        }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return Some("a directory above it is not searchable (x) for the owner".into());
+        }
+        Err(e) => return Some(format!("it cannot be looked up: {e}")),
+        Ok(meta) if !meta.is_dir() => return Some("it is not a directory".into()),
+        Ok(_) => {}
+    }
+    let c = cstr(dir.to_str()?).ok()?;
+    // SAFETY: faccessat(2) with a NUL-terminated path; AT_EACCESS checks
+    // with this thread's file-system identity, the owner's.
+    if unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::X_OK, libc::AT_EACCESS) } != 0 {
+        return Some("the owner may not enter it (no search permission, x)".into());
+    }
+    None
+}
+
 /// Reads a file a job's owner controls, as that owner ([`as_user`]), never
 /// following a symlink in its last component, never blocking on a FIFO,
 /// bounded to `limit` bytes. `Ok(None)`: there is no such file.

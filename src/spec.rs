@@ -401,6 +401,9 @@ pub enum SpecError {
     #[error("field `workdir` {path} holds `{found}`, which systemd would read as its own syntax in a unit (`%` specifiers, `$` variables, `\\` escapes, quotes, control characters); use a directory without it")]
     WorkdirUnitSyntax { path: String, found: String },
 
+    #[error("field `workdir` {path} is under {hidden}, of which every job gets a private, empty copy (its files would not be there); use a directory outside {hidden}")]
+    WorkdirPrivate { path: String, hidden: &'static str },
+
     #[error("field `env` has {len} variables, more than the limit of {MAX_ENV}; put bulk configuration in a file")]
     EnvTooMany { len: usize },
 
@@ -1086,8 +1089,23 @@ fn validate_workdir(v: Value) -> Result<PathBuf, SpecError> {
     if normal.is_empty() {
         normal.push('/');
     }
+    if let Some(hidden) = JOB_PRIVATE_DIRS.iter().find(|dir| {
+        normal
+            .strip_prefix(**dir)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }) {
+        return Err(SpecError::WorkdirPrivate {
+            path: quote(&s),
+            hidden,
+        });
+    }
     Ok(PathBuf::from(normal))
 }
+
+/// Directories each job unit gets a private, empty instance of
+/// (`PrivateTmp=`, its own `/dev/shm`; see [`crate::unit`]): a workdir
+/// there would fail to start or start empty.
+const JOB_PRIVATE_DIRS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
 
 fn validate_env(v: Value) -> Result<BTreeMap<String, String>, SpecError> {
     let Value::Object(map) = v else {
@@ -1750,6 +1768,11 @@ mod tests {
             wd("/data/exp 1/run-2.0_x").unwrap(),
             PathBuf::from("/data/exp 1/run-2.0_x")
         );
+        for hidden in ["/tmp", "//tmp/x", "/var/tmp/run", "/dev/shm/a"] {
+            let msg = wd(hidden).unwrap_err().to_string();
+            assert!(msg.contains("private, empty copy"), "{msg}");
+        }
+        assert_eq!(wd("/tmpdata").unwrap(), PathBuf::from("/tmpdata"));
         for bad in ["/a/../b", "/..", "/a/.."] {
             let msg = wd(bad).unwrap_err().to_string();
             assert!(

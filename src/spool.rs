@@ -50,6 +50,63 @@ pub fn is_candidate_name(name: &str) -> bool {
     !name.starts_with('.') && name.ends_with(".json")
 }
 
+/// Is this a name that is no job file and no temp file either (`job.JSON`,
+/// `job.yaml`, `notes`)? The spool is unlistable for users, so such an
+/// entry would sit there unseen: it is refused once it has been left
+/// alone for [`STRAY_GRACE`] (a writer's temp name is renamed by then).
+pub fn is_stray_name(name: &str) -> bool {
+    !name.starts_with('.') && !name.ends_with(".json")
+}
+
+/// How long an entry under a stray name may stay before it is refused.
+pub const STRAY_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Reads an entry left under a stray name, as a refusal that keeps its
+/// bytes (when it is a regular file within the size limit) and tells its
+/// owner what ptraind takes.
+pub fn read_stray(spool: &OwnedFd, name: &str) -> SpoolRead {
+    let reason = format!(
+        "{name:?} is no job file name, so ptraind never reads it: job files are named NAME.json \
+         (dotfiles are left alone as temp files); submit it again under a .json name"
+    );
+    let mut file = match fsutil::open_at_nofollow(spool, name) {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return SpoolRead::Ignored,
+        Err(_) => {
+            let identity = fsutil::lstat_at(spool, name).ok();
+            let is_dir = identity.is_some_and(|i| i.mode & libc::S_IFMT == libc::S_IFDIR);
+            return refusal(name, reason, identity, None, is_dir);
+        }
+    };
+    let read = match check_open(name, "", &mut file) {
+        SpoolRead::File {
+            identity, bytes, ..
+        } => refusal(name, reason, Some(identity), Some(bytes), false),
+        SpoolRead::Refused {
+            identity, is_dir, ..
+        } => refusal(name, reason, identity, None, is_dir),
+        SpoolRead::Ignored => SpoolRead::Ignored,
+    };
+    match read {
+        SpoolRead::Refused {
+            name,
+            reason,
+            identity,
+            bytes,
+            is_dir,
+            ..
+        } => SpoolRead::Refused {
+            name,
+            reason,
+            identity,
+            bytes,
+            is_dir,
+            held: Some(file),
+        },
+        other => other,
+    }
+}
+
 /// Opens and reads one spool entry safely.
 pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
     if !is_candidate_name(name) {
@@ -182,16 +239,29 @@ fn check_open(name: &str, stem: &str, file: &mut std::fs::File) -> SpoolRead {
     }
 }
 
-/// Lists candidate names in the spool, for the rescan at start and after an
-/// inotify overflow.
-pub fn scan(spool_dir: &Path) -> std::io::Result<Vec<String>> {
-    let mut names: Vec<String> = std::fs::read_dir(spool_dir)?
+/// What the spool holds, for the rescan at start and after an inotify
+/// overflow: job file names, and stray names ([`is_stray_name`]).
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub candidates: Vec<String>,
+    pub strays: Vec<String>,
+}
+
+pub fn scan(spool_dir: &Path) -> std::io::Result<Listing> {
+    let mut listing = Listing::default();
+    for name in std::fs::read_dir(spool_dir)?
         .filter_map(|e| e.ok())
         .filter_map(|e| entry_name(spool_dir, &e.file_name()))
-        .filter(|n| is_candidate_name(n))
-        .collect();
-    names.sort();
-    Ok(names)
+    {
+        if is_candidate_name(&name) {
+            listing.candidates.push(name);
+        } else if is_stray_name(&name) {
+            listing.strays.push(name);
+        }
+    }
+    listing.candidates.sort();
+    listing.strays.sort();
+    Ok(listing)
 }
 
 /// Longest escaped name [`entry_name`] renames to (a file name is at most
@@ -300,6 +370,8 @@ pub fn ensure_spool_dir(spool_dir: &Path) -> std::io::Result<()> {
 pub enum SpoolEvent {
     /// A file was completed under this name (close-write or moved in).
     File(String),
+    /// An entry was completed under a stray name ([`is_stray_name`]).
+    Stray(String),
     /// Events were lost (inotify overflow): read the whole directory again.
     Rescan,
 }
@@ -351,7 +423,8 @@ pub fn watch(
             let Some(name) = entry_name(dir, raw) else {
                 continue;
             };
-            if !is_candidate_name(&name) {
+            let stray = is_stray_name(&name);
+            if !is_candidate_name(&name) && !stray {
                 continue;
             }
             // A symlink, hard link, FIFO, device, socket or directory is
@@ -365,11 +438,50 @@ pub fn watch(
             {
                 continue;
             }
-            on_event(SpoolEvent::File(name));
+            on_event(if stray {
+                SpoolEvent::Stray(name)
+            } else {
+                SpoolEvent::File(name)
+            });
         }
     })?;
     watcher.watch(spool_dir, RecursiveMode::NonRecursive)?;
     Ok(watcher)
+}
+
+/// Entries under stray names, each refused once it has been there for
+/// [`STRAY_GRACE`]; in order of arrival, which is the order they are due.
+/// At most [`MAX_STRAYS`] wait: beyond that a name waits for the next
+/// event or rescan (a user cannot make ptraind's memory grow).
+#[derive(Debug, Default)]
+pub struct Strays {
+    due: std::collections::VecDeque<(tokio::time::Instant, String)>,
+    waiting: std::collections::HashSet<String>,
+}
+
+pub const MAX_STRAYS: usize = 4096;
+
+impl Strays {
+    pub fn note(&mut self, name: String, now: tokio::time::Instant) {
+        if self.waiting.len() < MAX_STRAYS && self.waiting.insert(name.clone()) {
+            self.due.push_back((now + STRAY_GRACE, name));
+        }
+    }
+
+    pub fn next_due(&self) -> Option<tokio::time::Instant> {
+        self.due.front().map(|(at, _)| *at)
+    }
+
+    /// The names whose grace is over at `now`; they stop waiting.
+    pub fn due(&mut self, now: tokio::time::Instant) -> Vec<String> {
+        let mut names = Vec::new();
+        while self.due.front().is_some_and(|(at, _)| *at <= now) {
+            let (_, name) = self.due.pop_front().expect("front exists");
+            self.waiting.remove(&name);
+            names.push(name);
+        }
+        names
+    }
 }
 
 /// Spool names waiting to be claimed, taken in turn by owner: one user's
@@ -423,6 +535,37 @@ impl FairIntake {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stray_name_is_listed_apart_and_refused_with_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("job.JSON"), b"{\"version\": 1}").unwrap();
+        std::fs::write(p.join("ok.json"), b"{}").unwrap();
+        std::fs::write(p.join(".ok.json.tmp"), b"{}").unwrap();
+        std::fs::create_dir(p.join("folder")).unwrap();
+        let listing = scan(p).unwrap();
+        assert_eq!(listing.candidates, ["ok.json"]);
+        assert_eq!(listing.strays, ["folder", "job.JSON"]);
+        let fd = fsutil::open_dir(p).unwrap();
+        match read_stray(&fd, "job.JSON") {
+            SpoolRead::Refused { reason, bytes, .. } => {
+                assert!(reason.contains("NAME.json"), "{reason}");
+                assert_eq!(bytes.as_deref(), Some(&b"{\"version\": 1}"[..]));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            read_stray(&fd, "folder"),
+            SpoolRead::Refused {
+                is_dir: true,
+                bytes: None,
+                ..
+            }
+        ));
+        std::fs::remove_file(p.join("job.JSON")).unwrap();
+        assert!(matches!(read_stray(&fd, "job.JSON"), SpoolRead::Ignored));
+    }
 
     #[test]
     fn owners_take_turns_and_a_name_waits_once() {
@@ -600,7 +743,7 @@ mod tests {
         let hidden = std::ffi::OsStr::from_bytes(b".tmp\xff.json");
         std::fs::write(p.join(hidden), b"{}").unwrap();
 
-        let names = scan(p).unwrap();
+        let names = scan(p).unwrap().candidates;
         assert_eq!(names, ["r\\xe9sum\\xe9.json", "r\\xe9sum\\xe9~1.json"]);
         assert_eq!(
             std::fs::read(p.join("r\\xe9sum\\xe9.json")).unwrap(),
@@ -622,7 +765,7 @@ mod tests {
         // A long one stays within the file name limit.
         let long: Vec<u8> = [vec![0xff; 200], b".json".to_vec()].concat();
         std::fs::write(p.join(std::ffi::OsStr::from_bytes(&long)), b"{}").unwrap();
-        let names = scan(p).unwrap();
+        let names = scan(p).unwrap().candidates;
         assert!(
             names
                 .iter()

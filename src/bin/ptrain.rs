@@ -938,19 +938,33 @@ async fn logs(
         .map_err(|e| fail(EXIT_USAGE, e))?
         .unwrap_or(0);
     let proxy = proxy().await?;
-    let job: JobView = parse(&proxy.status(id).await.map_err(from_bus)?)?;
-    if !follow && job.started_at.is_none() && !is_final(&job.status) {
-        errln!("ptrain: job {id} has not started yet; `ptrain logs -f {id}` waits for it");
+    // A job `[retention]` compacted has no status, but its archive may
+    // still be served: then ptraind's answer to the status is kept for
+    // when there is no output either.
+    let job: Result<JobView, Failure> = match proxy.status(id).await.map_err(from_bus) {
+        Ok(text) => Ok(parse(&text)?),
+        Err(failure) if failure.code == EXIT_FAILURE => Err(failure),
+        Err(failure) => return Err(failure),
+    };
+    if let Ok(job) = &job {
+        if !follow && job.started_at.is_none() && !is_final(&job.status) {
+            errln!("ptrain: job {id} has not started yet; `ptrain logs -f {id}` waits for it");
+        }
     }
-    let fd = proxy
+    let fd = match proxy
         .open_logs(id, lines.unwrap_or(0), since_usec, follow)
         .await
-        .map_err(from_bus)?;
+    {
+        Ok(fd) => fd,
+        Err(e) => return Err(job.err().unwrap_or_else(|| from_bus(e))),
+    };
     let mut output = std::fs::File::from(std::os::fd::OwnedFd::from(fd));
     // Someone else's output on a terminal: escape sequences in it could
     // rewrite the screen, so control characters are shown escaped.
     // SAFETY: geteuid has no preconditions.
-    let foreign = job.uid != unsafe { libc::geteuid() };
+    let foreign = job
+        .as_ref()
+        .map_or(true, |job| job.uid != unsafe { libc::geteuid() });
     let escape = foreign && std::io::stdout().is_terminal();
     let copied = copy_output(&mut output, escape);
     match copied {

@@ -90,6 +90,26 @@ pub fn candidate_names(id: &str, inv: Option<&str>) -> Vec<String> {
     names
 }
 
+/// The job id and the invocation part of an archive's name, as
+/// [`candidate_names`] makes them: `ID.INVOCATION[-N].log.gz`.
+fn parts_of_name(name: &str) -> Option<(&str, &str)> {
+    let (id, inv) = name.strip_suffix(SUFFIX)?.rsplit_once('.')?;
+    let inv = inv.split_once('-').map_or(inv, |(inv, _)| inv);
+    Some((id, inv))
+}
+
+/// Whose archive `name` is: the job id.
+pub fn job_of_name(name: &str) -> Option<&str> {
+    parts_of_name(name).map(|(id, _)| id)
+}
+
+/// The invocation id in an archive's name, if it was known.
+pub fn invocation_of_name(name: &str) -> Option<&str> {
+    parts_of_name(name)
+        .map(|(_, inv)| inv)
+        .filter(|inv| *inv != "unknown")
+}
+
 fn cstr(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
 }
@@ -460,6 +480,8 @@ pub struct LogUsage {
 pub(crate) enum ArchiverCommand {
     Archive(ArchiveJob),
     Usage(tokio::sync::oneshot::Sender<LogUsage>),
+    /// The archives of one job, by id.
+    Find(String, tokio::sync::oneshot::Sender<Vec<ArchiveInfo>>),
 }
 
 /// Starts the archiver thread; it ends when every sender is dropped.
@@ -528,6 +550,9 @@ impl Archiver {
                 ArchiverCommand::Archive(job) => jobs.push(job),
                 ArchiverCommand::Usage(reply) => {
                     let _ = reply.send(archiver.usage());
+                }
+                ArchiverCommand::Find(id, reply) => {
+                    let _ = reply.send(archiver.index.of_job(&id));
                 }
             };
             let archive_asked = matches!(first, ArchiverCommand::Archive(_));
@@ -681,6 +706,17 @@ mod tests {
     }
 
     const INV: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn an_archive_name_tells_its_job_and_run() {
+        for (id, inv) in [("job-1", Some(INV)), ("a.b.c", Some(INV)), ("x", None)] {
+            for name in candidate_names(id, inv) {
+                assert_eq!(job_of_name(&name), Some(id), "{name}");
+                assert_eq!(invocation_of_name(&name), inv, "{name}");
+            }
+        }
+        assert_eq!(job_of_name("notes.txt"), None);
+    }
 
     #[test]
     fn written_archive_reads_back_with_since_and_tail() {

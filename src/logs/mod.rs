@@ -478,7 +478,7 @@ impl Logs {
     /// caller. Access is checked by the caller (owner or root).
     pub fn open(
         &self,
-        job: &JobView,
+        job: JobOutput,
         caller_uid: u32,
         opts: ReadOptions,
         changes: broadcast::Receiver<JobOutput>,
@@ -488,7 +488,6 @@ impl Logs {
         let (read_end, write_end) = pipe()
             .map_err(|e| ApiError::Failed(format!("cannot create a pipe for the output: {e}")))?;
         let log_dir = self.inner.log_dir.clone();
-        let job = JobOutput::of_view(job);
         tokio::spawn(async move {
             serve::serve(log_dir, job, opts, changes, requests, write_end).await;
             drop(slot);
@@ -499,7 +498,7 @@ impl Logs {
     /// The output as one string (at most 8 MiB), for the older `Logs` call.
     pub async fn read_to_string(
         &self,
-        job: &JobView,
+        job: JobOutput,
         caller_uid: u32,
         lines: u32,
         requests: mpsc::UnboundedSender<ApiRequest>,
@@ -519,6 +518,28 @@ impl Logs {
             .await
             .map_err(|e| ApiError::Failed(format!("cannot read the output: {e}")))?;
         Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// The newest archive of a job ptraind no longer has a record of
+    /// (`[retention]` compacted it), as the output to serve; None when
+    /// there is none or the archiver is not running.
+    pub async fn archived_output(&self, id: &str) -> Option<JobOutput> {
+        let archiver = self.inner.archiver.as_ref()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        archiver
+            .send(ArchiverCommand::Find(id.to_owned(), tx))
+            .ok()?;
+        let newest = rx.await.ok()?.into_iter().max_by_key(|a| a.written_at)?;
+        let unit = crate::spec::JobId::parse(id).ok()?.unit_name();
+        Some(JobOutput {
+            id: id.to_owned(),
+            uid: newest.uid,
+            unit,
+            invocation_id: archive::invocation_of_name(&newest.name).map(str::to_owned),
+            // What marks it as having run; the archive holds the times.
+            started_at: Some(0),
+            ended: true,
+        })
     }
 
     /// The retention policy and archive usage; a user sees only their own

@@ -249,6 +249,22 @@ impl ArchiveIndex {
         self.remove(written_at, uid, name)
     }
 
+    /// The archives of job `id` (one per run that was archived), oldest
+    /// first. A walk over the index, bounded by `[logs] max_count`: for
+    /// jobs `[retention]` compacted, which ptraind knows no other way.
+    pub fn of_job(&self, id: &str) -> Vec<ArchiveInfo> {
+        self.by_age
+            .iter()
+            .filter(|((_, _, name), _)| super::archive::job_of_name(name) == Some(id))
+            .map(|((written_at, uid, name), bytes)| ArchiveInfo {
+                uid: *uid,
+                name: name.to_string(),
+                bytes: *bytes,
+                written_at: *written_at,
+            })
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.by_age.len()
     }

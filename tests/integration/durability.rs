@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::daemon::{text, Opts, TestDaemon, ALICE, WAIT};
+use crate::daemon::{text, Opts, TestDaemon, ALICE, BOB, WAIT};
 use crate::harness::wait_for;
 
 /// A job that appends its id to `runs.log` in its workdir, so a test can
@@ -250,7 +250,8 @@ fn retention_compacts_the_oldest_finished_jobs() {
     );
     for i in 0..6 {
         let id = format!("old{i}");
-        d.drop_job(ALICE, &format!("{id}.json"), &counted_job(&d, ""));
+        let job = counted_job(&d, "; echo said-$PTRAIN_JOB_ID");
+        d.drop_job(ALICE, &format!("{id}.json"), &job);
         assert_eq!(d.wait_ended(&id)["status"], "succeeded");
     }
     let outbox = |id: &str| {
@@ -292,6 +293,23 @@ fn retention_compacts_the_oldest_finished_jobs() {
     assert!(compacted.iter().all(|j| j["status"] == "succeeded"));
     assert!(d.status("old0").is_none());
     assert_eq!(d.status("old5").unwrap()["status"], "succeeded");
+    // Compacted is not lost to its owner: `status` says where the job
+    // went, `logs` still serves its archive; to others it is no job.
+    let status = d.ptrain(ALICE, &["status", "old0"]);
+    assert_eq!(status.status.code(), Some(1), "{}", text(&status));
+    assert!(
+        text(&status).contains("[retention] compacted it")
+            && text(&status).contains("ptrain logs old0"),
+        "{}",
+        text(&status)
+    );
+    let logs = d.ptrain(ALICE, &["logs", "old0"]);
+    assert!(logs.status.success(), "{}", text(&logs));
+    assert_eq!(text(&logs).trim(), "said-old0");
+    for args in [["status", "old0"], ["logs", "old0"]] {
+        let other = d.ptrain(BOB, &args);
+        assert!(text(&other).contains("no job"), "{}", text(&other));
+    }
     let listed: Vec<serde_json::Value> = serde_json::from_slice(
         &d.ptrain("root", &["list", "--json", "--recent", "2"])
             .stdout,

@@ -306,6 +306,40 @@ fn only_the_owner_or_root_may_stop_a_job() {
 }
 
 #[test]
+fn a_systemctl_stop_is_recorded_as_a_stop_and_a_sigterm_of_its_own_as_a_kill() {
+    let d = TestDaemon::start("sysstop");
+    for id in ["admin-stopped", "self-killed"] {
+        let script = if id == "self-killed" {
+            "while [ ! -e go ]; do sleep 0.05; done; kill -TERM $$"
+        } else {
+            "sleep 60"
+        };
+        let job = serde_json::json!({"version": 1, "command": ["/bin/sh", "-c", script], "workdir": d.workdir(ALICE)});
+        d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+        d.wait_running(id);
+    }
+    // The admin stops the unit with systemd's own tool, not ptrain.
+    let (ok, out) = d
+        .harness
+        .systemctl(&["stop", "ptrain-job@admin-stopped.service"]);
+    assert!(ok, "{out}");
+    let ended = d.wait_ended("admin-stopped");
+    assert_eq!(ended["status"], "stopped", "{ended}");
+    assert!(
+        ended["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("stopped by systemd (systemctl stop"),
+        "{ended}"
+    );
+    // The same signal sent by the job itself is no stop.
+    std::fs::write(d.workdir(ALICE).join("go"), "").unwrap();
+    let ended = d.wait_ended("self-killed");
+    assert_eq!(ended["status"], "killed", "{ended}");
+    assert_eq!(ended["signal"], libc::SIGTERM, "{ended}");
+}
+
+#[test]
 fn bad_files_are_rejected_with_a_reason_their_owner_can_read() {
     let d = TestDaemon::start("reject");
     d.drop_job(
@@ -339,6 +373,53 @@ fn bad_files_are_rejected_with_a_reason_their_owner_can_read() {
 }
 
 #[test]
+fn a_file_under_no_job_name_is_refused_after_its_grace_not_left_unseen() {
+    let d = TestDaemon::start("stray");
+    let publish = |name: &str| {
+        let script = format!(
+            "printf '%s' '{{\"version\": 1, \"command\": [\"true\"]}}' > {}",
+            d.spool.join(name).display()
+        );
+        let out = d.as_user(ALICE, "/bin/sh", &["-c", &script]);
+        assert!(out.status.success(), "{}", text(&out));
+    };
+    let dropped = std::time::Instant::now();
+    publish("train.JSON");
+    publish(".train.json.partial");
+    // A temp name renamed to a job name within the grace is a job.
+    publish("renamed.tmp");
+    let out = d.as_user(
+        ALICE,
+        "mv",
+        &[
+            d.spool.join("renamed.tmp").to_str().unwrap(),
+            d.spool.join("renamed.json").to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(d.wait_ended("renamed")["status"], "succeeded");
+    let r = wait_for(
+        "train.JSON to be refused",
+        std::time::Duration::from_secs(90),
+        || {
+            d.rejected(ALICE)
+                .into_iter()
+                .find(|r| r["file"] == "train.JSON")
+        },
+    );
+    assert!(
+        dropped.elapsed() >= std::time::Duration::from_secs(25),
+        "refused before its grace: {r}"
+    );
+    assert!(r["reason"].as_str().unwrap().contains("NAME.json"), "{r}");
+    assert!(!d.spool.join("train.JSON").exists());
+    // Dotfiles are a writer's business.
+    assert!(d.spool.join(".train.json.partial").exists());
+    assert!(d.rejected(ALICE).iter().all(|r| r["file"] != "renamed.tmp"));
+    d.assert_alive();
+}
+
+#[test]
 fn submit_validates_locally_and_drops_safely() {
     let d = TestDaemon::start("submit");
     let work = d.workdir(ALICE);
@@ -357,6 +438,54 @@ fn submit_validates_locally_and_drops_safely() {
     let s = d.wait_ended("hello");
     assert_eq!(s["status"], "succeeded");
     assert_eq!(s["owner"], ALICE);
+}
+
+#[test]
+fn a_workdir_its_owner_cannot_enter_is_refused_at_claim_with_the_reason() {
+    let d = TestDaemon::start("workdir");
+    // Bob's private directory: ptraind (root) could enter it, Alice cannot.
+    let private = d.workdir(BOB).join("private");
+    std::fs::create_dir(&private).unwrap();
+    crate::daemon::chown(&private, BOB);
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let missing = d.workdir(ALICE).join("no-such-dir");
+    let cases = [
+        ("typo", missing.clone(), "it does not exist"),
+        ("foreign", private.clone(), "may not enter it"),
+        ("below", private.join("x"), "not searchable"),
+    ];
+    for (id, dir, _) in &cases {
+        let job = serde_json::json!({"version": 1, "command": ["true"], "workdir": dir});
+        d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+    }
+    for (id, dir, why) in &cases {
+        let r = d.wait_rejected(ALICE, &format!("{id}.json"));
+        let reason = r["reason"].as_str().unwrap();
+        assert!(reason.contains(&dir.display().to_string()), "{reason}");
+        assert!(reason.contains(why), "{id}: {reason}");
+        assert!(d.status(id).is_none(), "{id} must not be a job");
+    }
+    // `ptrain submit` waits for the decision and exits 2, as for any
+    // file ptraind refuses as invalid.
+    let file = d.workdir(ALICE).join("again.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({"version": 1, "command": ["true"], "workdir": missing}).to_string(),
+    )
+    .unwrap();
+    crate::daemon::chown(&file, ALICE);
+    let out = d.ptrain(ALICE, &["submit", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("does not exist"), "{}", text(&out));
+    // Bob may use his own directory.
+    let job = serde_json::json!({"version": 1, "command": ["true"], "workdir": private});
+    d.drop_job(BOB, "own.json", &job.to_string());
+    assert_eq!(d.wait_ended("own")["status"], "succeeded");
+    d.assert_alive();
 }
 
 #[test]
