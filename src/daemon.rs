@@ -193,6 +193,8 @@ pub struct Daemon {
     logs: crate::logs::Logs,
     /// (id, status) of each job change, for [`spawn_job_signals`] to emit.
     job_signals: mpsc::UnboundedSender<(String, String)>,
+    /// Owners whose workdir's file system did not answer, and since when.
+    slow_workdirs: HashMap<u32, tokio::time::Instant>,
     /// Entries under stray names, refused when their grace is over.
     strays: spool::Strays,
     /// Running jobs whose units systemd is stopping without ptraind having
@@ -222,6 +224,9 @@ const MAX_SPOOL_BATCH: usize = 64;
 /// systemd drops off the bus and forgets every reference. Jobs beyond this
 /// wait in ptraind's queue, which costs nothing.
 const MAX_TRACKED_UNITS: usize = 256;
+
+/// How long an owner whose workdir's file system hung goes unchecked.
+const SLOW_WORKDIR_PAUSE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Who stopped a job whose unit systemd stopped without ptraind asking.
 const STOPPED_BY_SYSTEMD: &str = "systemd (systemctl stop or a shutdown, not through ptrain)";
@@ -365,6 +370,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         kept: Default::default(),
         stopping_outside: HashSet::new(),
         strays: Default::default(),
+        slow_workdirs: HashMap::new(),
     };
     daemon.kept = crate::kept_units::KeptUnits::new(daemon.config.kept_units);
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
@@ -888,6 +894,31 @@ impl Daemon {
         }
     }
 
+    /// Why `owner` cannot enter `dir`, if the file system says so in time.
+    /// An owner whose file system did not answer is not asked again for
+    /// [`SLOW_WORKDIR_PAUSE`]: each look would hold the state task for the
+    /// whole timeout and leave a thread blocked (systemd's own check at
+    /// the start still refuses a bad workdir).
+    fn workdir_problem(&mut self, owner: &users::Owner, dir: &std::path::Path) -> Option<String> {
+        let now = tokio::time::Instant::now();
+        if self
+            .slow_workdirs
+            .get(&owner.uid)
+            .is_some_and(|since| now.duration_since(*since) < SLOW_WORKDIR_PAUSE)
+        {
+            return None;
+        }
+        match fsutil::check_enterable(dir, owner.uid, owner.gid, &owner.groups) {
+            fsutil::Enterable::Yes => None,
+            fsutil::Enterable::No(why) => Some(why),
+            fsutil::Enterable::Unknown => {
+                warn!(owner = %owner.name, workdir = %dir.display(), "the workdir's file system did not answer in {:?}; not checking {}'s workdirs for {:?}", fsutil::ENTER_CHECK_TIMEOUT, owner.name, SLOW_WORKDIR_PAUSE);
+                self.slow_workdirs.insert(owner.uid, now);
+                None
+            }
+        }
+    }
+
     /// Claims files from the intake for one pass ([`PASS_BUDGET`], at most
     /// [`MAX_SPOOL_BATCH`]), owners in turn.
     async fn claim_a_pass(&mut self) {
@@ -1060,9 +1091,7 @@ impl Daemon {
             .collect();
         workdirs.dedup();
         for dir in workdirs {
-            if let Some(why) =
-                crate::fsutil::why_not_enterable(dir, owner.uid, owner.gid, &owner.groups)
-            {
+            if let Some(why) = self.workdir_problem(&owner, dir) {
                 return reject(
                     self,
                     format!(

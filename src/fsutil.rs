@@ -464,29 +464,44 @@ pub fn as_user<T>(uid: u32, gid: u32, groups: &[u32], f: impl FnOnce() -> T) -> 
     Ok(result)
 }
 
-/// How long [`why_not_enterable`] waits for the file system: a directory
-/// on a hung network mount must not hold up the claim of every other job.
-pub const ENTER_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long [`check_enterable`] waits for the file system: a directory on
+/// a hung network mount (or a user's FUSE mount that never answers) must
+/// not hold up the claim of every other job.
+pub const ENTER_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Why the user (uid, gid, groups) could not make `dir` its working
+/// Whether a user can make a directory its working directory.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Enterable {
+    Yes,
+    /// Why not.
+    No(String),
+    /// The file system did not answer within [`ENTER_CHECK_TIMEOUT`].
+    Unknown,
+}
+
+/// Whether the user (uid, gid, groups) could make `dir` its working
 /// directory, as systemd would for the job: it must exist, be a directory
 /// (symlinks followed, as `chdir` does) and be searchable for the user all
-/// the way down. `None`: it can, or the file system did not answer within
-/// [`ENTER_CHECK_TIMEOUT`] (then systemd's own check, at the start, says).
-/// Checked on a thread of its own, which takes the user's identity
-/// ([`as_user`]) and may be left behind blocked.
-pub fn why_not_enterable(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> Option<String> {
+/// the way down. Checked on a thread of its own, which takes the user's
+/// identity ([`as_user`]) and is left behind if the file system hangs.
+pub fn check_enterable(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> Enterable {
     let (tx, rx) = std::sync::mpsc::channel();
     let (path, groups) = (dir.to_owned(), groups.to_vec());
-    std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("workdir-check".into())
         .spawn(move || {
             let why = as_user(uid, gid, &groups, || enter_problem(&path))
                 .unwrap_or_else(|e| Some(e.to_string()));
             let _ = tx.send(why);
-        })
-        .ok()?;
-    rx.recv_timeout(ENTER_CHECK_TIMEOUT).ok().flatten()
+        });
+    if spawned.is_err() {
+        return Enterable::Unknown;
+    }
+    match rx.recv_timeout(ENTER_CHECK_TIMEOUT) {
+        Ok(None) => Enterable::Yes,
+        Ok(Some(why)) => Enterable::No(why),
+        Err(_) => Enterable::Unknown,
+    }
 }
 
 fn enter_problem(dir: &Path) -> Option<String> {
