@@ -64,9 +64,13 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
             other => other.ok(),
         };
         let is_dir = identity.is_some_and(|i| i.mode & libc::S_IFMT == libc::S_IFDIR);
+        // Quoted as is, not `{:?}`: a name that was not UTF-8 is already
+        // spelled out once ([`entry_name`]: `r\xe9sum\xe9.json`), and
+        // Debug would double its backslashes. Control characters are
+        // escaped where the reason is shown ([`crate::display::escape`]).
         return refused(
             format!(
-                "file name {name:?} is not allowed; name job files like `resnet-lr01.json` \
+                "file name \"{name}\" is not allowed; name job files like `resnet-lr01.json` \
                  (letters, digits, '.', '_', '-'; at most 64 characters before .json)"
             ),
             identity,
@@ -610,7 +614,11 @@ mod tests {
         assert!(p.join(hidden).exists());
         let fd = fsutil::open_dir(p).unwrap();
         match read_spool_file(&fd, "r\\xe9sum\\xe9~1.json") {
-            SpoolRead::Refused { reason, .. } => assert!(reason.contains("file name"), "{reason}"),
+            // The name as it was escaped once, backslashes not doubled.
+            SpoolRead::Refused { reason, .. } => assert!(
+                reason.starts_with(r#"file name "r\xe9sum\xe9~1.json" is not allowed"#),
+                "{reason}"
+            ),
             other => panic!("{other:?}"),
         }
         // Its second event, once it is gone, refuses nothing again.
