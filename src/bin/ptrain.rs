@@ -128,6 +128,21 @@ enum Command {
         /// Show chains as a tree: each job under the jobs it waits for.
         #[arg(long, conflicts_with = "json")]
         tree: bool,
+        /// Only the jobs of USER (a login name or a uid).
+        #[arg(long, value_name = "USER", conflicts_with = "mine")]
+        user: Option<String>,
+        /// Only your own jobs.
+        #[arg(long)]
+        mine: bool,
+        /// Only jobs in these states (repeat it or separate them by commas:
+        /// `--status queued,running`).
+        #[arg(
+            long,
+            value_name = "STATUS",
+            value_delimiter = ',',
+            value_parser = clap::builder::PossibleValuesParser::new(STATUS_WORDS)
+        )]
+        status: Vec<String>,
     },
     /// Show one job.
     Status {
@@ -135,8 +150,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Stop a queued or running job.
-    Stop { id: String },
+    /// Stop queued or running jobs (or sweeps); each is reported on a line
+    /// of its own, exit 1 if any was not stopped.
+    Stop {
+        #[arg(required_unless_present = "user")]
+        ids: Vec<String>,
+        /// Every queued or running job of USER (a login name or a uid):
+        /// root, or USER themself.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
+    },
     /// Show a job's output (from the journal, or its archive once the
     /// journal rotated it away).
     Logs {
@@ -312,14 +335,22 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             all,
             recent,
             tree,
+            user,
+            mine,
+            status,
         } => {
-            let proxy = proxy().await?;
-            let reply = if all {
-                proxy.list().await
-            } else {
-                proxy.list_recent(recent).await
+            let filter = ListFilter {
+                uid: match (user, mine) {
+                    (Some(user), _) => Some(uid_of_user(&user)?),
+                    // SAFETY: geteuid has no preconditions. The bus knows
+                    // us by this uid too.
+                    (None, true) => Some(unsafe { libc::geteuid() }),
+                    (None, false) => None,
+                },
+                statuses: status.into_iter().collect(),
             };
-            let jobs: Vec<JobView> = parse(&reply.map_err(from_bus)?)?;
+            let proxy = proxy().await?;
+            let jobs = list_jobs(&proxy, all, recent, &filter).await?;
             if json {
                 print_json(&jobs);
             } else if tree {
@@ -364,13 +395,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             }
             Ok(0)
         }
-        Command::Stop { id } => {
-            outln!(
-                "{}",
-                escape(&proxy().await?.stop(&id).await.map_err(from_bus)?)
-            );
-            Ok(0)
-        }
+        Command::Stop { ids, user } => stop(ids, user).await,
         Command::Logs {
             id,
             follow,
@@ -440,6 +465,175 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Notifications { json, action } => notifications(json, action).await,
         Command::Generate { man, completions } => generate(man, completions),
     }
+}
+
+/// Every status word a job shows (`JobView::status`), in the order a job
+/// passes through them; `ended` is a record kept without an outcome.
+const STATUS_WORDS: [&str; 13] = [
+    "queued",
+    "launching",
+    "running",
+    "succeeded",
+    "failed",
+    "killed",
+    "timeout",
+    "idle-timeout",
+    "stopped",
+    "launch-failed",
+    "dependency-failed",
+    "not-needed",
+    "ended",
+];
+
+/// The uid of `user`, a login name or a number.
+fn uid_of_user(user: &str) -> Result<u32, Failure> {
+    if let Ok(uid) = user.parse() {
+        return Ok(uid);
+    }
+    ptrain::users::uid_of_name(user).ok_or_else(|| {
+        fail(
+            EXIT_USAGE,
+            format!("no user {user:?} on this system; give a login name (`id -un USER`) or a uid"),
+        )
+    })
+}
+
+/// What `ptrain list --user/--mine/--status` keeps. Applied here to what
+/// ptraind lists: the listing already holds every job's owner and status,
+/// also the ones [privacy] hides the details of.
+#[derive(Default)]
+struct ListFilter {
+    uid: Option<u32>,
+    /// Empty: every status.
+    statuses: std::collections::BTreeSet<String>,
+}
+
+impl ListFilter {
+    fn is_empty(&self) -> bool {
+        self.uid.is_none() && self.statuses.is_empty()
+    }
+
+    fn keeps(&self, job: &JobView) -> bool {
+        self.uid.is_none_or(|uid| job.uid == uid)
+            && (self.statuses.is_empty() || self.statuses.contains(&job.status))
+    }
+
+    /// Would every job it keeps be queued, launching or running? Those
+    /// are all in the short listing whatever `--recent` says.
+    fn only_active(&self) -> bool {
+        !self.statuses.is_empty() && self.statuses.iter().all(|s| !is_final(s))
+    }
+}
+
+/// The jobs `ptrain list` shows: the active ones and the `recent` newest
+/// ends (every job with `all`), of those the filter keeps. With a filter,
+/// `--recent` counts the ends it keeps, so it reads the whole listing
+/// unless only active jobs can match (they are always in the short one).
+async fn list_jobs(
+    proxy: &Daemon1Proxy<'_>,
+    all: bool,
+    recent: u32,
+    filter: &ListFilter,
+) -> Result<Vec<JobView>, Failure> {
+    let reply = if filter.only_active() {
+        proxy.list_recent(0).await
+    } else if all || !filter.is_empty() {
+        proxy.list().await
+    } else {
+        proxy.list_recent(recent).await
+    };
+    let jobs: Vec<JobView> = parse(&reply.map_err(from_bus)?)?;
+    if filter.is_empty() {
+        return Ok(jobs);
+    }
+    Ok(keep_recent(
+        jobs.into_iter().filter(|j| filter.keeps(j)).collect(),
+        if all { None } else { Some(recent as usize) },
+    ))
+}
+
+/// The active jobs and the `recent` most recently ended (every one for
+/// None), in the listing's order (by submission).
+fn keep_recent(jobs: Vec<JobView>, recent: Option<usize>) -> Vec<JobView> {
+    let Some(recent) = recent else {
+        return jobs;
+    };
+    let mut ends: Vec<(u64, &str)> = jobs
+        .iter()
+        .filter(|j| is_final(&j.status))
+        .map(|j| (j.ended_at.unwrap_or(0), j.id.as_str()))
+        .collect();
+    ends.sort_unstable_by(|a, b| b.cmp(a));
+    let newest: std::collections::BTreeSet<String> = ends
+        .into_iter()
+        .take(recent)
+        .map(|(_, id)| id.to_owned())
+        .collect();
+    jobs.into_iter()
+        .filter(|j| !is_final(&j.status) || newest.contains(&j.id))
+        .collect()
+}
+
+/// `ptrain stop ID… [--user USER]`: each job asked for on its own, each
+/// answer on a line of its own; one that fails does not keep the others
+/// from being stopped.
+async fn stop(mut ids: Vec<String>, user: Option<String>) -> Result<u8, Failure> {
+    let proxy = proxy().await?;
+    if let Some(user) = &user {
+        let uid = uid_of_user(user)?;
+        // SAFETY: geteuid has no preconditions.
+        let caller = unsafe { libc::geteuid() };
+        if caller != 0 && caller != uid {
+            return Err(fail(
+                EXIT_FAILURE,
+                format!(
+                    "only root or {user} may stop every job of {user}; name your own jobs, \
+                     or run it with sudo"
+                ),
+            ));
+        }
+        let active: Vec<JobView> = parse(&proxy.list_recent(0).await.map_err(from_bus)?)?;
+        let theirs: Vec<String> = active
+            .into_iter()
+            .filter(|j| j.uid == uid && !is_final(&j.status))
+            .map(|j| j.id)
+            .collect();
+        if theirs.is_empty() && ids.is_empty() {
+            outln!("{} has no queued or running jobs", escape(user));
+            return Ok(0);
+        }
+        ids.extend(theirs);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    ids.retain(|id| seen.insert(id.clone()));
+    if let [id] = ids.as_slice() {
+        outln!("{}", escape(&proxy.stop(id).await.map_err(from_bus)?));
+        return Ok(0);
+    }
+    let mut not_stopped = Vec::new();
+    for id in &ids {
+        match proxy.stop(id).await.map_err(from_bus) {
+            Ok(said) => outln!("{}", escape(&said)),
+            // Nobody to ask about the rest either.
+            Err(f) if f.code == EXIT_NO_DAEMON => return Err(f),
+            Err(f) => {
+                errln!("ptrain: {}", escape(&f.message));
+                not_stopped.push(id.as_str());
+            }
+        }
+    }
+    if not_stopped.is_empty() {
+        return Ok(0);
+    }
+    Err(fail(
+        EXIT_FAILURE,
+        format!(
+            "{} of {} not stopped: {} (why: above)",
+            not_stopped.len(),
+            ids.len(),
+            not_stopped.join(", ")
+        ),
+    ))
 }
 
 fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Failure> {
@@ -1501,6 +1695,111 @@ mod table_tests {
             ],
             "{tree}"
         );
+    }
+
+    fn listed(id: &str, uid: u32, status: &str, ended_at: Option<u64>) -> JobView {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "status": status, "owner": format!("u{uid}"), "uid": uid,
+            "unit": format!("ptrain-job@{id}.service"), "command": ["true"],
+            "gpus": [], "gpu_uuids": [], "submitted_at": 1, "detail": status,
+            "ended_at": ended_at,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn list_filters_keep_the_user_and_statuses_asked_for() {
+        let jobs = [
+            listed("a", 1000, "running", None),
+            listed("b", 1001, "failed", Some(5)),
+            listed("c", 1000, "succeeded", Some(6)),
+            listed("d", 1000, "failed", Some(7)),
+        ];
+        let kept = |filter: &ListFilter| -> Vec<&str> {
+            jobs.iter()
+                .filter(|j| filter.keeps(j))
+                .map(|j| j.id.as_str())
+                .collect()
+        };
+        let mine = ListFilter {
+            uid: Some(1000),
+            ..Default::default()
+        };
+        assert_eq!(kept(&mine), ["a", "c", "d"]);
+        let failed = ListFilter {
+            statuses: ["failed".to_string()].into(),
+            ..Default::default()
+        };
+        assert_eq!(kept(&failed), ["b", "d"]);
+        let both = ListFilter {
+            uid: Some(1000),
+            statuses: ["failed".to_string(), "running".to_string()].into(),
+        };
+        assert_eq!(kept(&both), ["a", "d"]);
+        assert!(
+            !both.only_active(),
+            "failed jobs are not in the short listing"
+        );
+        let active = ListFilter {
+            statuses: ["queued".to_string(), "running".to_string()].into(),
+            ..Default::default()
+        };
+        assert!(active.only_active());
+        assert!(ListFilter::default().is_empty());
+    }
+
+    #[test]
+    fn recent_counts_the_newest_ends_the_filter_kept() {
+        let jobs = vec![
+            listed("old", 1000, "failed", Some(1)),
+            listed("live", 1000, "queued", None),
+            listed("new", 1000, "failed", Some(9)),
+            listed("mid", 1000, "succeeded", Some(5)),
+        ];
+        let ids = |jobs: Vec<JobView>| jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(keep_recent(jobs.clone(), Some(2))),
+            ["live", "new", "mid"]
+        );
+        assert_eq!(ids(keep_recent(jobs.clone(), Some(0))), ["live"]);
+        assert_eq!(ids(keep_recent(jobs, None)).len(), 4);
+    }
+
+    #[test]
+    fn every_status_word_is_known_to_the_filter() {
+        use clap::CommandFactory;
+        let err = Cli::command()
+            .try_get_matches_from(["ptrain", "list", "--status", "queued,bogus"])
+            .unwrap_err();
+        assert_eq!(err.exit_code(), i32::from(EXIT_USAGE));
+        let said = err.to_string();
+        for word in STATUS_WORDS {
+            assert!(said.contains(word), "{word} not named in: {said}");
+        }
+        let ok = Cli::try_parse_from([
+            "ptrain",
+            "list",
+            "--status",
+            "queued,failed",
+            "--status",
+            "stopped",
+            "--mine",
+            "--all",
+        ]);
+        match ok.map(|c| c.command) {
+            Ok(Command::List {
+                status, mine, all, ..
+            }) => {
+                assert_eq!(status, ["queued", "failed", "stopped"]);
+                assert!(mine && all);
+            }
+            _ => panic!("list --status did not parse"),
+        }
+        assert!(
+            Cli::try_parse_from(["ptrain", "stop"]).is_err(),
+            "stop needs ids or --user"
+        );
+        assert!(Cli::try_parse_from(["ptrain", "stop", "--user", "alice"]).is_ok());
     }
 
     #[test]

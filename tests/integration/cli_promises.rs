@@ -450,3 +450,167 @@ fn other_users_text_reaches_the_terminal_escaped() {
         );
     }
 }
+
+/// The ids `ptrain list ARGS --json` shows to `user`, sorted.
+fn listed_ids(d: &TestDaemon, user: &str, args: &[&str]) -> Vec<String> {
+    let mut full = vec!["list", "--json"];
+    full.extend_from_slice(args);
+    let out = d.ptrain(user, &full);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+    let jobs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut ids: Vec<String> = jobs
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Submits `spec` as `user`'s `ID.json`; returns once ptraind accepted it.
+fn submit(d: &TestDaemon, user: &str, id: &str, spec: Value) {
+    let file = job_file(d, user, &format!("{id}.json"), &spec);
+    let out = d.ptrain(user, &["submit", &file]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn list_filters_by_user_status_and_mine() {
+    let d = TestDaemon::start("list-filters");
+    submit(
+        &d,
+        ALICE,
+        "a-ok",
+        json!({"version": 1, "command": ["true"]}),
+    );
+    submit(
+        &d,
+        ALICE,
+        "a-fail",
+        json!({"version": 1, "command": ["/bin/sh", "-c", "exit 3"]}),
+    );
+    submit(
+        &d,
+        BOB,
+        "b-run",
+        json!({"version": 1, "command": ["sleep", "300"]}),
+    );
+    d.wait_ended("a-ok");
+    d.wait_ended("a-fail");
+    d.wait_running("b-run");
+    let (alice_uid, _) = crate::harness::ensure_user(ALICE);
+    let alice_uid = alice_uid.to_string();
+
+    assert_eq!(listed_ids(&d, ALICE, &["--mine"]), ["a-fail", "a-ok"]);
+    assert_eq!(listed_ids(&d, ALICE, &["--user", BOB]), ["b-run"]);
+    assert_eq!(
+        listed_ids(&d, BOB, &["--user", &alice_uid, "--status", "failed"]),
+        ["a-fail"]
+    );
+    assert_eq!(
+        listed_ids(&d, "root", &["--status", "running,succeeded"]),
+        ["a-ok", "b-run"]
+    );
+    assert_eq!(
+        listed_ids(&d, "root", &["--status", "running", "--status", "failed"]),
+        ["a-fail", "b-run"]
+    );
+    assert_eq!(
+        listed_ids(&d, ALICE, &["--all", "--mine", "--status", "failed"]),
+        ["a-fail"]
+    );
+    // --recent counts the ends the filter keeps; active jobs always show.
+    assert_eq!(
+        listed_ids(&d, ALICE, &["--mine", "--recent", "0"]),
+        Vec::<String>::new()
+    );
+    assert_eq!(listed_ids(&d, ALICE, &["--mine", "--recent", "1"]).len(), 1);
+    assert_eq!(
+        listed_ids(&d, ALICE, &["--user", BOB, "--recent", "0"]),
+        ["b-run"]
+    );
+
+    // The table and the tree filter alike.
+    for args in [&["list", "--mine"][..], &["list", "--mine", "--tree"]] {
+        let out = d.ptrain(ALICE, args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            shown.contains("a-fail") && shown.contains("a-ok"),
+            "{args:?}: {shown}"
+        );
+        assert!(!shown.contains("b-run"), "{args:?}: {shown}");
+    }
+
+    // An unknown status word is bad usage and names the valid ones.
+    let out = d.ptrain(ALICE, &["list", "--status", "finished"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    for word in [
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "dependency-failed",
+    ] {
+        assert!(text(&out).contains(word), "{word}: {}", text(&out));
+    }
+    let out = d.ptrain(ALICE, &["list", "--user", "ptrain-nosuch"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("no user"), "{}", text(&out));
+}
+
+#[test]
+fn stop_takes_many_ids_and_a_user() {
+    let d = TestDaemon::start("stop-many");
+    let sleeper = json!({"version": 1, "command": ["sleep", "300"]});
+    for id in ["s1", "s2"] {
+        submit(&d, ALICE, id, sleeper.clone());
+    }
+    submit(&d, BOB, "b1", sleeper.clone());
+    for id in ["s1", "s2", "b1"] {
+        d.wait_running(id);
+    }
+
+    // One of three is Alice's: it is stopped, the others are named with why.
+    let out = d.ptrain(ALICE, &["stop", "s1", "b1", "nosuch"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.contains("s1"), "{stdout}");
+    assert!(stderr.contains("job b1 belongs to ptrain-bob"), "{stderr}");
+    assert!(stderr.contains("no job \"nosuch\""), "{stderr}");
+    assert!(
+        stderr.contains("2 of 3 not stopped: b1, nosuch"),
+        "{stderr}"
+    );
+    assert_eq!(d.wait_ended("s1")["status"], "stopped");
+    assert_eq!(d.status("b1").unwrap()["status"], "running");
+
+    // Only root or the user themself stops all of a user's jobs.
+    let out = d.ptrain(ALICE, &["stop", "--user", BOB]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("only root or ptrain-bob"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(d.status("b1").unwrap()["status"], "running");
+
+    let out = d.ptrain(ALICE, &["stop", "--user", ALICE]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("s2"), "{}", text(&out));
+    assert_eq!(d.wait_ended("s2")["status"], "stopped");
+    let out = d.ptrain("root", &["stop", "--user", BOB]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(d.wait_ended("b1")["status"], "stopped");
+
+    let out = d.ptrain(ALICE, &["stop", "--user", ALICE]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("ptrain-alice has no queued or running jobs"),
+        "{}",
+        text(&out)
+    );
+}
