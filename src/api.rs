@@ -17,6 +17,12 @@ use crate::unit::explain_exit_status;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobView {
     pub id: String,
+    /// The descriptor's `name` and `comment`: text for people, the
+    /// owner's (hidden from others like the command, [`JobView::as_seen_by`]).
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub comment: Option<String>,
     pub status: String,
     pub owner: String,
     pub uid: u32,
@@ -103,6 +109,8 @@ impl JobView {
             return self;
         }
         JobView {
+            name: None,
+            comment: None,
             command: Vec::new(),
             workdir: None,
             exit_code: None,
@@ -138,6 +146,8 @@ impl JobView {
         }
         JobView {
             id: record.id.to_string(),
+            name: record.spec.name.clone(),
+            comment: record.spec.comment.clone(),
             status: record.status().to_string(),
             owner: record.owner.name.clone(),
             uid: record.owner.uid,
@@ -558,7 +568,7 @@ mod tests {
     #[test]
     fn others_see_only_id_owner_state_and_gpus_unless_the_admin_shows_all() {
         let spec = crate::spec::parse_spec(
-            br#"{"version":1,"command":["python3","train.py","--key","s3cret"],"workdir":"/home/alice/p"}"#,
+            br#"{"version":1,"command":["python3","train.py","--key","s3cret"],"workdir":"/home/alice/p","name":"project-x","comment":"for the grant"}"#,
             "j",
         )
         .unwrap();
@@ -581,7 +591,14 @@ mod tests {
         let view = JobView::of(&record);
         let private = crate::config::Privacy::default();
         let shown = serde_json::to_string(&view.clone().as_seen_by(2000, private)).unwrap();
-        for secret in ["s3cret", "train.py", "/home/alice/p", "acc"] {
+        for secret in [
+            "s3cret",
+            "train.py",
+            "/home/alice/p",
+            "acc",
+            "project-x",
+            "grant",
+        ] {
             assert!(!shown.contains(secret), "{secret} in {shown}");
         }
         let seen = view.clone().as_seen_by(2000, private);

@@ -800,6 +800,12 @@ fn print_sweep(id: &str, members: &[JobView]) {
 /// be anyone, root included.
 fn print_status(j: &JobView) {
     outln!("job:       {}", escape(&j.id));
+    if let Some(name) = &j.name {
+        outln!("name:      {}", escape(name));
+    }
+    if let Some(comment) = &j.comment {
+        outln!("comment:   {}", escape(comment));
+    }
     // A detail that only repeats the status ("succeeded") says nothing more.
     if j.detail.is_empty() || j.detail == j.status {
         outln!("status:    {}", escape(&j.status));

@@ -614,3 +614,69 @@ fn stop_takes_many_ids_and_a_user() {
         text(&out)
     );
 }
+
+/// A job's `name` and `comment` reach `status` (text and JSON) and `list
+/// --json`, also once it ended; others see them only as they see the
+/// command.
+#[test]
+fn status_and_list_show_a_jobs_name_and_comment() {
+    let d = TestDaemon::start("name-comment");
+    submit(
+        &d,
+        ALICE,
+        "named",
+        json!({"version": 1, "command": ["true"],
+               "name": "ResNet-50 baseline", "comment": "lr 0.1, for the ablation"}),
+    );
+    submit(
+        &d,
+        ALICE,
+        "plain",
+        json!({"version": 1, "command": ["true"]}),
+    );
+    d.wait_ended("named");
+    d.wait_ended("plain");
+
+    let out = d.ptrain(ALICE, &["status", "named"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.contains("name:      ResNet-50 baseline\n"), "{shown}");
+    assert!(
+        shown.contains("comment:   lr 0.1, for the ablation\n"),
+        "{shown}"
+    );
+    let out = d.ptrain(ALICE, &["status", "plain"]);
+    assert!(!text(&out).contains("name:"), "{}", text(&out));
+
+    let s = d.status("named").unwrap();
+    assert_eq!(s["name"], "ResNet-50 baseline", "{s}");
+    assert_eq!(s["comment"], "lr 0.1, for the ablation", "{s}");
+    let out = d.ptrain(ALICE, &["list", "--json"]);
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let named = list.iter().find(|j| j["id"] == "named").expect("listed");
+    assert_eq!(named["name"], "ResNet-50 baseline", "{named}");
+    assert!(list
+        .iter()
+        .any(|j| j["id"] == "plain" && j["name"].is_null()));
+
+    // Bob sees neither, as he does not see the command.
+    let out = d.ptrain(BOB, &["status", "named", "--json"]);
+    assert!(!text(&out).contains("ResNet"), "{}", text(&out));
+    let out = d.ptrain(BOB, &["list", "--json"]);
+    assert!(!text(&out).contains("ResNet"), "{}", text(&out));
+
+    // An invalid one is refused at submit with the field and the fix.
+    let file = job_file(
+        &d,
+        ALICE,
+        "badname.json",
+        &json!({"version": 1, "command": ["true"], "name": "two\nlines"}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &file]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("field `name` holds U+000A"),
+        "{}",
+        text(&out)
+    );
+}
