@@ -1260,7 +1260,8 @@ fn validate_credentials(v: Value) -> Result<BTreeMap<String, PathBuf>, SpecError
     Ok(out)
 }
 
-fn is_env_name(s: &str) -> bool {
+/// `[A-Za-z_][A-Za-z0-9_]*`: the variable names field `env` accepts.
+pub fn is_env_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && (b[0].is_ascii_alphabetic() || b[0] == b'_')

@@ -106,6 +106,11 @@ enum Command {
         /// codes below).
         #[arg(long)]
         wait: bool,
+        /// Copy these variables of your environment into the job's `env`
+        /// (NAME,NAME…; ALL: every one the job may set; NONE: none, the
+        /// default), as sbatch --export. The job file's own `env` wins.
+        #[arg(long, value_name = "NAMES|ALL|NONE")]
+        export: Option<String>,
     },
     /// Block until these jobs (or sweeps) end; exit 0 only if all succeeded
     /// or were not needed.
@@ -308,7 +313,11 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             id,
             no_confirm,
             wait,
-        } => submit(&cli.config, &file, id, no_confirm, wait).await,
+            export,
+        } => {
+            let export = export.as_deref().map(Export::parse).transpose()?.flatten();
+            submit(&cli.config, &file, id, no_confirm, wait, export).await
+        }
         Command::Wait { ids } => {
             let proxy = proxy().await?;
             // Subscribed before the first look, so no change falls in between.
@@ -872,12 +881,133 @@ fn spool_dir(config: &Path) -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from("/var/spool/ptrain"))
 }
 
+/// `ptrain submit --export`: which of the submitter's variables go into
+/// the job's `env`.
+#[derive(Debug, PartialEq)]
+enum Export {
+    /// Every variable the descriptor lets a job set; the others (`USER`,
+    /// `LD_PRELOAD`, …, names `env` does not accept) are left out, with a
+    /// note.
+    All,
+    /// Exactly these; one the job may not set is refused.
+    Names(Vec<String>),
+}
+
+impl Export {
+    /// NAMES|ALL|NONE; None for NONE.
+    fn parse(text: &str) -> Result<Option<Export>, Failure> {
+        match text {
+            "ALL" => return Ok(Some(Export::All)),
+            "NONE" => return Ok(None),
+            _ => {}
+        }
+        let names: Vec<String> = text.split(',').map(str::to_owned).collect();
+        if let Some(bad) = names.iter().find(|n| !ptrain::spec::is_env_name(n)) {
+            return Err(fail(
+                EXIT_USAGE,
+                format!(
+                    "--export {text:?}: {bad:?} is not a variable name; give NAME[,NAME…] \
+                     (letters, digits, _), ALL or NONE"
+                ),
+            ));
+        }
+        if let Some((name, why)) = names
+            .iter()
+            .find_map(|n| ptrain::spec::reserved_env(n).map(|why| (n, why)))
+        {
+            return Err(fail(
+                EXIT_USAGE,
+                format!("--export: a job may not set {name}: {why}; leave it out of --export"),
+            ));
+        }
+        Ok(Some(Export::Names(names)))
+    }
+
+    /// The variables to copy, from `environment`: (name, value) pairs, and
+    /// the names left out (ALL only). A named variable that is not set, or
+    /// not UTF-8, is an error naming it.
+    fn pick(
+        &self,
+        environment: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<(Vec<(String, String)>, Vec<String>), Failure> {
+        let mut environment: std::collections::BTreeMap<_, _> = environment.collect();
+        match self {
+            Export::Names(names) => {
+                let mut picked = Vec::new();
+                for name in names {
+                    let value = environment.remove(std::ffi::OsStr::new(name)).ok_or_else(|| {
+                        fail(
+                            EXIT_USAGE,
+                            format!("--export: {name} is not set in your environment; set it or leave it out"),
+                        )
+                    })?;
+                    let value = value.into_string().map_err(|_| {
+                        fail(
+                            EXIT_USAGE,
+                            format!("--export: the value of {name} is not UTF-8, which a job file cannot hold; leave it out"),
+                        )
+                    })?;
+                    picked.push((name.clone(), value));
+                }
+                Ok((picked, Vec::new()))
+            }
+            Export::All => {
+                let (mut picked, mut left_out) = (Vec::new(), Vec::new());
+                for (name, value) in environment {
+                    match (name.into_string(), value.into_string()) {
+                        (Ok(name), Ok(value))
+                            if ptrain::spec::is_env_name(&name)
+                                && ptrain::spec::reserved_env(&name).is_none() =>
+                        {
+                            picked.push((name, value))
+                        }
+                        (name, _) => {
+                            left_out.push(name.unwrap_or_else(|n| n.to_string_lossy().into_owned()))
+                        }
+                    }
+                }
+                Ok((picked, left_out))
+            }
+        }
+    }
+}
+
+/// The job file with `exported` added to its `env`; a variable the file
+/// sets itself keeps the file's value (as sbatch: what the job says wins).
+fn with_exported_env(bytes: &[u8], exported: Vec<(String, String)>) -> Result<Vec<u8>, Failure> {
+    // Already checked by parse_spec: one JSON object, no duplicate keys.
+    let mut job: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes)
+        .map_err(|e| {
+            fail(
+                EXIT_USAGE,
+                format!("cannot add --export to the job file: {e}"),
+            )
+        })?;
+    let env = job
+        .entry("env")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if env.is_null() {
+        *env = serde_json::Value::Object(Default::default());
+    }
+    let Some(env) = env.as_object_mut() else {
+        return Err(fail(
+            EXIT_USAGE,
+            "field `env` must be an object to add --export to it",
+        ));
+    };
+    for (name, value) in exported {
+        env.entry(name).or_insert(serde_json::Value::String(value));
+    }
+    Ok(serde_json::to_vec(&job).expect("a JSON object serialises"))
+}
+
 async fn submit(
     config: &Path,
     file: &Path,
     id: Option<String>,
     no_confirm: bool,
     wait: bool,
+    export: Option<Export>,
 ) -> Result<u8, Failure> {
     let (bytes, default_id) = if file == Path::new("-") {
         let mut buf = Vec::new();
@@ -903,8 +1033,25 @@ async fn submit(
         (bytes, id.unwrap_or(stem))
     };
     // The same checks ptraind makes, so mistakes show up here, not later.
-    let spec = parse_spec(&bytes, &default_id)
+    let mut spec = parse_spec(&bytes, &default_id)
         .map_err(|e| fail(EXIT_USAGE, format!("{}: {e}", file.display())))?;
+    let bytes = match export {
+        None => bytes,
+        Some(export) => {
+            let (exported, left_out) = export.pick(std::env::vars_os())?;
+            if !left_out.is_empty() {
+                errln!(
+                    "ptrain: --export ALL leaves out what a job may not set (ptraind's own, \
+                     or not a variable name the job file can hold): {}",
+                    escape(&left_out.join(", "))
+                );
+            }
+            let bytes = with_exported_env(&bytes, exported)?;
+            spec = parse_spec(&bytes, &default_id)
+                .map_err(|e| fail(EXIT_USAGE, format!("{} with --export: {e}", file.display())))?;
+            bytes
+        }
+    };
     let name = format!("{}.json", spec.id);
     debug_assert!(spool_file_stem(&name).is_some());
     let spool = spool_dir(config);
@@ -1806,6 +1953,91 @@ mod table_tests {
             "stop needs ids or --user"
         );
         assert!(Cli::try_parse_from(["ptrain", "stop", "--user", "alice"]).is_ok());
+    }
+
+    fn environment(vars: &[(&str, &str)]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+        vars.iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+
+    #[test]
+    fn export_names_all_or_none() {
+        assert_eq!(Export::parse("NONE").unwrap(), None);
+        assert_eq!(Export::parse("ALL").unwrap(), Some(Export::All));
+        assert_eq!(
+            Export::parse("PATH,VIRTUAL_ENV").unwrap(),
+            Some(Export::Names(vec!["PATH".into(), "VIRTUAL_ENV".into()]))
+        );
+        let bad = Export::parse("PATH,,X").unwrap_err();
+        assert_eq!(bad.code, EXIT_USAGE);
+        assert!(
+            bad.message.contains("\"\" is not a variable name"),
+            "{}",
+            bad.message
+        );
+        let reserved = Export::parse("PATH,LD_PRELOAD").unwrap_err();
+        assert_eq!(reserved.code, EXIT_USAGE);
+        assert!(
+            reserved.message.contains("a job may not set LD_PRELOAD"),
+            "{}",
+            reserved.message
+        );
+
+        let env = environment(&[
+            ("PATH", "/venv/bin:/usr/bin"),
+            ("USER", "alice"),
+            ("PTRAIN_CONFIG", "/etc/x"),
+            ("BASH_FUNC_f%%", "() { :; }"),
+            ("HOME", "/home/alice"),
+        ]);
+        let (picked, left_out) = Export::All.pick(env.clone().into_iter()).unwrap();
+        assert_eq!(
+            picked,
+            [
+                ("HOME".to_string(), "/home/alice".to_string()),
+                ("PATH".to_string(), "/venv/bin:/usr/bin".to_string())
+            ]
+        );
+        assert_eq!(left_out, ["BASH_FUNC_f%%", "PTRAIN_CONFIG", "USER"]);
+        let (picked, _) = Export::Names(vec!["PATH".into()])
+            .pick(env.clone().into_iter())
+            .unwrap();
+        assert_eq!(
+            picked,
+            [("PATH".to_string(), "/venv/bin:/usr/bin".to_string())]
+        );
+        let unset = Export::Names(vec!["NOPE".into()])
+            .pick(env.into_iter())
+            .unwrap_err();
+        assert!(
+            unset.message.contains("NOPE is not set"),
+            "{}",
+            unset.message
+        );
+    }
+
+    #[test]
+    fn the_job_files_own_env_wins_over_exported() {
+        let exported = vec![
+            ("PATH".to_string(), "/venv/bin".to_string()),
+            ("MODE".to_string(), "shell".to_string()),
+        ];
+        let bytes = with_exported_env(
+            br#"{"version": 1, "command": ["x"], "env": {"MODE": "file"}}"#,
+            exported.clone(),
+        )
+        .unwrap();
+        let spec = parse_spec(&bytes, "j").unwrap();
+        assert_eq!(spec.env["MODE"], "file");
+        assert_eq!(spec.env["PATH"], "/venv/bin");
+        // No `env`, or a null one: made.
+        for file in [
+            &br#"{"version": 1, "command": ["x"]}"#[..],
+            br#"{"version": 1, "command": ["x"], "env": null}"#,
+        ] {
+            let spec =
+                parse_spec(&with_exported_env(file, exported.clone()).unwrap(), "j").unwrap();
+            assert_eq!(spec.env["MODE"], "shell");
+        }
     }
 
     #[test]

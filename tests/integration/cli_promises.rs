@@ -680,3 +680,82 @@ fn status_and_list_show_a_jobs_name_and_comment() {
         text(&out)
     );
 }
+
+/// `submit --export`: the job runs with the submitter's variables (a
+/// venv's PATH finds its programs), its own `env` winning; a variable the
+/// job may not set is refused before anything is dropped.
+#[test]
+fn submit_export_copies_the_submitters_variables() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = TestDaemon::start("submit-export");
+    let venv_bin = d.workdir(ALICE).join("venv/bin");
+    std::fs::create_dir_all(&venv_bin).unwrap();
+    let program = venv_bin.join("hello-venv");
+    std::fs::write(&program, "#!/bin/sh\necho \"venv says $MYVAR $MODE\"\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", venv_bin.display());
+    let file = job_file(
+        &d,
+        ALICE,
+        "exported.json",
+        &json!({"version": 1, "command": ["hello-venv"], "workdir": d.workdir(ALICE),
+                "env": {"MODE": "from-the-file"}}),
+    );
+    let submit_with = |export: &str, file: &str| {
+        let config = d.config.display().to_string();
+        d.as_user(
+            ALICE,
+            "env",
+            &[
+                &format!("PATH={path}"),
+                "MYVAR=from-the-shell",
+                "MODE=from-the-shell",
+                "PTRAIN_NOT_FOR_JOBS=1",
+                PTRAIN,
+                "--config",
+                &config,
+                "submit",
+                "--export",
+                export,
+                file,
+            ],
+        )
+    };
+    let out = submit_with("PATH,MYVAR,MODE", &file);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(d.wait_ended("exported")["status"], "succeeded");
+    let said = wait_for("the job's output in the journal", WAIT, || {
+        let out = d.ptrain(ALICE, &["logs", "exported"]);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        said.contains("venv says").then_some(said)
+    });
+    assert!(
+        said.contains("venv says from-the-shell from-the-file"),
+        "{said}"
+    );
+
+    // A name the descriptor forbids is refused, nothing dropped.
+    let out = submit_with("PATH,LD_PRELOAD", &file);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("a job may not set LD_PRELOAD"),
+        "{}",
+        text(&out)
+    );
+    // ALL leaves out what the job may not set (PTRAIN_*, USER) and says so.
+    let all = job_file(
+        &d,
+        ALICE,
+        "all.json",
+        &json!({"version": 1, "command": ["hello-venv"], "workdir": d.workdir(ALICE)}),
+    );
+    let out = submit_with("ALL", &all);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("--export ALL leaves out"),
+        "{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("PTRAIN_NOT_FOR_JOBS"), "{}", text(&out));
+    assert_eq!(d.wait_ended("all")["status"], "succeeded");
+}
