@@ -286,6 +286,9 @@ pub struct DaemonApi {
     pub privacy: crate::config::Privacy,
     /// Serves job output ([`crate::logs`]).
     pub logs: crate::logs::Logs,
+    /// The spool directory ptraind watches, for `ptrain submit` when the
+    /// config is not readable to its user.
+    pub spool_dir: std::path::PathBuf,
 }
 
 impl DaemonApi {
@@ -524,6 +527,14 @@ impl DaemonApi {
             .await??)
     }
 
+    /// The spool directory ptraind watches, where job files are dropped:
+    /// how a user who cannot read the config finds it. Fixed while
+    /// ptraind runs.
+    #[zbus(property(emits_changed_signal = "const"))]
+    async fn spool_dir(&self) -> String {
+        self.spool_dir.display().to_string()
+    }
+
     /// Emitted on every job state change: id and new status.
     #[zbus(signal)]
     pub async fn job_changed(
@@ -557,6 +568,8 @@ pub trait Daemon1 {
     fn log_usage(&self) -> zbus::Result<String>;
     fn notifications(&self) -> zbus::Result<String>;
     fn retry_notifications(&self, key: &str, all_dead: bool) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn spool_dir(&self) -> zbus::Result<String>;
     #[zbus(signal)]
     fn job_changed(&self, id: String, status: String) -> zbus::Result<()>;
 }

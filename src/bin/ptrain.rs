@@ -873,12 +873,38 @@ fn print_status(j: &JobView) {
     }
 }
 
-/// The spool directory from the config, or the default when the config is
-/// not readable by this user (it is normally root-only-writable, world-readable).
-fn spool_dir(config: &Path) -> PathBuf {
-    Config::load(config)
-        .map(|c| c.spool_dir)
-        .unwrap_or_else(|_| PathBuf::from("/var/spool/ptrain"))
+/// Where job files go when neither the config nor ptraind tells.
+const DEFAULT_SPOOL_DIR: &str = "/var/spool/ptrain";
+
+/// The spool directory: from the config (normally world-readable); when
+/// this user cannot read it, from ptraind (its SpoolDir property); only
+/// when ptraind does not answer either, the default, with a note naming
+/// both, as the file may then wait where no ptraind looks.
+async fn spool_dir(config: &Path, proxy: Option<&Daemon1Proxy<'_>>) -> PathBuf {
+    let unreadable = match Config::load(config) {
+        Ok(c) => return c.spool_dir,
+        Err(e) => e,
+    };
+    let asked = match proxy {
+        Some(proxy) => proxy.spool_dir().await.map_err(|e| from_bus(e).message),
+        None => Err("cannot reach it on the system bus".to_string()),
+    };
+    match asked {
+        Ok(dir) if Path::new(&dir).is_absolute() => PathBuf::from(dir),
+        Ok(dir) => {
+            errln!("ptrain: ptraind named the spool {dir:?}, not an absolute path; using the default {DEFAULT_SPOOL_DIR}");
+            PathBuf::from(DEFAULT_SPOOL_DIR)
+        }
+        Err(why) => {
+            errln!(
+                "ptrain: cannot read the config ({}) and cannot ask ptraind ({}); \
+                 dropping the job into the default spool {DEFAULT_SPOOL_DIR}",
+                escape(&unreadable.to_string()),
+                escape(&why)
+            );
+            PathBuf::from(DEFAULT_SPOOL_DIR)
+        }
+    }
 }
 
 /// `ptrain submit --export`: which of the submitter's variables go into
@@ -1054,10 +1080,11 @@ async fn submit(
     };
     let name = format!("{}.json", spec.id);
     debug_assert!(spool_file_stem(&name).is_some());
-    let spool = spool_dir(config);
+    let connected = proxy().await;
+    let spool = spool_dir(config, connected.as_ref().ok()).await;
 
     // Subscribed before dropping, so no change of the job is missed.
-    let listener = match proxy().await {
+    let listener = match connected {
         Ok(p) if !no_confirm => {
             let hints = if wait { Some(follow(&p).await?) } else { None };
             Some((p, hints))
@@ -1676,7 +1703,7 @@ fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Result<u8, Fa
             files: &[
                 (
                     DEFAULT_CONFIG_PATH,
-                    "ptraind's configuration; ptrain reads spool_dir from it.",
+                    "ptraind's configuration; ptrain reads spool_dir from it (or, when it cannot, asks ptraind).",
                 ),
                 (
                     "/var/spool/ptrain",

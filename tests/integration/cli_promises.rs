@@ -759,3 +759,71 @@ fn submit_export_copies_the_submitters_variables() {
     assert!(text(&out).contains("PTRAIN_NOT_FOR_JOBS"), "{}", text(&out));
     assert_eq!(d.wait_ended("all")["status"], "succeeded");
 }
+
+/// A user who cannot read the config (root-only, a spool elsewhere than
+/// the default) still submits: ptraind tells where its spool is. With
+/// ptraind down too, `submit` says it falls back to the default, naming
+/// both reasons.
+#[test]
+fn submit_asks_ptraind_for_the_spool_when_the_config_is_unreadable() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = TestDaemon::start("spool-from-bus");
+    std::fs::set_permissions(&d.config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = d.as_user(ALICE, "cat", &[d.config.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "the config is still readable to Alice"
+    );
+    assert_ne!(d.spool, std::path::Path::new("/var/spool/ptrain"));
+
+    let out = d
+        .harness
+        .command("busctl")
+        .args([
+            "--system",
+            "get-property",
+            ptrain::DBUS_NAME,
+            ptrain::DBUS_PATH,
+            ptrain::DBUS_NAME,
+            "SpoolDir",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("s {:?}", d.spool.display().to_string()),
+        "{}",
+        text(&out)
+    );
+
+    let file = job_file(
+        &d,
+        ALICE,
+        "hidden-config.json",
+        &json!({"version": 1, "command": ["true"]}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &file]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("as {}/hidden-config.json", d.spool.display())),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(d.wait_ended("hidden-config")["status"], "succeeded");
+
+    // Neither the config nor ptraind: the default, and a note naming both.
+    // (Only where no real spool is at the default, so nothing lands there.)
+    if !std::path::Path::new("/var/spool/ptrain").exists() {
+        let (ok, said) = d.harness.systemctl(&["stop", "ptraind.service"]);
+        assert!(ok, "{said}");
+        let out = d.ptrain(ALICE, &["submit", &file]);
+        assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+        let said = text(&out);
+        assert!(said.contains("cannot read the config"), "{said}");
+        assert!(said.contains("cannot ask ptraind"), "{said}");
+        assert!(
+            said.contains("dropping the job into the default spool /var/spool/ptrain"),
+            "{said}"
+        );
+    }
+}
