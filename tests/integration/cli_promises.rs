@@ -553,6 +553,16 @@ fn list_filters_by_user_status_and_mine() {
     ] {
         assert!(text(&out).contains(word), "{word}: {}", text(&out));
     }
+    // What the shell completions offer for a job id: the hidden command.
+    let out = d.ptrain(BOB, &["__complete-ids"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        ["a-fail", "a-ok", "b-run"]
+    );
+
     let out = d.ptrain(ALICE, &["list", "--user", "ptrain-nosuch"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("no user"), "{}", text(&out));
