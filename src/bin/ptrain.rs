@@ -924,6 +924,10 @@ async fn spool_dir(config: &Path, proxy: Option<&Daemon1Proxy<'_>>) -> PathBuf {
     }
 }
 
+/// What `--export` takes from the environment: (name, value) pairs, and
+/// the names it left out.
+type Picked = (Vec<(String, String)>, Vec<String>);
+
 /// `ptrain submit --export`: which of the submitter's variables go into
 /// the job's `env`.
 #[derive(Debug, PartialEq)]
@@ -972,7 +976,7 @@ impl Export {
     fn pick(
         &self,
         environment: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-    ) -> Result<(Vec<(String, String)>, Vec<String>), Failure> {
+    ) -> Result<Picked, Failure> {
         let mut environment: std::collections::BTreeMap<_, _> = environment.collect();
         match self {
             Export::Names(names) => {
