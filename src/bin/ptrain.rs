@@ -291,7 +291,13 @@ async fn proxy() -> Result<Daemon1Proxy<'static>, Failure> {
             format!("cannot connect to the system bus: {e}"),
         )
     })?;
-    Daemon1Proxy::new(&conn).await.map_err(from_bus)
+    // A command reads a property once at most (SpoolDir): no cache, and so
+    // no PropertiesChanged subscription to keep reading.
+    Daemon1Proxy::builder(&conn)
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await
+        .map_err(from_bus)
 }
 
 fn main() -> ExitCode {
