@@ -72,9 +72,11 @@ macro_rules! errln {
     after_help = "Examples:
   ptrain submit train.json          drop a job file into the spool
   ptrain list                       every job and its state
+  ptrain list --status failed       failed jobs (--mine: yours, --user NAME)
   ptrain status resnet-lr01         one job's outcome, times and GPUs
   ptrain logs -f resnet-lr01        follow a job's output
   ptrain stop resnet-lr01           stop a queued or running job
+  ptrain stop --user alice          stop all of alice's (as alice or root)
 
 Exit codes: 0 success, 1 the request failed (unknown job, not yours),
 2 bad usage or a job file invalid or refused, 3 ptraind is not reachable.
