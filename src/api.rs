@@ -17,6 +17,12 @@ use crate::unit::explain_exit_status;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobView {
     pub id: String,
+    /// The descriptor's `name` and `comment`: text for people, the
+    /// owner's (hidden from others like the command, [`JobView::as_seen_by`]).
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub comment: Option<String>,
     pub status: String,
     pub owner: String,
     pub uid: u32,
@@ -103,6 +109,8 @@ impl JobView {
             return self;
         }
         JobView {
+            name: None,
+            comment: None,
             command: Vec::new(),
             workdir: None,
             exit_code: None,
@@ -138,6 +146,8 @@ impl JobView {
         }
         JobView {
             id: record.id.to_string(),
+            name: record.spec.name.clone(),
+            comment: record.spec.comment.clone(),
             status: record.status().to_string(),
             owner: record.owner.name.clone(),
             uid: record.owner.uid,
@@ -280,6 +290,9 @@ pub struct DaemonApi {
     pub privacy: crate::config::Privacy,
     /// Serves job output ([`crate::logs`]).
     pub logs: crate::logs::Logs,
+    /// The spool directory ptraind watches, for `ptrain submit` when the
+    /// config is not readable to its user.
+    pub spool_dir: std::path::PathBuf,
 }
 
 impl DaemonApi {
@@ -544,6 +557,14 @@ impl DaemonApi {
             .await??)
     }
 
+    /// The spool directory ptraind watches, where job files are dropped:
+    /// how a user who cannot read the config finds it. Fixed while
+    /// ptraind runs.
+    #[zbus(property(emits_changed_signal = "const"))]
+    async fn spool_dir(&self) -> String {
+        self.spool_dir.display().to_string()
+    }
+
     /// Emitted on every job state change: id and new status.
     #[zbus(signal)]
     pub async fn job_changed(
@@ -577,6 +598,8 @@ pub trait Daemon1 {
     fn log_usage(&self) -> zbus::Result<String>;
     fn notifications(&self) -> zbus::Result<String>;
     fn retry_notifications(&self, key: &str, all_dead: bool) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn spool_dir(&self) -> zbus::Result<String>;
     #[zbus(signal)]
     fn job_changed(&self, id: String, status: String) -> zbus::Result<()>;
 }
@@ -588,7 +611,7 @@ mod tests {
     #[test]
     fn others_see_only_id_owner_state_and_gpus_unless_the_admin_shows_all() {
         let spec = crate::spec::parse_spec(
-            br#"{"version":1,"command":["python3","train.py","--key","s3cret"],"workdir":"/home/alice/p"}"#,
+            br#"{"version":1,"command":["python3","train.py","--key","s3cret"],"workdir":"/home/alice/p","name":"project-x","comment":"for the grant"}"#,
             "j",
         )
         .unwrap();
@@ -611,7 +634,14 @@ mod tests {
         let view = JobView::of(&record);
         let private = crate::config::Privacy::default();
         let shown = serde_json::to_string(&view.clone().as_seen_by(2000, private)).unwrap();
-        for secret in ["s3cret", "train.py", "/home/alice/p", "acc"] {
+        for secret in [
+            "s3cret",
+            "train.py",
+            "/home/alice/p",
+            "acc",
+            "project-x",
+            "grant",
+        ] {
             assert!(!shown.contains(secret), "{secret} in {shown}");
         }
         let seen = view.clone().as_seen_by(2000, private);

@@ -390,6 +390,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 requests: api_tx,
                 privacy: daemon.config.privacy,
                 logs: daemon.logs.clone(),
+                spool_dir: daemon.config.spool_dir.clone(),
             },
         )
         .await

@@ -23,6 +23,9 @@ pub struct EndedJob {
     pub owner_uid: u32,
     /// Shared by every job of the same owner.
     pub owner_name: Arc<str>,
+    /// The descriptor's `name`, for `ptrain list --json` (the comment is
+    /// left on disk for `ptrain status`).
+    pub name: Option<Box<str>>,
     pub submitted_at: u64,
     pub started_at: Option<u64>,
     pub ended_at: u64,
@@ -56,6 +59,8 @@ impl EndedJob {
         let ids = |v: &[JobId]| v.iter().map(|i| i.to_string()).collect();
         JobView {
             id: self.id.to_string(),
+            name: self.name.as_deref().map(str::to_owned),
+            comment: None,
             status: self.status().to_string(),
             owner: self.owner_name.to_string(),
             uid: self.owner_uid,
@@ -120,6 +125,7 @@ impl History {
             id: record.id.clone(),
             owner_uid: record.owner.uid,
             owner_name,
+            name: record.spec.name.as_deref().map(Box::from),
             submitted_at: record.submitted_at,
             started_at: record.started_at,
             ended_at,

@@ -45,12 +45,18 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 pub const MAX_ID_LEN: usize = 64;
 /// Longest accepted `user` (LOGIN_NAME_MAX less the terminating NUL).
 pub const MAX_USER_LEN: usize = 255;
+/// Longest accepted `name`, in characters: a title that fits a table row.
+pub const MAX_NAME_CHARS: usize = 128;
+/// Longest accepted `comment`, in characters: a sentence or two, not a log.
+pub const MAX_COMMENT_CHARS: usize = 1024;
 
 /// Every top-level field version 1 accepts, in documentation order. This list is
 /// the single source of truth for unknown-field detection and its message.
 pub const SPEC_FIELDS: &[&str] = &[
     "version",
     "id",
+    "name",
+    "comment",
     "command",
     "workdir",
     "env",
@@ -254,6 +260,14 @@ pub struct JobSpec {
     /// If present the daemon checks it equals the file owner's name.
     #[serde(default)]
     pub user: Option<String>,
+    /// A title for people (`ptrain status`, `list --json`); one line of
+    /// plain text, at most [`MAX_NAME_CHARS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A note for people; one line of plain text, at most
+    /// [`MAX_COMMENT_CHARS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
     /// Queue order: higher first, then arrival. Within [`PRIORITY_RANGE`].
     #[serde(default)]
     pub priority: i32,
@@ -434,6 +448,23 @@ pub enum SpecError {
     /// The message says what is wrong and how to write it.
     #[error("field `idle_timeout` {0}")]
     IdleTimeout(String),
+
+    #[error("field `{field}` must not be empty; write a few words or omit the field")]
+    TextEmpty { field: &'static str },
+
+    #[error("field `{field}` has {len} characters, more than the limit of {max}; shorten it (longer notes belong in a file next to the job)")]
+    TextTooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+
+    #[error("field `{field}` holds {found} at character {at} (a control, line break or invisible character); write it as one line of plain text")]
+    TextUnsafe {
+        field: &'static str,
+        found: String,
+        at: usize,
+    },
 
     #[error("field `user` {user} is not a valid user name; write your login name (as `id -un` prints it) or omit the field")]
     InvalidUser { user: String },
@@ -824,6 +855,8 @@ fn check_version(v: Option<&Value>) -> Result<(), SpecError> {
 #[derive(Default)]
 struct RawSpec {
     id: Option<Value>,
+    name: Option<Value>,
+    comment: Option<Value>,
     command: Option<Value>,
     workdir: Option<Value>,
     env: Option<Value>,
@@ -851,6 +884,8 @@ impl RawSpec {
                 // Already checked by `check_version`.
                 "version" => continue,
                 "id" => &mut raw.id,
+                "name" => &mut raw.name,
+                "comment" => &mut raw.comment,
                 "command" => &mut raw.command,
                 "workdir" => &mut raw.workdir,
                 "env" => &mut raw.env,
@@ -914,6 +949,14 @@ impl RawSpec {
             .map(|v| crate::logs::validate_idle_timeout(&v).map_err(SpecError::IdleTimeout))
             .transpose()?;
         let user = self.user.map(validate_user).transpose()?;
+        let name = self
+            .name
+            .map(|v| validate_text("name", v, MAX_NAME_CHARS, NAME_HINT))
+            .transpose()?;
+        let comment = self
+            .comment
+            .map(|v| validate_text("comment", v, MAX_COMMENT_CHARS, COMMENT_HINT))
+            .transpose()?;
         let priority = self
             .priority
             .map(|v| validate_priority(&v))
@@ -967,6 +1010,8 @@ impl RawSpec {
             timeout,
             idle_timeout,
             user,
+            name,
+            comment,
             priority,
             resources,
             after,
@@ -976,6 +1021,42 @@ impl RawSpec {
             credentials,
         })
     }
+}
+
+const NAME_HINT: &str = "write e.g. \"name\": \"resnet50, lr sweep\"";
+const COMMENT_HINT: &str = "write e.g. \"comment\": \"baseline for the ablation\"";
+
+/// `name` and `comment`: text only people read, shown on everyone's
+/// terminal (escaped there too, [`crate::display`]); refused here when it
+/// holds what a terminal would act on, so it always reads as written.
+fn validate_text(
+    field: &'static str,
+    v: Value,
+    max: usize,
+    hint: &'static str,
+) -> Result<String, SpecError> {
+    let Value::String(text) = v else {
+        return Err(wrong_type(field, "a string", &v, hint));
+    };
+    if text.trim().is_empty() {
+        return Err(SpecError::TextEmpty { field });
+    }
+    let len = text.chars().count();
+    if len > max {
+        return Err(SpecError::TextTooLong { field, len, max });
+    }
+    if let Some((at, c)) = text
+        .chars()
+        .enumerate()
+        .find(|&(_, c)| crate::display::is_unsafe(c))
+    {
+        return Err(SpecError::TextUnsafe {
+            field,
+            found: format!("U+{:04X}", c as u32),
+            at: at + 1,
+        });
+    }
+    Ok(text)
 }
 
 const ID_HINT: &str = "write e.g. \"id\": \"run-42\", or omit it to use the file name";
@@ -1197,7 +1278,8 @@ fn validate_credentials(v: Value) -> Result<BTreeMap<String, PathBuf>, SpecError
     Ok(out)
 }
 
-fn is_env_name(s: &str) -> bool {
+/// `[A-Za-z_][A-Za-z0-9_]*`: the variable names field `env` accepts.
+pub fn is_env_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && (b[0].is_ascii_alphabetic() || b[0] == b'_')
@@ -1554,6 +1636,78 @@ mod tests {
             assert!(matches!(e, SpecError::NotAnObject { .. }), "{s:?}: {e}");
             assert!(e.to_string().contains(kind));
         }
+    }
+
+    #[test]
+    fn name_and_comment_are_one_line_of_plain_text_within_limits() {
+        let spec = parse(
+            r#"{"version":1,"command":["a"],"name":"ResNet-50, lr 0.1 — données","comment":"baseline"}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.name.as_deref(), Some("ResNet-50, lr 0.1 — données"));
+        assert_eq!(spec.comment.as_deref(), Some("baseline"));
+        let bare = parse(r#"{"version":1,"command":["a"],"name":null}"#).unwrap();
+        assert_eq!((bare.name, bare.comment), (None, None));
+
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"name":3}"#,
+            &["field `name` must be a string, not a number", "\"name\":"],
+        );
+        assert_err_contains(
+            r#"{"version":1,"command":["a"],"comment":"  "}"#,
+            &["field `comment` must not be empty", "omit the field"],
+        );
+        let long = format!(
+            r#"{{"version":1,"command":["a"],"name":"{}"}}"#,
+            "é".repeat(MAX_NAME_CHARS + 1)
+        );
+        assert_err_contains(
+            &long,
+            &[
+                "field `name` has 129 characters, more than the limit of 128",
+                "shorten it",
+            ],
+        );
+        let fits = format!(
+            r#"{{"version":1,"command":["a"],"comment":"{}"}}"#,
+            "x".repeat(MAX_COMMENT_CHARS)
+        );
+        assert!(parse(&fits).is_ok());
+        for (bad, found) in [
+            (r"two\nlines", "U+000A at character 4"),
+            (r"\u001b[2Jx", "U+001B at character 1"),
+            (r"a\u202etxt", "U+202E at character 2"),
+            (r"tab\there", "U+0009"),
+        ] {
+            for field in ["name", "comment"] {
+                let msg = err(&format!(
+                    r#"{{"version":1,"command":["a"],"{field}":"{bad}"}}"#
+                ));
+                assert!(
+                    msg.contains(&format!("field `{field}` holds {found}")),
+                    "{msg}"
+                );
+                assert!(msg.contains("one line of plain text"), "{msg}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_record_without_name_or_comment_still_loads() {
+        let spec = parse(r#"{"version":1,"command":["a"]}"#).unwrap();
+        let mut stored = serde_json::to_value(&spec).unwrap();
+        assert!(
+            stored.get("name").is_none(),
+            "absent fields are not written"
+        );
+        let obj = stored.as_object_mut().unwrap();
+        obj.remove("name");
+        obj.remove("comment");
+        let back: JobSpec = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, spec);
+        let named = parse(r#"{"version":1,"command":["a"],"name":"n","comment":"c"}"#).unwrap();
+        let back: JobSpec = serde_json::from_value(serde_json::to_value(&named).unwrap()).unwrap();
+        assert_eq!(back, named);
     }
 
     #[test]

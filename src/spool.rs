@@ -121,10 +121,18 @@ pub fn read_spool_file(spool: &OwnedFd, name: &str) -> SpoolRead {
             other => other.ok(),
         };
         let is_dir = identity.is_some_and(|i| i.mode & libc::S_IFMT == libc::S_IFDIR);
+        // Escaped for display, not `{:?}`: a name that was not UTF-8 is
+        // already spelled out once ([`entry_name`]: `r\xe9sum\xe9.json`),
+        // and Debug would double its backslashes; [`escape`] spells out
+        // only what a terminal would act on (a newline: the reason stays
+        // one line) and keeps backslashes.
+        //
+        // [`escape`]: crate::display::escape
         return refused(
             format!(
-                "file name {name:?} is not allowed; name job files like `resnet-lr01.json` \
-                 (letters, digits, '.', '_', '-'; at most 64 characters before .json)"
+                "file name \"{}\" is not allowed; name job files like `resnet-lr01.json` \
+                 (letters, digits, '.', '_', '-'; at most 64 characters before .json)",
+                crate::display::escape(name)
             ),
             identity,
             None,
@@ -619,6 +627,29 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_name_is_quoted_escaped_once_on_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let fd = fsutil::open_dir(p).unwrap();
+        for (name, shown) in [
+            ("new\nline.json", r#""new\x0aline.json""#),
+            (r"back\slash.json", r#""back\slash.json""#),
+        ] {
+            std::fs::write(p.join(name), b"{}").unwrap();
+            match read_spool_file(&fd, name) {
+                SpoolRead::Refused { reason, .. } => {
+                    assert!(
+                        reason.starts_with(&format!("file name {shown} is not allowed")),
+                        "{reason}"
+                    );
+                    assert!(!reason.contains('\n'), "{reason}");
+                }
+                other => panic!("{name:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn reads_regular_files_and_refuses_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
@@ -753,7 +784,11 @@ mod tests {
         assert!(p.join(hidden).exists());
         let fd = fsutil::open_dir(p).unwrap();
         match read_spool_file(&fd, "r\\xe9sum\\xe9~1.json") {
-            SpoolRead::Refused { reason, .. } => assert!(reason.contains("file name"), "{reason}"),
+            // The name as it was escaped once, backslashes not doubled.
+            SpoolRead::Refused { reason, .. } => assert!(
+                reason.starts_with(r#"file name "r\xe9sum\xe9~1.json" is not allowed"#),
+                "{reason}"
+            ),
             other => panic!("{other:?}"),
         }
         // Its second event, once it is gone, refuses nothing again.

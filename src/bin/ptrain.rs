@@ -72,9 +72,11 @@ macro_rules! errln {
     after_help = "Examples:
   ptrain submit train.json          drop a job file into the spool
   ptrain list                       every job and its state
+  ptrain list --status failed       failed jobs (--mine: yours, --user NAME)
   ptrain status resnet-lr01         one job's outcome, times and GPUs
   ptrain logs -f resnet-lr01        follow a job's output
   ptrain stop resnet-lr01           stop a queued or running job
+  ptrain stop --user alice          stop all of alice's (as alice or root)
 
 Exit codes: 0 success, 1 the request failed (unknown job, not yours),
 2 bad usage or a job file invalid or refused, 3 ptraind is not reachable.
@@ -106,6 +108,11 @@ enum Command {
         /// codes below).
         #[arg(long)]
         wait: bool,
+        /// Copy these variables of your environment into the job's `env`
+        /// (NAME,NAME…; ALL: every one the job may set; NONE: none, the
+        /// default), as sbatch --export. The job file's own `env` wins.
+        #[arg(long, value_name = "NAMES|ALL|NONE")]
+        export: Option<String>,
     },
     /// Block until these jobs (or sweeps) end; exit 0 only if all succeeded
     /// or were not needed.
@@ -128,6 +135,21 @@ enum Command {
         /// Show chains as a tree: each job under the jobs it waits for.
         #[arg(long, conflicts_with = "json")]
         tree: bool,
+        /// Only the jobs of USER (a login name or a uid).
+        #[arg(long, value_name = "USER", conflicts_with = "mine")]
+        user: Option<String>,
+        /// Only your own jobs.
+        #[arg(long)]
+        mine: bool,
+        /// Only jobs in these states (repeat it or separate them by commas:
+        /// `--status queued,running`).
+        #[arg(
+            long,
+            value_name = "STATUS",
+            value_delimiter = ',',
+            value_parser = clap::builder::PossibleValuesParser::new(STATUS_WORDS)
+        )]
+        status: Vec<String>,
     },
     /// Show one job.
     Status {
@@ -135,8 +157,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Stop a queued or running job.
-    Stop { id: String },
+    /// Stop queued or running jobs (or sweeps); each is reported on a line
+    /// of its own, exit 1 if any was not stopped.
+    Stop {
+        #[arg(required_unless_present = "user")]
+        ids: Vec<String>,
+        /// Every queued or running job of USER (a login name or a uid):
+        /// root, or USER themself.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
+    },
     /// Show a job's output (from the journal, or its archive once the
     /// journal rotated it away).
     Logs {
@@ -177,6 +207,10 @@ enum Command {
         #[command(subcommand)]
         action: Option<NotificationsAction>,
     },
+    /// The ids of the active and recently ended jobs and sweeps, one a
+    /// line: what the shell completions offer for a job id.
+    #[command(name = "__complete-ids", hide = true)]
+    CompleteIds,
     /// Write the man pages and shell completions (`make docs`).
     #[command(hide = true)]
     Generate {
@@ -259,7 +293,13 @@ async fn proxy() -> Result<Daemon1Proxy<'static>, Failure> {
             format!("cannot connect to the system bus: {e}"),
         )
     })?;
-    Daemon1Proxy::new(&conn).await.map_err(from_bus)
+    // A command reads a property once at most (SpoolDir): no cache, and so
+    // no PropertiesChanged subscription to keep reading.
+    Daemon1Proxy::builder(&conn)
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await
+        .map_err(from_bus)
 }
 
 fn main() -> ExitCode {
@@ -285,7 +325,11 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             id,
             no_confirm,
             wait,
-        } => submit(&cli.config, &file, id, no_confirm, wait).await,
+            export,
+        } => {
+            let export = export.as_deref().map(Export::parse).transpose()?.flatten();
+            submit(&cli.config, &file, id, no_confirm, wait, export).await
+        }
         Command::Wait { ids } => {
             let proxy = proxy().await?;
             // Subscribed before the first look, so no change falls in between.
@@ -312,14 +356,22 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             all,
             recent,
             tree,
+            user,
+            mine,
+            status,
         } => {
-            let proxy = proxy().await?;
-            let reply = if all {
-                proxy.list().await
-            } else {
-                proxy.list_recent(recent).await
+            let filter = ListFilter {
+                uid: match (user, mine) {
+                    (Some(user), _) => Some(uid_of_user(&user)?),
+                    // SAFETY: geteuid has no preconditions. The bus knows
+                    // us by this uid too.
+                    (None, true) => Some(unsafe { libc::geteuid() }),
+                    (None, false) => None,
+                },
+                statuses: status.into_iter().collect(),
             };
-            let jobs: Vec<JobView> = parse(&reply.map_err(from_bus)?)?;
+            let proxy = proxy().await?;
+            let jobs = list_jobs(&proxy, all, recent, &filter).await?;
             if json {
                 print_json(&jobs);
             } else if tree {
@@ -364,13 +416,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             }
             Ok(0)
         }
-        Command::Stop { id } => {
-            outln!(
-                "{}",
-                escape(&proxy().await?.stop(&id).await.map_err(from_bus)?)
-            );
-            Ok(0)
-        }
+        Command::Stop { ids, user } => stop(ids, user).await,
         Command::Logs {
             id,
             follow,
@@ -439,7 +485,189 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Notifications { json, action } => notifications(json, action).await,
         Command::Generate { man, completions } => generate(man, completions),
+        Command::CompleteIds => {
+            let jobs: Vec<JobView> = parse(
+                &proxy()
+                    .await?
+                    .list_recent(COMPLETE_RECENT)
+                    .await
+                    .map_err(from_bus)?,
+            )?;
+            for id in completion_ids(&jobs) {
+                outln!("{id}");
+            }
+            Ok(0)
+        }
     }
+}
+
+/// Every status word a job shows (`JobView::status`), in the order a job
+/// passes through them; `ended` is a record kept without an outcome.
+const STATUS_WORDS: [&str; 13] = [
+    "queued",
+    "launching",
+    "running",
+    "succeeded",
+    "failed",
+    "killed",
+    "timeout",
+    "idle-timeout",
+    "stopped",
+    "launch-failed",
+    "dependency-failed",
+    "not-needed",
+    "ended",
+];
+
+/// The uid of `user`, a login name or a number.
+fn uid_of_user(user: &str) -> Result<u32, Failure> {
+    if let Ok(uid) = user.parse() {
+        return Ok(uid);
+    }
+    ptrain::users::uid_of_name(user).ok_or_else(|| {
+        fail(
+            EXIT_USAGE,
+            format!("no user {user:?} on this system; give a login name (`id -un USER`) or a uid"),
+        )
+    })
+}
+
+/// What `ptrain list --user/--mine/--status` keeps. Applied here to what
+/// ptraind lists: the listing already holds every job's owner and status,
+/// also the ones [privacy] hides the details of.
+#[derive(Default)]
+struct ListFilter {
+    uid: Option<u32>,
+    /// Empty: every status.
+    statuses: std::collections::BTreeSet<String>,
+}
+
+impl ListFilter {
+    fn is_empty(&self) -> bool {
+        self.uid.is_none() && self.statuses.is_empty()
+    }
+
+    fn keeps(&self, job: &JobView) -> bool {
+        self.uid.is_none_or(|uid| job.uid == uid)
+            && (self.statuses.is_empty() || self.statuses.contains(&job.status))
+    }
+
+    /// Would every job it keeps be queued, launching or running? Those
+    /// are all in the short listing whatever `--recent` says.
+    fn only_active(&self) -> bool {
+        !self.statuses.is_empty() && self.statuses.iter().all(|s| !is_final(s))
+    }
+}
+
+/// The jobs `ptrain list` shows: the active ones and the `recent` newest
+/// ends (every job with `all`), of those the filter keeps. With a filter,
+/// `--recent` counts the ends it keeps, so it reads the whole listing
+/// unless only active jobs can match (they are always in the short one).
+async fn list_jobs(
+    proxy: &Daemon1Proxy<'_>,
+    all: bool,
+    recent: u32,
+    filter: &ListFilter,
+) -> Result<Vec<JobView>, Failure> {
+    let reply = if filter.only_active() {
+        proxy.list_recent(0).await
+    } else if all || !filter.is_empty() {
+        proxy.list().await
+    } else {
+        proxy.list_recent(recent).await
+    };
+    let jobs: Vec<JobView> = parse(&reply.map_err(from_bus)?)?;
+    if filter.is_empty() {
+        return Ok(jobs);
+    }
+    Ok(keep_recent(
+        jobs.into_iter().filter(|j| filter.keeps(j)).collect(),
+        if all { None } else { Some(recent as usize) },
+    ))
+}
+
+/// The active jobs and the `recent` most recently ended (every one for
+/// None), in the listing's order (by submission).
+fn keep_recent(jobs: Vec<JobView>, recent: Option<usize>) -> Vec<JobView> {
+    let Some(recent) = recent else {
+        return jobs;
+    };
+    let mut ends: Vec<(u64, &str)> = jobs
+        .iter()
+        .filter(|j| is_final(&j.status))
+        .map(|j| (j.ended_at.unwrap_or(0), j.id.as_str()))
+        .collect();
+    ends.sort_unstable_by(|a, b| b.cmp(a));
+    let newest: std::collections::BTreeSet<String> = ends
+        .into_iter()
+        .take(recent)
+        .map(|(_, id)| id.to_owned())
+        .collect();
+    jobs.into_iter()
+        .filter(|j| !is_final(&j.status) || newest.contains(&j.id))
+        .collect()
+}
+
+/// `ptrain stop ID… [--user USER]`: each job asked for on its own, each
+/// answer on a line of its own; one that fails does not keep the others
+/// from being stopped.
+async fn stop(mut ids: Vec<String>, user: Option<String>) -> Result<u8, Failure> {
+    let proxy = proxy().await?;
+    if let Some(user) = &user {
+        let uid = uid_of_user(user)?;
+        // SAFETY: geteuid has no preconditions.
+        let caller = unsafe { libc::geteuid() };
+        if caller != 0 && caller != uid {
+            return Err(fail(
+                EXIT_FAILURE,
+                format!(
+                    "only root or {user} may stop every job of {user}; name your own jobs, \
+                     or run it with sudo"
+                ),
+            ));
+        }
+        let active: Vec<JobView> = parse(&proxy.list_recent(0).await.map_err(from_bus)?)?;
+        let theirs: Vec<String> = active
+            .into_iter()
+            .filter(|j| j.uid == uid && !is_final(&j.status))
+            .map(|j| j.id)
+            .collect();
+        if theirs.is_empty() && ids.is_empty() {
+            outln!("{} has no queued or running jobs", escape(user));
+            return Ok(0);
+        }
+        ids.extend(theirs);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    ids.retain(|id| seen.insert(id.clone()));
+    if let [id] = ids.as_slice() {
+        outln!("{}", escape(&proxy.stop(id).await.map_err(from_bus)?));
+        return Ok(0);
+    }
+    let mut not_stopped = Vec::new();
+    for id in &ids {
+        match proxy.stop(id).await.map_err(from_bus) {
+            Ok(said) => outln!("{}", escape(&said)),
+            // Nobody to ask about the rest either.
+            Err(f) if f.code == EXIT_NO_DAEMON => return Err(f),
+            Err(f) => {
+                errln!("ptrain: {}", escape(&f.message));
+                not_stopped.push(id.as_str());
+            }
+        }
+    }
+    if not_stopped.is_empty() {
+        return Ok(0);
+    }
+    Err(fail(
+        EXIT_FAILURE,
+        format!(
+            "{} of {} not stopped: {} (why: above)",
+            not_stopped.len(),
+            ids.len(),
+            not_stopped.join(", ")
+        ),
+    ))
 }
 
 fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Failure> {
@@ -606,6 +834,12 @@ fn print_sweep(id: &str, members: &[JobView]) {
 /// be anyone, root included.
 fn print_status(j: &JobView) {
     outln!("job:       {}", escape(&j.id));
+    if let Some(name) = &j.name {
+        outln!("name:      {}", escape(name));
+    }
+    if let Some(comment) = &j.comment {
+        outln!("comment:   {}", escape(comment));
+    }
     // A detail that only repeats the status ("succeeded") says nothing more.
     if j.detail.is_empty() || j.detail == j.status {
         outln!("status:    {}", escape(&j.status));
@@ -664,12 +898,162 @@ fn print_status(j: &JobView) {
     }
 }
 
-/// The spool directory from the config, or the default when the config is
-/// not readable by this user (it is normally root-only-writable, world-readable).
-fn spool_dir(config: &Path) -> PathBuf {
-    Config::load(config)
-        .map(|c| c.spool_dir)
-        .unwrap_or_else(|_| PathBuf::from("/var/spool/ptrain"))
+/// Where job files go when neither the config nor ptraind tells.
+const DEFAULT_SPOOL_DIR: &str = "/var/spool/ptrain";
+
+/// The spool directory: from the config (normally world-readable); when
+/// this user cannot read it, from ptraind (its SpoolDir property); only
+/// when ptraind does not answer either, the default, with a note naming
+/// both, as the file may then wait where no ptraind looks.
+async fn spool_dir(config: &Path, proxy: Option<&Daemon1Proxy<'_>>) -> PathBuf {
+    let unreadable = match Config::load(config) {
+        Ok(c) => return c.spool_dir,
+        Err(e) => e,
+    };
+    let asked = match proxy {
+        Some(proxy) => proxy.spool_dir().await.map_err(|e| from_bus(e).message),
+        None => Err("cannot reach it on the system bus".to_string()),
+    };
+    match asked {
+        Ok(dir) if Path::new(&dir).is_absolute() => PathBuf::from(dir),
+        Ok(dir) => {
+            errln!("ptrain: ptraind named the spool {dir:?}, not an absolute path; using the default {DEFAULT_SPOOL_DIR}");
+            PathBuf::from(DEFAULT_SPOOL_DIR)
+        }
+        Err(why) => {
+            errln!(
+                "ptrain: cannot read the config ({}) and cannot ask ptraind ({}); \
+                 dropping the job into the default spool {DEFAULT_SPOOL_DIR}",
+                escape(&unreadable.to_string()),
+                escape(&why)
+            );
+            PathBuf::from(DEFAULT_SPOOL_DIR)
+        }
+    }
+}
+
+/// What `--export` takes from the environment: (name, value) pairs, and
+/// the names it left out.
+type Picked = (Vec<(String, String)>, Vec<String>);
+
+/// `ptrain submit --export`: which of the submitter's variables go into
+/// the job's `env`.
+#[derive(Debug, PartialEq)]
+enum Export {
+    /// Every variable the descriptor lets a job set; the others (`USER`,
+    /// `LD_PRELOAD`, …, names `env` does not accept) are left out, with a
+    /// note.
+    All,
+    /// Exactly these; one the job may not set is refused.
+    Names(Vec<String>),
+}
+
+impl Export {
+    /// NAMES|ALL|NONE; None for NONE.
+    fn parse(text: &str) -> Result<Option<Export>, Failure> {
+        match text {
+            "ALL" => return Ok(Some(Export::All)),
+            "NONE" => return Ok(None),
+            _ => {}
+        }
+        let names: Vec<String> = text.split(',').map(str::to_owned).collect();
+        if let Some(bad) = names.iter().find(|n| !ptrain::spec::is_env_name(n)) {
+            return Err(fail(
+                EXIT_USAGE,
+                format!(
+                    "--export {text:?}: {bad:?} is not a variable name; give NAME[,NAME…] \
+                     (letters, digits, _), ALL or NONE"
+                ),
+            ));
+        }
+        if let Some((name, why)) = names
+            .iter()
+            .find_map(|n| ptrain::spec::reserved_env(n).map(|why| (n, why)))
+        {
+            return Err(fail(
+                EXIT_USAGE,
+                format!("--export: a job may not set {name}: {why}; leave it out of --export"),
+            ));
+        }
+        Ok(Some(Export::Names(names)))
+    }
+
+    /// The variables to copy, from `environment`: (name, value) pairs, and
+    /// the names left out (ALL only). A named variable that is not set, or
+    /// not UTF-8, is an error naming it.
+    fn pick(
+        &self,
+        environment: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<Picked, Failure> {
+        let mut environment: std::collections::BTreeMap<_, _> = environment.collect();
+        match self {
+            Export::Names(names) => {
+                let mut picked = Vec::new();
+                for name in names {
+                    let value = environment.remove(std::ffi::OsStr::new(name)).ok_or_else(|| {
+                        fail(
+                            EXIT_USAGE,
+                            format!("--export: {name} is not set in your environment; set it or leave it out"),
+                        )
+                    })?;
+                    let value = value.into_string().map_err(|_| {
+                        fail(
+                            EXIT_USAGE,
+                            format!("--export: the value of {name} is not UTF-8, which a job file cannot hold; leave it out"),
+                        )
+                    })?;
+                    picked.push((name.clone(), value));
+                }
+                Ok((picked, Vec::new()))
+            }
+            Export::All => {
+                let (mut picked, mut left_out) = (Vec::new(), Vec::new());
+                for (name, value) in environment {
+                    match (name.into_string(), value.into_string()) {
+                        (Ok(name), Ok(value))
+                            if ptrain::spec::is_env_name(&name)
+                                && ptrain::spec::reserved_env(&name).is_none() =>
+                        {
+                            picked.push((name, value))
+                        }
+                        (name, _) => {
+                            left_out.push(name.unwrap_or_else(|n| n.to_string_lossy().into_owned()))
+                        }
+                    }
+                }
+                Ok((picked, left_out))
+            }
+        }
+    }
+}
+
+/// The job file with `exported` added to its `env`; a variable the file
+/// sets itself keeps the file's value (as sbatch: what the job says wins).
+fn with_exported_env(bytes: &[u8], exported: Vec<(String, String)>) -> Result<Vec<u8>, Failure> {
+    // Already checked by parse_spec: one JSON object, no duplicate keys.
+    let mut job: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes)
+        .map_err(|e| {
+            fail(
+                EXIT_USAGE,
+                format!("cannot add --export to the job file: {e}"),
+            )
+        })?;
+    let env = job
+        .entry("env")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if env.is_null() {
+        *env = serde_json::Value::Object(Default::default());
+    }
+    let Some(env) = env.as_object_mut() else {
+        return Err(fail(
+            EXIT_USAGE,
+            "field `env` must be an object to add --export to it",
+        ));
+    };
+    for (name, value) in exported {
+        env.entry(name).or_insert(serde_json::Value::String(value));
+    }
+    Ok(serde_json::to_vec(&job).expect("a JSON object serialises"))
 }
 
 async fn submit(
@@ -678,6 +1062,7 @@ async fn submit(
     id: Option<String>,
     no_confirm: bool,
     wait: bool,
+    export: Option<Export>,
 ) -> Result<u8, Failure> {
     let (bytes, default_id) = if file == Path::new("-") {
         let mut buf = Vec::new();
@@ -703,14 +1088,32 @@ async fn submit(
         (bytes, id.unwrap_or(stem))
     };
     // The same checks ptraind makes, so mistakes show up here, not later.
-    let spec = parse_spec(&bytes, &default_id)
+    let mut spec = parse_spec(&bytes, &default_id)
         .map_err(|e| fail(EXIT_USAGE, format!("{}: {e}", file.display())))?;
+    let bytes = match export {
+        None => bytes,
+        Some(export) => {
+            let (exported, left_out) = export.pick(std::env::vars_os())?;
+            if !left_out.is_empty() {
+                errln!(
+                    "ptrain: --export ALL leaves out what a job may not set (ptraind's own, \
+                     or not a variable name the job file can hold): {}",
+                    escape(&left_out.join(", "))
+                );
+            }
+            let bytes = with_exported_env(&bytes, exported)?;
+            spec = parse_spec(&bytes, &default_id)
+                .map_err(|e| fail(EXIT_USAGE, format!("{} with --export: {e}", file.display())))?;
+            bytes
+        }
+    };
     let name = format!("{}.json", spec.id);
     debug_assert!(spool_file_stem(&name).is_some());
-    let spool = spool_dir(config);
+    let connected = proxy().await;
+    let spool = spool_dir(config, connected.as_ref().ok()).await;
 
     // Subscribed before dropping, so no change of the job is missed.
-    let listener = match proxy().await {
+    let listener = match connected {
         Ok(p) if !no_confirm => {
             let hints = if wait { Some(follow(&p).await?) } else { None };
             Some((p, hints))
@@ -1329,6 +1732,92 @@ async fn notifications(json: bool, action: Option<NotificationsAction>) -> Resul
     Ok(0)
 }
 
+/// How many recent ends `ptrain __complete-ids` offers besides the active
+/// jobs: what `ptrain list` shows by default.
+const COMPLETE_RECENT: u32 = 50;
+
+/// The ids a job-id argument completes to: every listed job's, and each
+/// sweep's once (status, stop and wait take them too), sorted.
+fn completion_ids(jobs: &[JobView]) -> std::collections::BTreeSet<&str> {
+    jobs.iter()
+        .flat_map(|j| std::iter::once(j.id.as_str()).chain(j.group.as_deref()))
+        .collect()
+}
+
+/// What the static completions clap_complete writes cannot know: job ids.
+/// Each shell's script gets them from `ptrain __complete-ids` when the
+/// argument being completed is a job id of `status`, `stop`, `logs` or
+/// `wait`.
+fn add_job_id_completion(path: &Path) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let script = std::fs::read_to_string(path)?;
+    let script = match name {
+        "ptrain.bash" => format!("{script}{BASH_JOB_IDS}"),
+        "ptrain.fish" => format!("{script}{FISH_JOB_IDS}"),
+        "_ptrain" => {
+            let call = "if [ \"$funcstack[1]\" = \"_ptrain\" ]; then";
+            if !script.contains(call) || !script.contains("':id:_default'") {
+                return Err(std::io::Error::other(
+                    "clap_complete's zsh script changed shape; update add_job_id_completion",
+                ));
+            }
+            script
+                .replace("':id:_default'", "':id:_ptrain_job_ids'")
+                .replace("'*::ids:_default'", "'*::ids:_ptrain_job_ids'")
+                .replacen(call, &format!("{ZSH_JOB_IDS}{call}"), 1)
+        }
+        _ => return Ok(()),
+    };
+    std::fs::write(path, script)
+}
+
+/// Wraps clap's `_ptrain`: after the subcommand (skipping global options
+/// and `--config`'s value), a word that is neither an option nor an
+/// option's value is a job id.
+const BASH_JOB_IDS: &str = r#"
+# Job ids for status, stop, logs and wait, asked of ptraind.
+_ptrain_with_job_ids() {
+    _ptrain "$@"
+    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
+    local word sub="" skip=0
+    for word in "${COMP_WORDS[@]:1:COMP_CWORD-1}"; do
+        if ((skip)); then skip=0; continue; fi
+        case "$word" in
+            --config) skip=1 ;;
+            -*) ;;
+            *) sub="$word"; break ;;
+        esac
+    done
+    case "$sub" in status|stop|logs|wait) ;; *) return 0 ;; esac
+    case "$cur" in -*) return 0 ;; esac
+    case "$prev" in --config|--user|--lines|-n|--since) return 0 ;; esac
+    COMPREPLY=($(compgen -W "$(ptrain __complete-ids 2>/dev/null)" -- "$cur"))
+}
+if [[ "${BASH_VERSINFO[0]}" -eq 4 && "${BASH_VERSINFO[1]}" -ge 4 || "${BASH_VERSINFO[0]}" -gt 4 ]]; then
+    complete -F _ptrain_with_job_ids -o nosort -o bashdefault -o default ptrain
+else
+    complete -F _ptrain_with_job_ids -o bashdefault -o default ptrain
+fi
+"#;
+
+const FISH_JOB_IDS: &str = r#"
+# Job ids for status, stop, logs and wait, asked of ptraind.
+complete -c ptrain -n "__fish_seen_subcommand_from status stop logs wait" -f -a "(ptrain __complete-ids 2>/dev/null)"
+"#;
+
+const ZSH_JOB_IDS: &str = r#"# Job ids for status, stop, logs and wait, asked of ptraind.
+(( $+functions[_ptrain_job_ids] )) ||
+_ptrain_job_ids() {
+    local -a ids
+    ids=(${(f)"$(ptrain __complete-ids 2>/dev/null)"})
+    _describe -t job-ids 'job id' ids
+}
+
+"#;
+
 fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Result<u8, Failure> {
     let io = |what: &str, dir: &Path, e: std::io::Error| {
         fail(
@@ -1343,7 +1832,7 @@ fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Result<u8, Fa
             files: &[
                 (
                     DEFAULT_CONFIG_PATH,
-                    "ptraind's configuration; ptrain reads spool_dir from it.",
+                    "ptraind's configuration; ptrain reads spool_dir from it (or, when it cannot, asks ptraind).",
                 ),
                 (
                     "/var/spool/ptrain",
@@ -1362,6 +1851,7 @@ fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Result<u8, Fa
         for path in
             ptrain::docgen::write_completions(cmd, dir).map_err(|e| io("completions", dir, e))?
         {
+            add_job_id_completion(&path).map_err(|e| io("completions", dir, e))?;
             outln!("{}", path.display());
         }
     }
@@ -1514,6 +2004,288 @@ mod table_tests {
                 "  ab (shown above)",
             ],
             "{tree}"
+        );
+    }
+
+    fn listed(id: &str, uid: u32, status: &str, ended_at: Option<u64>) -> JobView {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "status": status, "owner": format!("u{uid}"), "uid": uid,
+            "unit": format!("ptrain-job@{id}.service"), "command": ["true"],
+            "gpus": [], "gpu_uuids": [], "submitted_at": 1, "detail": status,
+            "ended_at": ended_at,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn list_filters_keep_the_user_and_statuses_asked_for() {
+        let jobs = [
+            listed("a", 1000, "running", None),
+            listed("b", 1001, "failed", Some(5)),
+            listed("c", 1000, "succeeded", Some(6)),
+            listed("d", 1000, "failed", Some(7)),
+        ];
+        let kept = |filter: &ListFilter| -> Vec<&str> {
+            jobs.iter()
+                .filter(|j| filter.keeps(j))
+                .map(|j| j.id.as_str())
+                .collect()
+        };
+        let mine = ListFilter {
+            uid: Some(1000),
+            ..Default::default()
+        };
+        assert_eq!(kept(&mine), ["a", "c", "d"]);
+        let failed = ListFilter {
+            statuses: ["failed".to_string()].into(),
+            ..Default::default()
+        };
+        assert_eq!(kept(&failed), ["b", "d"]);
+        let both = ListFilter {
+            uid: Some(1000),
+            statuses: ["failed".to_string(), "running".to_string()].into(),
+        };
+        assert_eq!(kept(&both), ["a", "d"]);
+        assert!(
+            !both.only_active(),
+            "failed jobs are not in the short listing"
+        );
+        let active = ListFilter {
+            statuses: ["queued".to_string(), "running".to_string()].into(),
+            ..Default::default()
+        };
+        assert!(active.only_active());
+        assert!(ListFilter::default().is_empty());
+    }
+
+    #[test]
+    fn recent_counts_the_newest_ends_the_filter_kept() {
+        let jobs = vec![
+            listed("old", 1000, "failed", Some(1)),
+            listed("live", 1000, "queued", None),
+            listed("new", 1000, "failed", Some(9)),
+            listed("mid", 1000, "succeeded", Some(5)),
+        ];
+        let ids = |jobs: Vec<JobView>| jobs.into_iter().map(|j| j.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(keep_recent(jobs.clone(), Some(2))),
+            ["live", "new", "mid"]
+        );
+        assert_eq!(ids(keep_recent(jobs.clone(), Some(0))), ["live"]);
+        assert_eq!(ids(keep_recent(jobs, None)).len(), 4);
+    }
+
+    #[test]
+    fn every_status_word_is_known_to_the_filter() {
+        use clap::CommandFactory;
+        let err = Cli::command()
+            .try_get_matches_from(["ptrain", "list", "--status", "queued,bogus"])
+            .unwrap_err();
+        assert_eq!(err.exit_code(), i32::from(EXIT_USAGE));
+        let said = err.to_string();
+        for word in STATUS_WORDS {
+            assert!(said.contains(word), "{word} not named in: {said}");
+        }
+        let ok = Cli::try_parse_from([
+            "ptrain",
+            "list",
+            "--status",
+            "queued,failed",
+            "--status",
+            "stopped",
+            "--mine",
+            "--all",
+        ]);
+        match ok.map(|c| c.command) {
+            Ok(Command::List {
+                status, mine, all, ..
+            }) => {
+                assert_eq!(status, ["queued", "failed", "stopped"]);
+                assert!(mine && all);
+            }
+            _ => panic!("list --status did not parse"),
+        }
+        assert!(
+            Cli::try_parse_from(["ptrain", "stop"]).is_err(),
+            "stop needs ids or --user"
+        );
+        assert!(Cli::try_parse_from(["ptrain", "stop", "--user", "alice"]).is_ok());
+    }
+
+    fn environment(vars: &[(&str, &str)]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+        vars.iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+
+    #[test]
+    fn export_names_all_or_none() {
+        assert_eq!(Export::parse("NONE").unwrap(), None);
+        assert_eq!(Export::parse("ALL").unwrap(), Some(Export::All));
+        assert_eq!(
+            Export::parse("PATH,VIRTUAL_ENV").unwrap(),
+            Some(Export::Names(vec!["PATH".into(), "VIRTUAL_ENV".into()]))
+        );
+        let bad = Export::parse("PATH,,X").unwrap_err();
+        assert_eq!(bad.code, EXIT_USAGE);
+        assert!(
+            bad.message.contains("\"\" is not a variable name"),
+            "{}",
+            bad.message
+        );
+        let reserved = Export::parse("PATH,LD_PRELOAD").unwrap_err();
+        assert_eq!(reserved.code, EXIT_USAGE);
+        assert!(
+            reserved.message.contains("a job may not set LD_PRELOAD"),
+            "{}",
+            reserved.message
+        );
+
+        let env = environment(&[
+            ("PATH", "/venv/bin:/usr/bin"),
+            ("USER", "alice"),
+            ("PTRAIN_CONFIG", "/etc/x"),
+            ("BASH_FUNC_f%%", "() { :; }"),
+            ("HOME", "/home/alice"),
+        ]);
+        let (picked, left_out) = Export::All.pick(env.clone().into_iter()).unwrap();
+        assert_eq!(
+            picked,
+            [
+                ("HOME".to_string(), "/home/alice".to_string()),
+                ("PATH".to_string(), "/venv/bin:/usr/bin".to_string())
+            ]
+        );
+        assert_eq!(left_out, ["BASH_FUNC_f%%", "PTRAIN_CONFIG", "USER"]);
+        let (picked, _) = Export::Names(vec!["PATH".into()])
+            .pick(env.clone().into_iter())
+            .unwrap();
+        assert_eq!(
+            picked,
+            [("PATH".to_string(), "/venv/bin:/usr/bin".to_string())]
+        );
+        let unset = Export::Names(vec!["NOPE".into()])
+            .pick(env.into_iter())
+            .unwrap_err();
+        assert!(
+            unset.message.contains("NOPE is not set"),
+            "{}",
+            unset.message
+        );
+    }
+
+    #[test]
+    fn the_job_files_own_env_wins_over_exported() {
+        let exported = vec![
+            ("PATH".to_string(), "/venv/bin".to_string()),
+            ("MODE".to_string(), "shell".to_string()),
+        ];
+        let bytes = with_exported_env(
+            br#"{"version": 1, "command": ["x"], "env": {"MODE": "file"}}"#,
+            exported.clone(),
+        )
+        .unwrap();
+        let spec = parse_spec(&bytes, "j").unwrap();
+        assert_eq!(spec.env["MODE"], "file");
+        assert_eq!(spec.env["PATH"], "/venv/bin");
+        // No `env`, or a null one: made.
+        for file in [
+            &br#"{"version": 1, "command": ["x"]}"#[..],
+            br#"{"version": 1, "command": ["x"], "env": null}"#,
+        ] {
+            let spec =
+                parse_spec(&with_exported_env(file, exported.clone()).unwrap(), "j").unwrap();
+            assert_eq!(spec.env["MODE"], "shell");
+        }
+    }
+
+    #[test]
+    fn completion_ids_name_each_job_and_each_sweep_once() {
+        let mut member = listed("sw-lr1", 1000, "running", None);
+        member.group = Some("sw".into());
+        let mut other = listed("sw-lr2", 1000, "queued", None);
+        other.group = Some("sw".into());
+        let jobs = [listed("b", 1000, "failed", Some(1)), member, other];
+        assert_eq!(
+            completion_ids(&jobs).into_iter().collect::<Vec<_>>(),
+            ["b", "sw", "sw-lr1", "sw-lr2"]
+        );
+    }
+
+    /// Completes `words` (the last one being completed) with the generated
+    /// bash script, `ptrain __complete-ids` answering `ids`.
+    fn bash_completes(script: &Path, words: &[&str]) -> Vec<String> {
+        let words: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+        let program = format!(
+            "source {script}
+             ptrain() {{ [ \"$1\" = __complete-ids ] && printf 'alpha\\nbeta\\nsw\\n'; }}
+             COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))
+             _ptrain_with_job_ids ptrain \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script = script.display(),
+            words = words.join(" ")
+        );
+        let out = std::process::Command::new("bash")
+            .args(["--norc", "-c", &program])
+            .output()
+            .expect("bash runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn bash_completes_job_ids_from_the_hidden_command() {
+        let dir = tempfile::tempdir().unwrap();
+        generate(None, Some(dir.path().to_owned())).unwrap();
+        let bash = dir.path().join("ptrain.bash");
+        let script = std::fs::read_to_string(&bash).unwrap();
+        assert!(script.contains("ptrain __complete-ids"), "{script}");
+        let generated = script.split("# Job ids for").next().unwrap();
+        assert!(
+            !generated.contains("__complete-ids") && !generated.contains("generate"),
+            "hidden commands are not offered"
+        );
+        for words in [
+            &["ptrain", "status", ""][..],
+            &["ptrain", "stop", "alpha", ""],
+            &["ptrain", "--config", "/etc/x.toml", "logs", ""],
+            &["ptrain", "wait", ""],
+        ] {
+            assert_eq!(
+                bash_completes(&bash, words),
+                ["alpha", "beta", "sw"],
+                "{words:?}"
+            );
+        }
+        assert_eq!(bash_completes(&bash, &["ptrain", "status", "a"]), ["alpha"]);
+        // Not a job id: an option, an option's value, another command.
+        for words in [
+            &["ptrain", "logs", "--since", ""][..],
+            &["ptrain", "stop", "--user", ""],
+            &["ptrain", "status", "--"],
+        ] {
+            let offered = bash_completes(&bash, words);
+            assert!(
+                !offered.contains(&"alpha".to_string()),
+                "{words:?}: {offered:?}"
+            );
+        }
+        let offered = bash_completes(&bash, &["ptrain", "list", ""]);
+        assert!(!offered.contains(&"alpha".to_string()), "{offered:?}");
+
+        let zsh = std::fs::read_to_string(dir.path().join("_ptrain")).unwrap();
+        assert!(zsh.contains("_ptrain_job_ids() {") && zsh.contains("':id:_ptrain_job_ids'"));
+        assert!(!zsh.contains("':id:_default'"), "{zsh}");
+        let fish = std::fs::read_to_string(dir.path().join("ptrain.fish")).unwrap();
+        assert!(
+            fish.contains("(ptrain __complete-ids 2>/dev/null)"),
+            "{fish}"
         );
     }
 

@@ -450,3 +450,390 @@ fn other_users_text_reaches_the_terminal_escaped() {
         );
     }
 }
+
+/// The ids `ptrain list ARGS --json` shows to `user`, sorted.
+fn listed_ids(d: &TestDaemon, user: &str, args: &[&str]) -> Vec<String> {
+    let mut full = vec!["list", "--json"];
+    full.extend_from_slice(args);
+    let out = d.ptrain(user, &full);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+    let jobs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut ids: Vec<String> = jobs
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Submits `spec` as `user`'s `ID.json`; returns once ptraind accepted it.
+fn submit(d: &TestDaemon, user: &str, id: &str, spec: Value) {
+    let file = job_file(d, user, &format!("{id}.json"), &spec);
+    let out = d.ptrain(user, &["submit", &file]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn list_filters_by_user_status_and_mine() {
+    let d = TestDaemon::start("list-filters");
+    submit(
+        &d,
+        ALICE,
+        "a-ok",
+        json!({"version": 1, "command": ["true"]}),
+    );
+    submit(
+        &d,
+        ALICE,
+        "a-fail",
+        json!({"version": 1, "command": ["/bin/sh", "-c", "exit 3"]}),
+    );
+    submit(
+        &d,
+        BOB,
+        "b-run",
+        json!({"version": 1, "command": ["sleep", "300"]}),
+    );
+    d.wait_ended("a-ok");
+    d.wait_ended("a-fail");
+    d.wait_running("b-run");
+    let (alice_uid, _) = crate::harness::ensure_user(ALICE);
+    let alice_uid = alice_uid.to_string();
+
+    assert_eq!(listed_ids(&d, ALICE, &["--mine"]), ["a-fail", "a-ok"]);
+    assert_eq!(listed_ids(&d, ALICE, &["--user", BOB]), ["b-run"]);
+    assert_eq!(
+        listed_ids(&d, BOB, &["--user", &alice_uid, "--status", "failed"]),
+        ["a-fail"]
+    );
+    assert_eq!(
+        listed_ids(&d, "root", &["--status", "running,succeeded"]),
+        ["a-ok", "b-run"]
+    );
+    assert_eq!(
+        listed_ids(&d, "root", &["--status", "running", "--status", "failed"]),
+        ["a-fail", "b-run"]
+    );
+    assert_eq!(
+        listed_ids(&d, ALICE, &["--all", "--mine", "--status", "failed"]),
+        ["a-fail"]
+    );
+    // --recent counts the ends the filter keeps; active jobs always show.
+    assert_eq!(
+        listed_ids(&d, ALICE, &["--mine", "--recent", "0"]),
+        Vec::<String>::new()
+    );
+    assert_eq!(listed_ids(&d, ALICE, &["--mine", "--recent", "1"]).len(), 1);
+    assert_eq!(
+        listed_ids(&d, ALICE, &["--user", BOB, "--recent", "0"]),
+        ["b-run"]
+    );
+
+    // The table and the tree filter alike.
+    for args in [&["list", "--mine"][..], &["list", "--mine", "--tree"]] {
+        let out = d.ptrain(ALICE, args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            shown.contains("a-fail") && shown.contains("a-ok"),
+            "{args:?}: {shown}"
+        );
+        assert!(!shown.contains("b-run"), "{args:?}: {shown}");
+    }
+
+    // An unknown status word is bad usage and names the valid ones.
+    let out = d.ptrain(ALICE, &["list", "--status", "finished"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    for word in [
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "dependency-failed",
+    ] {
+        assert!(text(&out).contains(word), "{word}: {}", text(&out));
+    }
+    // What the shell completions offer for a job id: the hidden command.
+    let out = d.ptrain(BOB, &["__complete-ids"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        ["a-fail", "a-ok", "b-run"]
+    );
+
+    let out = d.ptrain(ALICE, &["list", "--user", "ptrain-nosuch"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("no user"), "{}", text(&out));
+}
+
+#[test]
+fn stop_takes_many_ids_and_a_user() {
+    let d = TestDaemon::start("stop-many");
+    let sleeper = json!({"version": 1, "command": ["sleep", "300"]});
+    for id in ["s1", "s2"] {
+        submit(&d, ALICE, id, sleeper.clone());
+    }
+    submit(&d, BOB, "b1", sleeper.clone());
+    for id in ["s1", "s2", "b1"] {
+        d.wait_running(id);
+    }
+
+    // One of three is Alice's: it is stopped, the others are named with why.
+    let out = d.ptrain(ALICE, &["stop", "s1", "b1", "nosuch"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.contains("s1"), "{stdout}");
+    assert!(stderr.contains("job b1 belongs to ptrain-bob"), "{stderr}");
+    assert!(stderr.contains("no job \"nosuch\""), "{stderr}");
+    assert!(
+        stderr.contains("2 of 3 not stopped: b1, nosuch"),
+        "{stderr}"
+    );
+    assert_eq!(d.wait_ended("s1")["status"], "stopped");
+    assert_eq!(d.status("b1").unwrap()["status"], "running");
+
+    // Only root or the user themself stops all of a user's jobs.
+    let out = d.ptrain(ALICE, &["stop", "--user", BOB]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("only root or ptrain-bob"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(d.status("b1").unwrap()["status"], "running");
+
+    let out = d.ptrain(ALICE, &["stop", "--user", ALICE]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("s2"), "{}", text(&out));
+    assert_eq!(d.wait_ended("s2")["status"], "stopped");
+    let out = d.ptrain("root", &["stop", "--user", BOB]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(d.wait_ended("b1")["status"], "stopped");
+
+    let out = d.ptrain(ALICE, &["stop", "--user", ALICE]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("ptrain-alice has no queued or running jobs"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// A job's `name` and `comment` reach `status` (text and JSON) and `list
+/// --json`, also once it ended; others see them only as they see the
+/// command.
+#[test]
+fn status_and_list_show_a_jobs_name_and_comment() {
+    let d = TestDaemon::start("name-comment");
+    submit(
+        &d,
+        ALICE,
+        "named",
+        json!({"version": 1, "command": ["true"],
+               "name": "ResNet-50 baseline", "comment": "lr 0.1, for the ablation"}),
+    );
+    submit(
+        &d,
+        ALICE,
+        "plain",
+        json!({"version": 1, "command": ["true"]}),
+    );
+    d.wait_ended("named");
+    d.wait_ended("plain");
+
+    let out = d.ptrain(ALICE, &["status", "named"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.contains("name:      ResNet-50 baseline\n"), "{shown}");
+    assert!(
+        shown.contains("comment:   lr 0.1, for the ablation\n"),
+        "{shown}"
+    );
+    let out = d.ptrain(ALICE, &["status", "plain"]);
+    assert!(!text(&out).contains("name:"), "{}", text(&out));
+
+    let s = d.status("named").unwrap();
+    assert_eq!(s["name"], "ResNet-50 baseline", "{s}");
+    assert_eq!(s["comment"], "lr 0.1, for the ablation", "{s}");
+    let out = d.ptrain(ALICE, &["list", "--json"]);
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let named = list.iter().find(|j| j["id"] == "named").expect("listed");
+    assert_eq!(named["name"], "ResNet-50 baseline", "{named}");
+    assert!(list
+        .iter()
+        .any(|j| j["id"] == "plain" && j["name"].is_null()));
+
+    // Bob sees neither, as he does not see the command.
+    let out = d.ptrain(BOB, &["status", "named", "--json"]);
+    assert!(!text(&out).contains("ResNet"), "{}", text(&out));
+    let out = d.ptrain(BOB, &["list", "--json"]);
+    assert!(!text(&out).contains("ResNet"), "{}", text(&out));
+
+    // An invalid one is refused at submit with the field and the fix.
+    let file = job_file(
+        &d,
+        ALICE,
+        "badname.json",
+        &json!({"version": 1, "command": ["true"], "name": "two\nlines"}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &file]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("field `name` holds U+000A"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// `submit --export`: the job runs with the submitter's variables (a
+/// venv's PATH finds its programs), its own `env` winning; a variable the
+/// job may not set is refused before anything is dropped.
+#[test]
+fn submit_export_copies_the_submitters_variables() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = TestDaemon::start("submit-export");
+    let venv_bin = d.workdir(ALICE).join("venv/bin");
+    std::fs::create_dir_all(&venv_bin).unwrap();
+    let program = venv_bin.join("hello-venv");
+    std::fs::write(&program, "#!/bin/sh\necho \"venv says $MYVAR $MODE\"\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", venv_bin.display());
+    let file = job_file(
+        &d,
+        ALICE,
+        "exported.json",
+        &json!({"version": 1, "command": ["hello-venv"], "workdir": d.workdir(ALICE),
+                "env": {"MODE": "from-the-file"}}),
+    );
+    let submit_with = |export: &str, file: &str| {
+        let config = d.config.display().to_string();
+        d.as_user(
+            ALICE,
+            "env",
+            &[
+                &format!("PATH={path}"),
+                "MYVAR=from-the-shell",
+                "MODE=from-the-shell",
+                "PTRAIN_NOT_FOR_JOBS=1",
+                PTRAIN,
+                "--config",
+                &config,
+                "submit",
+                "--export",
+                export,
+                file,
+            ],
+        )
+    };
+    let out = submit_with("PATH,MYVAR,MODE", &file);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(d.wait_ended("exported")["status"], "succeeded");
+    let said = wait_for("the job's output in the journal", WAIT, || {
+        let out = d.ptrain(ALICE, &["logs", "exported"]);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        said.contains("venv says").then_some(said)
+    });
+    assert!(
+        said.contains("venv says from-the-shell from-the-file"),
+        "{said}"
+    );
+
+    // A name the descriptor forbids is refused, nothing dropped.
+    let out = submit_with("PATH,LD_PRELOAD", &file);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("a job may not set LD_PRELOAD"),
+        "{}",
+        text(&out)
+    );
+    // ALL leaves out what the job may not set (PTRAIN_*, USER) and says so.
+    let all = job_file(
+        &d,
+        ALICE,
+        "all.json",
+        &json!({"version": 1, "command": ["hello-venv"], "workdir": d.workdir(ALICE)}),
+    );
+    let out = submit_with("ALL", &all);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("--export ALL leaves out"),
+        "{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("PTRAIN_NOT_FOR_JOBS"), "{}", text(&out));
+    assert_eq!(d.wait_ended("all")["status"], "succeeded");
+}
+
+/// A user who cannot read the config (root-only, a spool elsewhere than
+/// the default) still submits: ptraind tells where its spool is. With
+/// ptraind down too, `submit` says it falls back to the default, naming
+/// both reasons.
+#[test]
+fn submit_asks_ptraind_for_the_spool_when_the_config_is_unreadable() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = TestDaemon::start("spool-from-bus");
+    std::fs::set_permissions(&d.config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = d.as_user(ALICE, "cat", &[d.config.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "the config is still readable to Alice"
+    );
+    assert_ne!(d.spool, std::path::Path::new("/var/spool/ptrain"));
+
+    let out = d
+        .harness
+        .command("busctl")
+        .args([
+            "--system",
+            "get-property",
+            ptrain::DBUS_NAME,
+            ptrain::DBUS_PATH,
+            ptrain::DBUS_NAME,
+            "SpoolDir",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("s {:?}", d.spool.display().to_string()),
+        "{}",
+        text(&out)
+    );
+
+    let file = job_file(
+        &d,
+        ALICE,
+        "hidden-config.json",
+        &json!({"version": 1, "command": ["true"]}),
+    );
+    let out = d.ptrain(ALICE, &["submit", &file]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("as {}/hidden-config.json", d.spool.display())),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(d.wait_ended("hidden-config")["status"], "succeeded");
+
+    // Neither the config nor ptraind: the default, and a note naming both.
+    // (Only where no real spool is at the default, so nothing lands there.)
+    if !std::path::Path::new("/var/spool/ptrain").exists() {
+        let (ok, said) = d.harness.systemctl(&["stop", "ptraind.service"]);
+        assert!(ok, "{said}");
+        let out = d.ptrain(ALICE, &["submit", &file]);
+        assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+        let said = text(&out);
+        assert!(said.contains("cannot read the config"), "{said}");
+        assert!(said.contains("cannot ask ptraind"), "{said}");
+        assert!(
+            said.contains("dropping the job into the default spool /var/spool/ptrain"),
+            "{said}"
+        );
+    }
+}
