@@ -59,6 +59,13 @@ pub struct JobView {
     /// What the job wrote to $PTRAIN_RESULT_FILE.
     #[serde(default)]
     pub result: Option<serde_json::Value>,
+    /// Why what it wrote there was not taken as its result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_error: Option<String>,
+    /// Its memory, CPU and task limits in words ("4 CPUs, 12.0 GiB of
+    /// memory"); empty when it has none.
+    #[serde(default)]
+    pub resources: String,
     /// The details are the owner's ([`JobView::as_seen_by`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub private: bool,
@@ -120,6 +127,8 @@ impl JobView {
             systemd_result: None,
             params: Default::default(),
             result: None,
+            result_error: None,
+            resources: String::new(),
             invocation_id: None,
             timeout_secs: None,
             after_ok: Vec::new(),
@@ -195,6 +204,8 @@ impl JobView {
                 .collect(),
             waiting_for: Vec::new(),
             result: record.result.clone(),
+            result_error: record.result_error.clone(),
+            resources: record.limits.describe(),
             private: false,
             priority: record.spec.priority,
             gpu_request: record.spec.gpus.describe(),

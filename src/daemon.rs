@@ -2006,7 +2006,8 @@ impl Daemon {
             Ok(None) => {}
             // Shown with the job's own entries (`journalctl PTRAIN_JOB=ID`).
             Err(e) => {
-                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "ignoring the job's result file")
+                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "ignoring the job's result file");
+                record.result_error = Some(e);
             }
         }
         // The end and its notification intents are one durable write. A job

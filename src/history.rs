@@ -86,6 +86,8 @@ impl EndedJob {
             after_any: ids(&after.after_any),
             waiting_for: Vec::new(),
             result: None,
+            result_error: None,
+            resources: String::new(),
             private: false,
             priority: self.priority,
             gpu_request: String::new(),

@@ -206,25 +206,61 @@ pub fn effective_limits(
             (None, cap) => Ok(cap),
         }
     }
-    let memory = |b: u64| format!("{:.1} GiB of memory", b as f64 / (1u64 << 30) as f64);
-    let cpus = |m: u64| match m {
+    Ok(ResourceRequest {
+        memory_bytes: pick(request.memory_bytes, caps.memory_bytes, user, memory_phrase)?,
+        millicpus: pick(request.millicpus, caps.millicpus, user, cpus_phrase)?,
+        tasks: pick(request.tasks, caps.tasks, user, tasks_phrase)?,
+    })
+}
+
+fn memory_phrase(bytes: u64) -> String {
+    format!("{:.1} GiB of memory", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn cpus_phrase(millicpus: u64) -> String {
+    match millicpus {
         1000 => "1 CPU".to_string(),
         m => format!("{} CPUs", m as f64 / 1000.0),
-    };
-    let tasks = |t: u64| match t {
+    }
+}
+
+fn tasks_phrase(tasks: u64) -> String {
+    match tasks {
         1 => "1 task".to_string(),
         t => format!("{t} tasks"),
-    };
-    Ok(ResourceRequest {
-        memory_bytes: pick(request.memory_bytes, caps.memory_bytes, user, memory)?,
-        millicpus: pick(request.millicpus, caps.millicpus, user, cpus)?,
-        tasks: pick(request.tasks, caps.tasks, user, tasks)?,
-    })
+    }
+}
+
+impl ResourceRequest {
+    /// The limits in words ("4 CPUs, 12.0 GiB of memory, 100 tasks"),
+    /// empty when there are none.
+    pub fn describe(&self) -> String {
+        [
+            self.millicpus.map(cpus_phrase),
+            self.memory_bytes.map(memory_phrase),
+            self.tasks.map(tasks_phrase),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_read_as_words() {
+        let limits = ResourceRequest {
+            memory_bytes: Some(12 << 30),
+            millicpus: Some(4000),
+            tasks: Some(1),
+        };
+        assert_eq!(limits.describe(), "4 CPUs, 12.0 GiB of memory, 1 task");
+        assert_eq!(ResourceRequest::default().describe(), "");
+    }
 
     #[test]
     fn sizes() {

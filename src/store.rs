@@ -225,6 +225,10 @@ pub struct JobRecord {
     /// What the job wrote to $PTRAIN_RESULT_FILE (a JSON object).
     #[serde(default)]
     pub result: Option<serde_json::Value>,
+    /// Why the file at $PTRAIN_RESULT_FILE was not taken as its result
+    /// (not JSON, not an object, too large, a symlink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_error: Option<String>,
     /// The outbox: notification intents, written in the same save as the
     /// transition they announce. Delivery status is in `STATE/outbox/`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -255,6 +259,7 @@ impl JobRecord {
             params: BTreeMap::new(),
             max_parallel: None,
             result: None,
+            result_error: None,
             notifications: Vec::new(),
         }
     }

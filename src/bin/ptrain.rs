@@ -893,9 +893,60 @@ fn print_status(j: &JobView) {
     if let Some(sig) = j.signal {
         outln!("signal:    {}", signal_name(sig));
     }
+    for line in status_extras(j) {
+        outln!("{line}");
+    }
     if let Some(inv) = &j.invocation_id {
         outln!("logs:      ptrain logs {} (invocation {inv})", j.id);
     }
+}
+
+/// What `status` shows besides the times and the end: the sweep and its
+/// parameters, what the job waits for, what it asked for and the limits
+/// it runs with, and its result (or why the file it wrote was ignored).
+fn status_extras(j: &JobView) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(group) = &j.group {
+        let params: Vec<String> = j
+            .params
+            .iter()
+            .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
+            .collect();
+        lines.push(match params.is_empty() {
+            true => format!("sweep:     {}", escape(group)),
+            false => format!("sweep:     {} ({})", escape(group), params.join(", ")),
+        });
+    }
+    for (kind, parents) in [
+        ("after_ok", &j.after_ok),
+        ("after_fail", &j.after_fail),
+        ("after_any", &j.after_any),
+    ] {
+        if !parents.is_empty() {
+            let parents: Vec<_> = parents.iter().map(|p| escape(p)).collect();
+            lines.push(format!("{kind:<10} {}", parents.join(", ")));
+        }
+    }
+    if !j.waiting_for.is_empty() {
+        let parents: Vec<_> = j.waiting_for.iter().map(|p| escape(p)).collect();
+        lines.push(format!("waits for: {}", parents.join(", ")));
+    }
+    if !j.gpu_request.is_empty() {
+        lines.push(format!("asked for: {}", escape(&j.gpu_request)));
+    }
+    if !j.resources.is_empty() {
+        lines.push(format!("limits:    {}", j.resources));
+    }
+    if let Some(result) = &j.result {
+        lines.push(format!("result:    {}", escape(&result.to_string())));
+    }
+    if let Some(why) = &j.result_error {
+        lines.push(format!(
+            "result:    none: what it wrote was ignored ({})",
+            escape(why)
+        ));
+    }
+    lines
 }
 
 /// Where job files go when neither the config nor ptraind tells.
@@ -1947,6 +1998,38 @@ fn render_tree(jobs: &[JobView]) -> String {
 #[cfg(test)]
 mod table_tests {
     use super::*;
+
+    #[test]
+    fn status_shows_the_sweep_parents_limits_and_result() {
+        let job: JobView = serde_json::from_value(serde_json::json!({
+            "id": "lr-1", "status": "succeeded", "owner": "alice", "uid": 1000,
+            "unit": "ptrain-job@lr-1.service", "command": ["true"],
+            "gpus": [], "gpu_uuids": [], "submitted_at": 1, "detail": "succeeded",
+            "group": "lr", "params": {"lr": "0.1"}, "after_ok": ["prep", "data"],
+            "gpu_request": "1 GPU", "resources": "4 CPUs, 12.0 GiB of memory",
+            "result": {"acc": 0.9},
+        }))
+        .unwrap();
+        assert_eq!(
+            status_extras(&job),
+            [
+                "sweep:     lr (lr=0.1)",
+                "after_ok   prep, data",
+                "asked for: 1 GPU",
+                "limits:    4 CPUs, 12.0 GiB of memory",
+                "result:    {\"acc\":0.9}",
+            ]
+        );
+        let ignored = JobView {
+            result: None,
+            result_error: Some("result.json must hold a JSON object".into()),
+            ..job
+        };
+        assert!(status_extras(&ignored)
+            .last()
+            .unwrap()
+            .starts_with("result:    none: what it wrote was ignored (result.json must"));
+    }
 
     #[test]
     fn sizes_in_human_units() {

@@ -420,6 +420,36 @@ fn a_file_under_no_job_name_is_refused_after_its_grace_not_left_unseen() {
 }
 
 #[test]
+fn status_says_why_a_result_was_ignored_and_what_the_job_ran_with() {
+    let d = TestDaemon::start("result");
+    let job = serde_json::json!({"version": 1,
+        "command": ["/bin/sh", "-c", "echo '[1, 2]' > \"$PTRAIN_RESULT_FILE\""],
+        "resources": {"cpus": 2, "memory": "1G"}});
+    d.drop_job(ALICE, "listy.json", &job.to_string());
+    let ended = d.wait_ended("listy");
+    assert_eq!(ended["status"], "succeeded", "{ended}");
+    assert!(ended["result"].is_null(), "{ended}");
+    assert!(
+        ended["result_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("must hold a JSON object")),
+        "{ended}"
+    );
+    let shown = text(&d.ptrain(ALICE, &["status", "listy"]));
+    assert!(
+        shown.contains("result:    none: what it wrote was ignored ("),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("limits:    2 CPUs, 1.0 GiB of memory"),
+        "{shown}"
+    );
+    // Another user sees neither (the result is the owner's).
+    let theirs = text(&d.ptrain(BOB, &["status", "listy"]));
+    assert!(!theirs.contains("result:"), "{theirs}");
+}
+
+#[test]
 fn submit_validates_locally_and_drops_safely() {
     let d = TestDaemon::start("submit");
     let work = d.workdir(ALICE);
