@@ -8,6 +8,8 @@ use serde::Deserialize;
 
 use crate::gpu::GpuConfig;
 
+pub mod checks;
+
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/ptrain/ptrain.toml";
 
 #[derive(Debug, thiserror::Error)]
@@ -241,12 +243,17 @@ impl Config {
             ));
         }
         let slice = raw.slice.unwrap_or_else(|| "ptrain.slice".into());
-        let slice_ok = slice.ends_with(".slice")
-            && slice.len() <= 255
-            && slice[..slice.len() - ".slice".len()]
+        let stem = slice.strip_suffix(".slice").unwrap_or_default();
+        // systemd reads each dash as a level of nesting: a leading,
+        // trailing or doubled dash names no slice (`-.slice`, the root, is
+        // well-formed and refused by the checks as shared).
+        let slice_ok = slice.len() <= 255
+            && !stem.is_empty()
+            && stem
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-            && slice.len() > ".slice".len();
+            && (stem == "-"
+                || !(stem.starts_with('-') || stem.ends_with('-') || stem.contains("--")));
         if !slice_ok {
             return Err(invalid(
                 "slice",
@@ -484,8 +491,11 @@ mod tests {
         assert!(e.contains("spool_dir") && e.contains("absolute"), "{e}");
         let e = load("spol_dir = \"/x\"").unwrap_err().to_string();
         assert!(e.contains("spol_dir"), "{e}");
-        let e = load("slice = \"ptrain\"").unwrap_err().to_string();
-        assert!(e.contains("slice") && e.contains("ptrain.slice"), "{e}");
+        for bad in ["ptrain", "-ptrain.slice", "ptrain-.slice", "lab--gpu.slice", ".slice"] {
+            let e = load(&format!("slice = {bad:?}")).unwrap_err().to_string();
+            assert!(e.contains("slice") && e.contains("ptrain.slice"), "{bad}: {e}");
+        }
+        load("slice = \"lab-gpu.slice\"").unwrap();
         let e = load("state_dir = \"/var/spool/ptrain/state\"")
             .unwrap_err()
             .to_string();
