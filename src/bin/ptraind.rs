@@ -7,6 +7,7 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::prelude::*;
 
+use ptrain::config::checks::{self, Severity};
 use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
 
 /// Runs GPU training jobs dropped into the spool as supervised systemd units.
@@ -174,8 +175,29 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let findings = checks::check(&config, &checks::Host::this_host(&config));
+    let errors = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .count();
     if args.check_config {
-        println!("{}: ok", args.config.display());
+        for finding in &findings {
+            println!("{}", finding.render(&args.config));
+        }
+        if findings.is_empty() {
+            println!("{}: ok", args.config.display());
+        } else {
+            let warnings = findings.len() - errors;
+            let verdict = if errors > 0 {
+                "ptraind would refuse to start"
+            } else {
+                "ptraind would start"
+            };
+            println!(
+                "{}: {errors} error(s), {warnings} warning(s); {verdict}",
+                args.config.display()
+            );
+        }
         println!("  spool_dir = {}", config.spool_dir.display());
         println!("  state_dir = {}", config.state_dir.display());
         println!("  log_dir   = {}", config.log_dir.display());
@@ -191,7 +213,11 @@ fn main() -> ExitCode {
             },
             config.policy.groups.len()
         );
-        return ExitCode::SUCCESS;
+        return if errors > 0 {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
     }
     // Large one-off buffers (the reply to `ptrain list --all`, the whole
     // history as JSON) are mmapped and go back to the kernel when freed.
@@ -204,6 +230,22 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024)
     };
     init_logging();
+    // The same findings --check-config prints: errors refuse the start.
+    // (The logger writes to the journal under systemd, else to stderr.)
+    for finding in &findings {
+        let line = finding.render(&args.config);
+        match finding.severity {
+            Severity::Error => tracing::error!("{line}"),
+            Severity::Warning => tracing::warn!("{line}"),
+        }
+    }
+    if errors > 0 {
+        tracing::error!(
+            "refusing to start: {errors} error(s) in {}; fix them, then check with `ptraind --check-config`",
+            args.config.display()
+        );
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
