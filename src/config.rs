@@ -178,7 +178,10 @@ fn parse_raw(path: &Path, text: &str) -> Result<RawConfig, ConfigError> {
 /// serde's "expected usize" and friends, said the way the file is written.
 fn plain_expectation(message: &str) -> String {
     const PLAIN: &[(&str, &str)] = &[
-        ("expected usize", "expected a whole number (0 or more), like 1000"),
+        (
+            "expected usize",
+            "expected a whole number (0 or more), like 1000",
+        ),
         ("expected u64", "expected a whole number (0 or more)"),
         ("expected u32", "expected a whole number (0 or more)"),
         ("expected u16", "expected a whole number from 0 to 65535"),
@@ -491,9 +494,18 @@ mod tests {
         assert!(e.contains("spool_dir") && e.contains("absolute"), "{e}");
         let e = load("spol_dir = \"/x\"").unwrap_err().to_string();
         assert!(e.contains("spol_dir"), "{e}");
-        for bad in ["ptrain", "-ptrain.slice", "ptrain-.slice", "lab--gpu.slice", ".slice"] {
+        for bad in [
+            "ptrain",
+            "-ptrain.slice",
+            "ptrain-.slice",
+            "lab--gpu.slice",
+            ".slice",
+        ] {
             let e = load(&format!("slice = {bad:?}")).unwrap_err().to_string();
-            assert!(e.contains("slice") && e.contains("ptrain.slice"), "{bad}: {e}");
+            assert!(
+                e.contains("slice") && e.contains("ptrain.slice"),
+                "{bad}: {e}"
+            );
         }
         load("slice = \"lab-gpu.slice\"").unwrap();
         let e = load("state_dir = \"/var/spool/ptrain/state\"")

@@ -1141,7 +1141,10 @@ mod tests {
         let snap = inv.snapshot().unwrap();
         assert_eq!(snap[0].unhealthy, None);
         let why = snap[1].unhealthy.as_deref().unwrap();
-        assert!(why.contains("/dev/nvidia1") && why.contains("does not exist"), "{why}");
+        assert!(
+            why.contains("/dev/nvidia1") && why.contains("does not exist"),
+            "{why}"
+        );
         assert_eq!(choose_gpus(&snap, &held(&[]), 1, 512), Some(vec![0]));
         assert_eq!(choose_gpus(&snap, &held(&[]), 2, 512), None);
         assert_eq!(GpuState::of(&snap[1], None, None, 512).name(), "unhealthy");
@@ -1150,7 +1153,9 @@ mod tests {
         present.device = PathBuf::from("/dev/null");
         let mut absent = declared(1);
         absent.device = PathBuf::from("/dev/ptrain-test-no-such-node");
-        let snap = DeclaredInventory::new(vec![present, absent]).snapshot().unwrap();
+        let snap = DeclaredInventory::new(vec![present, absent])
+            .snapshot()
+            .unwrap();
         assert!(snap[0].unhealthy.is_none() && snap[1].unhealthy.is_some());
     }
 

@@ -71,7 +71,11 @@ impl Finding {
             Severity::Warning => "warning",
         };
         if self.key.is_empty() {
-            format!("{level}: config {}: {}", config_path.display(), self.message)
+            format!(
+                "{level}: config {}: {}",
+                config_path.display(),
+                self.message
+            )
         } else {
             format!(
                 "{level}: config {}: key `{}`: {}",
@@ -203,11 +207,13 @@ fn check_config_file(config: &Config, findings: &mut Vec<Finding>) {
 /// first job's end.
 fn check_secret_files(config: &Config, findings: &mut Vec<Finding>) {
     for (name, channel) in &config.notifications.channels {
-        let (secrets, ca): (Vec<(&str, &Option<PathBuf>)>, &Option<PathBuf>) = match &channel.kind
-        {
+        let (secrets, ca): (Vec<(&str, &Option<PathBuf>)>, &Option<PathBuf>) = match &channel.kind {
             ChannelKind::WeCom(w) => (vec![("key_file", &w.key_file)], &w.ca_file),
             ChannelKind::Webhook(w) => (
-                vec![("secret_file", &w.secret_file), ("token_file", &w.token_file)],
+                vec![
+                    ("secret_file", &w.secret_file),
+                    ("token_file", &w.token_file),
+                ],
                 &w.ca_file,
             ),
             ChannelKind::Email(e) => (vec![("password_file", &e.password_file)], &e.ca_file),
@@ -450,7 +456,11 @@ fn check_controllers(config: &Config, cgroup_root: &Path, findings: &mut Vec<Fin
         (
             "cpu",
             "CPUQuota=",
-            first(limits.cpus_max.is_some(), |u| u.cpus_max.is_some(), "cpus_max"),
+            first(
+                limits.cpus_max.is_some(),
+                |u| u.cpus_max.is_some(),
+                "cpus_max",
+            ),
         ),
         (
             "pids",
@@ -602,9 +612,15 @@ mod tests {
         let f = check(&config(dir.path(), robot, 0o644), &host(dir.path()));
         assert_eq!(keys(&f, Severity::Error), ["channels.ops.url"], "{f:?}");
         assert!(f[0].message.contains("chmod 600"), "{f:?}");
-        assert_eq!(check(&config(dir.path(), robot, 0o600), &host(dir.path())), vec![]);
+        assert_eq!(
+            check(&config(dir.path(), robot, 0o600), &host(dir.path())),
+            vec![]
+        );
         // Without a secret a readable config is fine; a writable one never.
-        assert_eq!(check(&config(dir.path(), "", 0o644), &host(dir.path())), vec![]);
+        assert_eq!(
+            check(&config(dir.path(), "", 0o644), &host(dir.path())),
+            vec![]
+        );
         let f = check(&config(dir.path(), "", 0o666), &host(dir.path()));
         assert_eq!(keys(&f, Severity::Error), [""], "{f:?}");
         assert!(f[0].message.contains("chmod go-w"), "{f:?}");
@@ -613,7 +629,13 @@ mod tests {
     #[test]
     fn a_shared_slice_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        for slice in ["system.slice", "user.slice", "user-1000.slice", "-.slice", "machine.slice"] {
+        for slice in [
+            "system.slice",
+            "user.slice",
+            "user-1000.slice",
+            "-.slice",
+            "machine.slice",
+        ] {
             let c = config(dir.path(), &format!("slice = {slice:?}\n"), 0o644);
             let f = check(&c, &host(dir.path()));
             assert_eq!(keys(&f, Severity::Error), ["slice"], "{slice}: {f:?}");
@@ -711,7 +733,8 @@ mod tests {
     #[test]
     fn limits_without_their_controller_are_warnings() {
         let dir = tempfile::tempdir().unwrap();
-        let text = "[limits]\nmemory_max = \"8G\"\n[limits.users.alice]\ncpus_max = 2\ntasks_max = 100\n";
+        let text =
+            "[limits]\nmemory_max = \"8G\"\n[limits.users.alice]\ncpus_max = 2\ntasks_max = 100\n";
         // A container delegated only cpuset, io and pids.
         controllers(dir.path(), "cpuset io pids\n");
         let c = config(dir.path(), text, 0o644);
@@ -732,7 +755,11 @@ mod tests {
         std::fs::create_dir(dir.path().join("ptrain.slice")).unwrap();
         controllers(&dir.path().join("ptrain.slice"), "cpu memory pids");
         assert_eq!(check(&c, &host(dir.path())), vec![]);
-        let nested = config(dir.path(), &format!("slice = \"lab-gpu.slice\"\n{text}"), 0o644);
+        let nested = config(
+            dir.path(),
+            &format!("slice = \"lab-gpu.slice\"\n{text}"),
+            0o644,
+        );
         assert_eq!(check(&nested, &host(dir.path())).len(), 2);
         // No cgroup v2 at all: one warning that says so.
         let empty = tempfile::tempdir().unwrap();
