@@ -104,11 +104,18 @@ fn generate_man(dir: &std::path::Path) -> ExitCode {
             ("/lib/systemd/system/ptrain.slice", "The parent of every job unit; set limits for all jobs here."),
             ("/usr/share/dbus-1/system.d/org.ptrain.Daemon1.conf", "Who may own and call the D-Bus API."),
         ],
-        see_also: &["ptrain(1)", "systemctl(1)", "journalctl(1)", "systemd.resource-control(5)"],
+        see_also: &["ptrain(1)", "ptrain.toml(5)", "ptrain-job(5)", "systemctl(1)", "journalctl(1)", "systemd.resource-control(5)"],
     };
     // The crate's name otherwise: the page is ptraind.8.
     let cmd = <Args as clap::CommandFactory>::command().name("ptraind");
-    match ptrain::docgen::write_man_pages(cmd, &extra, dir) {
+    let version = format!("ptrain {}", env!("CARGO_PKG_VERSION"));
+    // The file-format pages, ptrain-job(5) and ptrain.toml(5), go with
+    // ptraind's: it is what reads both files.
+    let pages = ptrain::docgen::write_man_pages(cmd, &extra, dir).and_then(|mut written| {
+        written.extend(ptrain::docgen::write_format_pages(dir, &version)?);
+        Ok(written)
+    });
+    match pages {
         Ok(written) => {
             for path in written {
                 println!("{}", path.display());

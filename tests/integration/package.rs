@@ -305,6 +305,8 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
         "./usr/share/man/man1/ptrain.1.gz",
         "./usr/share/man/man1/ptrain-submit.1.gz",
         "./usr/share/man/man8/ptraind.8.gz",
+        "./usr/share/man/man5/ptrain-job.5.gz",
+        "./usr/share/man/man5/ptrain.toml.5.gz",
         "./usr/share/bash-completion/completions/ptrain",
         "./usr/share/zsh/vendor-completions/_ptrain",
         "./usr/share/fish/vendor_completions.d/ptrain.fish",
