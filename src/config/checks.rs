@@ -11,8 +11,8 @@
 //! Where the line falls: an error is the file contradicting itself or the
 //! host in a way that stays wrong until the admin edits something (a secret
 //! that is missing or readable by users, a config users can change, a slice
-//! shared with system services, a policy naming a GPU the declared list
-//! lacks). A warning is what may be transient or outside the file (a GPU
+//! shared with system services, a policy naming a GPU `backend = "declared"`
+//! does not list). A warning is what may be transient or outside the file (a GPU
 //! NVML does not see now, a device node the driver has not made yet, an
 //! account a directory service has not served yet, a cgroup controller a
 //! container does not delegate): refusing to start over it would stop
@@ -316,10 +316,12 @@ fn check_gpus(config: &Config, host: &Host, findings: &mut Vec<Finding>) {
                 continue;
             }
             let key = format!("{rule}.allowed_gpus[{i}]");
-            // A declared list is the file itself: naming a GPU it lacks
-            // stays wrong until edited. NVML's view can lose a GPU for a
-            // while (off the bus, mid driver upgrade).
-            if *backend == "declared" {
+            // A declared list the admin chose is the file itself: naming
+            // a GPU it lacks stays wrong until edited. NVML's view can
+            // lose a GPU for a while (off the bus, mid driver upgrade),
+            // and so can `auto`, which falls back to the declared list
+            // while NVML does not load.
+            if config.gpus.backend == GpuBackend::Declared {
                 findings.push(Finding::error(
                     key,
                     format!(
@@ -331,8 +333,9 @@ fn check_gpus(config: &Config, host: &Host, findings: &mut Vec<Finding>) {
                 findings.push(Finding::warning(
                     key,
                     format!(
-                        "GPU {index} is not on this host ({backend} sees: {shown}); jobs under \
-                         this rule cannot get it; check `nvidia-smi -L` and correct the index"
+                        "GPU {index} is not on this host (the {backend} inventory has: {shown}); \
+                         jobs under this rule cannot get it; check `nvidia-smi -L` and correct \
+                         the index"
                     ),
                 ));
             }
@@ -648,7 +651,7 @@ mod tests {
     #[test]
     fn allowed_gpus_are_checked_against_the_inventory() {
         let dir = tempfile::tempdir().unwrap();
-        let text = "[policy.users.alice]\nallowed_gpus = [0, 3]\n\
+        let text = "[policy.users.alice]\nallowed_gpus = [0, 3]\n[gpus]\nbackend = \"declared\"\n\
                     [[gpus.declared]]\nindex = 0\nuuid = \"GPU-0\"\nname = \"G\"\nmemory_mib = 1\ndevice = \"/dev/null\"\n";
         let c = config(dir.path(), text, 0o644);
         let snapshot = |backend: &'static str| {
@@ -664,13 +667,23 @@ mod tests {
             "{f:?}"
         );
         assert!(f[0].message.contains("indices: 0"), "{f:?}");
-        // What NVML does not see now is a warning: it may be back soon.
-        h.inventory = snapshot("nvml");
-        let f = check(&c, &h);
-        assert_eq!(
-            keys(&f, Severity::Warning),
-            ["policy.users.alice.allowed_gpus[1]"]
-        );
+        // What NVML does not see now is a warning: it may be back soon;
+        // so is what `auto` misses while it falls back to the declared list.
+        let with_backend = |backend: &str| {
+            let text = text.replace("backend = \"declared\"", &format!("backend = {backend:?}"));
+            config(dir.path(), &text, 0o644)
+        };
+        let (nvml, auto) = (with_backend("nvml"), with_backend("auto"));
+        for (c, backend) in [(&nvml, "nvml"), (&auto, "declared")] {
+            h.inventory = snapshot(backend);
+            let f = check(c, &h);
+            assert_eq!(
+                keys(&f, Severity::Warning),
+                ["policy.users.alice.allowed_gpus[1]"],
+                "{f:?}"
+            );
+            assert!(keys(&f, Severity::Error).is_empty(), "{f:?}");
+        }
         // No inventory at all: said once, as a warning.
         h.inventory = Err("NVML is not loaded".into());
         let f = check(&c, &h);
