@@ -104,9 +104,9 @@ install: docs
 	$(INSTALL) -d $(DESTDIR)/usr/share/dbus-1/system.d
 	$(INSTALL) -m 0644 packaging/dbus/*.conf $(DESTDIR)/usr/share/dbus-1/system.d/
 	$(INSTALL) -D -m 0644 packaging/tmpfiles.d/ptrain.conf $(DESTDIR)/usr/lib/tmpfiles.d/ptrain.conf
-	$(INSTALL) -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8
+	$(INSTALL) -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
 	@# gzip -n: no name or time stamp inside, so rebuilds are identical
-	for page in $(GENDIR)/man/*.[18]; do \
+	for page in $(GENDIR)/man/*.[158]; do \
 	    dest=$(DESTDIR)$(MANDIR)/man$${page##*.}/$${page##*/}.gz; \
 	    gzip -9n -c $$page > $$dest && chmod 0644 $$dest || exit 1; \
 	done

@@ -29,7 +29,9 @@ for b in ptraind ptrain; do
     [ -x "$BINDIR/$b" ] || die "$BINDIR/$b is missing; run make build first"
 done
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found; apt-get install dpkg"
-MAINTAINER=${DEB_MAINTAINER:-ptrain maintainers <root@localhost>}
+# Set DEB_MAINTAINER to the address that answers for this build; the
+# default is a placeholder with a well-formed host, as lintian requires.
+MAINTAINER=${DEB_MAINTAINER:-ptrain maintainers <ptrain@example.org>}
 COMPRESSION=${DEB_COMPRESSION:-xz}
 
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/ptrain-deb.XXXXXX")
@@ -40,6 +42,7 @@ GEN=$STAGE/generated
 # The same files `make install` puts on any other distribution.
 make -C "$REPO" --no-print-directory -s install BINDIR="$BINDIR" GENDIR="$GEN" DESTDIR="$ROOT" >/dev/null
 install -D -m 0644 "$REPO/packaging/debian/copyright" "$ROOT/usr/share/doc/ptrain/copyright"
+install -D -m 0644 "$REPO/packaging/debian/lintian-overrides" "$ROOT/usr/share/lintian/overrides/ptrain"
 if command -v strip >/dev/null; then
     strip --strip-unneeded --remove-section=.comment --remove-section=.note \
         "$ROOT/usr/sbin/ptraind" "$ROOT/usr/bin/ptrain"
@@ -57,6 +60,20 @@ fi
 if [ -z "$GLIBC" ]; then
     GLIBC=$(dpkg-query -W -f='${Version}' libc6 | sed 's/-.*//')
 fi
+# A native package's changelog.gz (Debian policy 12.7): one entry for this
+# build, dated by SOURCE_DATE_EPOCH, else the last commit, so rebuilds of
+# one commit are identical.
+WHEN=${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)}
+COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+{
+    echo "ptrain ($VERSION) unstable; urgency=medium"
+    echo
+    echo "  * Built from commit $COMMIT by packaging/build-deb.sh; what changed is"
+    echo "    in the project's history (git log)."
+    echo
+    echo " -- $MAINTAINER  $(LC_ALL=C date -u -R -d "@$WHEN")"
+} | gzip -9n > "$ROOT/usr/share/doc/ptrain/changelog.gz"
+chmod 0644 "$ROOT/usr/share/doc/ptrain/changelog.gz"
 SIZE=$(du -sk --apparent-size "$ROOT" | cut -f1)
 
 install -d -m 0755 "$ROOT/DEBIAN"
@@ -67,6 +84,10 @@ chmod 0644 "$ROOT/DEBIAN/control"
 install -m 0644 "$REPO/packaging/debian/conffiles" "$ROOT/DEBIAN/"
 install -m 0755 "$REPO/packaging/debian/postinst" "$REPO/packaging/debian/prerm" \
     "$REPO/packaging/debian/postrm" "$ROOT/DEBIAN/"
+# What dh_md5sums writes: every file but the conffiles, for `dpkg --verify`.
+(cd "$ROOT" && find . -type f ! -path './DEBIAN/*' ! -path './etc/*' -printf '%P\0' |
+    LC_ALL=C sort -z | xargs -0 md5sum) > "$ROOT/DEBIAN/md5sums"
+chmod 0644 "$ROOT/DEBIAN/md5sums"
 # mktemp made it 0700; it becomes the package's "./".
 chmod 0755 "$ROOT"
 

@@ -8,6 +8,8 @@ use serde::Deserialize;
 
 use crate::gpu::GpuConfig;
 
+pub mod checks;
+
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/ptrain/ptrain.toml";
 
 #[derive(Debug, thiserror::Error)]
@@ -145,6 +147,69 @@ pub struct Config {
     pub privacy: Privacy,
 }
 
+/// Parses the file into the raw layer. A syntax error keeps toml's own
+/// message (it points at the line); a type error or unknown key is reported
+/// under the dotted key it sits at, with its line and what the key takes,
+/// because serde alone says only "invalid type: string \"many\", expected
+/// usize" and leaves the admin to guess which of forty keys that was.
+fn parse_raw(path: &Path, text: &str) -> Result<RawConfig, ConfigError> {
+    let document = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string().trim_end().replace('\n', "\n  "),
+    })?;
+    serde_path_to_error::deserialize(document).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner();
+        let line = inner
+            .span()
+            .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+        let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
+        let message = plain_expectation(inner.message().trim_end());
+        if key.is_empty() || key == "." {
+            ConfigError::Parse {
+                path: path.to_owned(),
+                message: format!("{message}{at}"),
+            }
+        } else {
+            ConfigError::Invalid {
+                path: path.to_owned(),
+                key,
+                message: format!("{message}{at}"),
+            }
+        }
+    })
+}
+
+/// serde's "expected usize" and friends, said the way the file is written.
+fn plain_expectation(message: &str) -> String {
+    const PLAIN: &[(&str, &str)] = &[
+        (
+            "expected usize",
+            "expected a whole number (0 or more), like 1000",
+        ),
+        ("expected u64", "expected a whole number (0 or more)"),
+        ("expected u32", "expected a whole number (0 or more)"),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        ("expected f64", "expected a number, like 4 or 1.5"),
+        ("expected a boolean", "expected true or false (no quotes)"),
+        ("expected a string", "expected a quoted string"),
+        ("expected a sequence", "expected a list, like [0, 1]"),
+        ("expected a map", "expected a table"),
+    ];
+    let mut out = message.to_owned();
+    for (serde_says, file_says) in PLAIN {
+        if let Some(at) = out.find(serde_says) {
+            // Only a whole word: "expected u32" must not match "expected u325".
+            let end = at + serde_says.len();
+            if !out[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
+                out.replace_range(at..end, file_says);
+                break;
+            }
+        }
+    }
+    out
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -155,10 +220,7 @@ impl Config {
     }
 
     pub fn from_toml(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e.to_string().trim_end().replace('\n', "\n  "),
-        })?;
+        let raw = parse_raw(path, text)?;
         let invalid = |key: &str, message: String| ConfigError::Invalid {
             path: path.to_owned(),
             key: key.to_owned(),
@@ -189,12 +251,17 @@ impl Config {
             ));
         }
         let slice = raw.slice.unwrap_or_else(|| "ptrain.slice".into());
-        let slice_ok = slice.ends_with(".slice")
-            && slice.len() <= 255
-            && slice[..slice.len() - ".slice".len()]
+        let stem = slice.strip_suffix(".slice").unwrap_or_default();
+        // systemd reads each dash as a level of nesting: a leading,
+        // trailing or doubled dash names no slice (`-.slice`, the root, is
+        // well-formed and refused by the checks as shared).
+        let slice_ok = slice.len() <= 255
+            && !stem.is_empty()
+            && stem
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-            && slice.len() > ".slice".len();
+            && (stem == "-"
+                || !(stem.starts_with('-') || stem.ends_with('-') || stem.contains("--")));
         if !slice_ok {
             return Err(invalid(
                 "slice",
@@ -416,13 +483,59 @@ mod tests {
     }
 
     #[test]
+    fn type_errors_name_the_key_path_and_what_it_takes() {
+        let e = load("max_queued_per_user = \"many\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("key `max_queued_per_user`")
+                && e.contains("whole number")
+                && e.contains("line 1"),
+            "{e}"
+        );
+        let e = load("slice = \"ptrain.slice\"\n[limits.users.alice]\ntasks_max = \"lots\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("key `limits.users.alice.tasks_max`") && e.contains("line 3"),
+            "{e}"
+        );
+        let e = load("[jobs]\nidle_requires_gpu_idle = \"yes\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`jobs.idle_requires_gpu_idle`") && e.contains("true or false"),
+            "{e}"
+        );
+        let e = load("[[gpus.declared]]\nindex = 0\nuuid = \"GPU-1\"\nname = \"G\"\nmemory_mib = \"16G\"\ndevice = \"/dev/nvidia0\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`gpus.declared[0].memory_mib`"), "{e}");
+        // A syntax error still points at the line, in toml's words.
+        let e = load("slice = \n").unwrap_err().to_string();
+        assert!(e.contains("line 1"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_key_and_fix() {
         let e = load("spool_dir = \"spool\"").unwrap_err().to_string();
         assert!(e.contains("spool_dir") && e.contains("absolute"), "{e}");
         let e = load("spol_dir = \"/x\"").unwrap_err().to_string();
         assert!(e.contains("spol_dir"), "{e}");
-        let e = load("slice = \"ptrain\"").unwrap_err().to_string();
-        assert!(e.contains("slice") && e.contains("ptrain.slice"), "{e}");
+        for bad in [
+            "ptrain",
+            "-ptrain.slice",
+            "ptrain-.slice",
+            "lab--gpu.slice",
+            ".slice",
+        ] {
+            let e = load(&format!("slice = {bad:?}")).unwrap_err().to_string();
+            assert!(
+                e.contains("slice") && e.contains("ptrain.slice"),
+                "{bad}: {e}"
+            );
+        }
+        load("slice = \"lab-gpu.slice\"").unwrap();
         let e = load("state_dir = \"/var/spool/ptrain/state\"")
             .unwrap_err()
             .to_string();

@@ -216,9 +216,237 @@ fn without_hidden(cmd: &clap::Command) -> clap::Command {
     out
 }
 
+/// The README, whose sections are the source of the file-format pages.
+const README: &str = include_str!("../README.md");
+/// The commented default config, every key with its default.
+const DEFAULT_CONFIG: &str = include_str!("../packaging/ptrain.toml");
+
+/// Writes the file-format pages, `ptrain-job.5` (the job file) and
+/// `ptrain.toml.5` (the config), into `dir` from the README's sections on
+/// them and the shipped default config, so the pages say what the README
+/// says; returns the files written. `version` is the footer's ("ptrain
+/// 0.1.0").
+pub fn write_format_pages(dir: &Path, version: &str) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let job = readme_section("## The job file").unwrap_or_default();
+    let config = readme_section("## Configuration").unwrap_or_default();
+    let mut written = Vec::new();
+
+    let mut page = title("PTRAIN-JOB", version);
+    writeln!(
+        page,
+        ".SH NAME\nptrain\\-job \\- the JSON job file ptraind runs (descriptor version 1)"
+    )?;
+    writeln!(
+        page,
+        ".SH DESCRIPTION\nA user submits a job with\n.BR ptrain\\-submit (1)\n\
+         or drops \\fINAME\\fR.json into the spool directory,\n.IR /var/spool/ptrain .\n\
+         Its fields:"
+    )?;
+    markdown_to_roff(&mut page, &job);
+    writeln!(
+        page,
+        ".SH FILES\n.TP\n.I /var/spool/ptrain\nThe spool (mode 1733).\n.TP\n\
+         .I /usr/share/doc/ptrain/examples\nOne example file for each feature."
+    )?;
+    writeln!(
+        page,
+        ".SH \"SEE ALSO\"\n.BR ptrain (1) ,\n.BR ptrain\\-submit (1) ,\n.BR ptrain.toml (5) ,\n.BR ptraind (8)"
+    )?;
+    written.push(write_file(dir, "ptrain-job.5", &page)?);
+
+    let mut page = title("PTRAIN.TOML", version);
+    writeln!(
+        page,
+        ".SH NAME\nptrain.toml \\- the configuration of ptraind, the ptrain job launcher"
+    )?;
+    writeln!(page, ".SH DESCRIPTION")?;
+    markdown_to_roff(&mut page, &config);
+    writeln!(
+        page,
+        ".SH \"THE DEFAULT FILE\"\nAs shipped, every key commented with its default:"
+    )?;
+    writeln!(page, ".PP\n.nf")?;
+    for line in DEFAULT_CONFIG.lines() {
+        writeln!(page, "{}", escape(line))?;
+    }
+    writeln!(page, ".fi")?;
+    writeln!(
+        page,
+        ".SH FILES\n.TP\n.I /etc/ptrain/ptrain.toml\nThe configuration (root only). \
+         Check a change with \\fBptraind \\-\\-check\\-config\\fR, then \
+         \\fBsystemctl restart ptraind\\fR."
+    )?;
+    writeln!(
+        page,
+        ".SH \"SEE ALSO\"\n.BR ptraind (8) ,\n.BR ptrain\\-job (5) ,\n.BR systemd.resource\\-control (5)"
+    )?;
+    written.push(write_file(dir, "ptrain.toml.5", &page)?);
+    Ok(written)
+}
+
+fn title(name: &str, version: &str) -> Vec<u8> {
+    let date = source_date().unwrap_or_default();
+    format!(
+        ".ie \\n(.g .ds Aq \\(aq\n.el .ds Aq '\n.TH {name} 5 \"{date}\" \"{}\" \"File Formats\"\n",
+        escape(version)
+    )
+    .into_bytes()
+}
+
+/// The README's section whose heading starts with `heading`, without the
+/// heading line, up to the next `## ` heading.
+fn readme_section(heading: &str) -> Option<String> {
+    let start = README.lines().position(|l| l.starts_with(heading))?;
+    Some(
+        README
+            .lines()
+            .skip(start + 1)
+            .take_while(|l| !l.starts_with("## "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+/// The README's markdown as roff: a `| a | b |` table becomes tagged
+/// paragraphs (`.TP`), blank lines paragraphs, a fenced block a
+/// preformatted one, `code` bold.
+fn markdown_to_roff(out: &mut Vec<u8>, markdown: &str) {
+    let mut fenced = false;
+    let mut paragraph = true;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            out.extend_from_slice(if fenced { b".PP\n.nf\n" } else { b".fi\n" });
+            continue;
+        }
+        if fenced {
+            out.extend_from_slice(format!("{}\n", escape(line)).as_bytes());
+            continue;
+        }
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            paragraph = true;
+            continue;
+        }
+        if let Some(row) = trimmed.strip_prefix('|') {
+            let cells: Vec<&str> = split_table_row(row);
+            // The header row and the |---| rule say nothing a tagged
+            // paragraph does not.
+            let rule = cells
+                .iter()
+                .all(|c| c.chars().all(|ch| ch == '-' || ch == ':'));
+            if rule || cells.first().is_some_and(|c| *c == "field") {
+                continue;
+            }
+            let (tag, rest) = cells
+                .split_first()
+                .map(|(t, r)| (*t, r.join(" ")))
+                .unwrap_or_default();
+            out.extend_from_slice(format!(".TP\n{}\n{}\n", inline(tag), inline(&rest)).as_bytes());
+            paragraph = true;
+            continue;
+        }
+        if paragraph {
+            out.extend_from_slice(b".PP\n");
+            paragraph = false;
+        }
+        out.extend_from_slice(format!("{}\n", inline(trimmed)).as_bytes());
+    }
+}
+
+/// The cells of a table row after its leading `|`; a `|` inside backticks
+/// belongs to the cell.
+fn split_table_row(row: &str) -> Vec<&str> {
+    let mut cells = Vec::new();
+    let (mut start, mut in_code) = (0, false);
+    for (i, c) in row.char_indices() {
+        match c {
+            '`' => in_code = !in_code,
+            '|' if !in_code => {
+                cells.push(row[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    let last = row[start..].trim();
+    if !last.is_empty() {
+        cells.push(last);
+    }
+    cells
+}
+
+/// One line of running text: escaped, `code` in bold; a line that would
+/// start with a request character is guarded.
+fn inline(text: &str) -> String {
+    let mut out = String::new();
+    for (i, piece) in text.split('`').enumerate() {
+        let piece = escape(piece).trim_start_matches("\\&").to_owned();
+        if i % 2 == 1 {
+            out.push_str(&format!("\\fB{piece}\\fR"));
+        } else {
+            out.push_str(&piece);
+        }
+    }
+    if out.starts_with('.') || out.starts_with('\'') {
+        format!("\\&{out}")
+    } else {
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn format_pages_come_from_the_readme_and_the_default_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_format_pages(dir.path(), "ptrain 0.1.0").unwrap();
+        assert_eq!(written.len(), 2);
+        let job = std::fs::read_to_string(dir.path().join("ptrain-job.5")).unwrap();
+        assert!(job.contains(".TH PTRAIN-JOB 5"), "{job}");
+        // Every field of the README's table is a tagged paragraph.
+        for field in ["version", "command", "gpus", "after_ok", "credentials"] {
+            assert!(
+                job.contains(&format!(".TP\n\\fB{}\\fR", escape(field))),
+                "{field}: {job}"
+            );
+        }
+        assert!(
+            !job.contains("|---|") && !job.contains("| field |"),
+            "{job}"
+        );
+        let config = std::fs::read_to_string(dir.path().join("ptrain.toml.5")).unwrap();
+        assert!(config.contains(".TH PTRAIN.TOML 5"), "{config}");
+        assert!(config.contains("max_queued_per_user = 1000"), "{config}");
+        assert!(config.contains("\\-\\-check\\-config"), "{config}");
+        // No line of running text reads as a roff request.
+        for page in [&job, &config] {
+            for line in page.lines() {
+                if let Some(rest) = line.strip_prefix('.') {
+                    let request = rest.split_whitespace().next().unwrap_or("");
+                    assert!(
+                        [
+                            "TH", "SH", "SS", "PP", "TP", "nf", "fi", "B", "BR", "I", "IR", "ie",
+                            "el"
+                        ]
+                        .contains(&request),
+                        "{line:?} in {page}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn table_rows_keep_pipes_inside_code() {
+        assert_eq!(
+            split_table_row(" `a` | b `x | y` c |"),
+            ["`a`", "b `x | y` c"]
+        );
+    }
 
     fn demo() -> clap::Command {
         clap::Command::new("demo")

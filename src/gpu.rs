@@ -238,17 +238,36 @@ fn check_device_path(p: &Path) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The GPUs listed in `[[gpus.declared]]`, reported as idle and unobserved.
+/// The GPUs listed in `[[gpus.declared]]`, reported as idle and unobserved,
+/// except one whose device node is missing: nothing else would notice that
+/// the driver is not loaded, and a job given it would fail at its first
+/// CUDA call, so it is marked unhealthy (out of the pool, shown by
+/// `ptrain gpus`, logged once by the [`PoolMonitor`]).
 #[derive(Clone, Debug)]
 pub struct DeclaredInventory {
     gpus: Vec<DeclaredGpu>,
+    /// Whether a device node is there; a parameter so tests need no /dev.
+    node_exists: fn(&Path) -> bool,
 }
 
 impl DeclaredInventory {
-    pub fn new(mut gpus: Vec<DeclaredGpu>) -> Self {
-        gpus.sort_by_key(|g| g.index);
-        DeclaredInventory { gpus }
+    pub fn new(gpus: Vec<DeclaredGpu>) -> Self {
+        DeclaredInventory::with_node_check(gpus, |p| p.exists())
     }
+
+    pub fn with_node_check(mut gpus: Vec<DeclaredGpu>, node_exists: fn(&Path) -> bool) -> Self {
+        gpus.sort_by_key(|g| g.index);
+        DeclaredInventory { gpus, node_exists }
+    }
+}
+
+/// Why a declared GPU whose node is missing is out of the pool.
+pub fn missing_node_reason(device: &Path) -> String {
+    format!(
+        "its device node {} does not exist; load the NVIDIA driver (`nvidia-smi` creates \
+         the nodes) or correct `device` in its [[gpus.declared]] entry",
+        device.display()
+    )
 }
 
 impl GpuInventory for DeclaredInventory {
@@ -273,7 +292,7 @@ impl GpuInventory for DeclaredInventory {
                 processes: Vec::new(),
                 numa_node: g.numa_node,
                 topology_group: None,
-                unhealthy: None,
+                unhealthy: (!(self.node_exists)(&g.device)).then(|| missing_node_reason(&g.device)),
             })
             .collect())
     }
@@ -1099,7 +1118,7 @@ mod tests {
 
     #[test]
     fn declared_inventory_snapshot() {
-        let inv = DeclaredInventory::new(vec![declared(3), declared(1)]);
+        let inv = DeclaredInventory::with_node_check(vec![declared(3), declared(1)], |_| true);
         assert_eq!(inv.backend(), "declared");
         let snap = inv.snapshot().unwrap();
         assert_eq!(snap.iter().map(|g| g.index).collect::<Vec<_>>(), [1, 3]);
@@ -1112,6 +1131,32 @@ mod tests {
         assert!(g.processes.is_empty());
         // Declared GPUs are unobserved, hence allocatable.
         assert_eq!(choose_gpus(&snap, &held(&[]), 2, 512), Some(vec![1, 3]));
+    }
+
+    #[test]
+    fn declared_gpu_without_its_device_node_is_unhealthy_and_not_chosen() {
+        let inv = DeclaredInventory::with_node_check(vec![declared(0), declared(1)], |p| {
+            p != Path::new("/dev/nvidia1")
+        });
+        let snap = inv.snapshot().unwrap();
+        assert_eq!(snap[0].unhealthy, None);
+        let why = snap[1].unhealthy.as_deref().unwrap();
+        assert!(
+            why.contains("/dev/nvidia1") && why.contains("does not exist"),
+            "{why}"
+        );
+        assert_eq!(choose_gpus(&snap, &held(&[]), 1, 512), Some(vec![0]));
+        assert_eq!(choose_gpus(&snap, &held(&[]), 2, 512), None);
+        assert_eq!(GpuState::of(&snap[1], None, None, 512).name(), "unhealthy");
+        // With the real check: /dev/null is there, a made-up node is not.
+        let mut present = declared(0);
+        present.device = PathBuf::from("/dev/null");
+        let mut absent = declared(1);
+        absent.device = PathBuf::from("/dev/ptrain-test-no-such-node");
+        let snap = DeclaredInventory::new(vec![present, absent])
+            .snapshot()
+            .unwrap();
+        assert!(snap[0].unhealthy.is_none() && snap[1].unhealthy.is_some());
     }
 
     #[test]

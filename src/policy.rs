@@ -256,7 +256,7 @@ impl Policy {
 }
 
 /// `getgrnam_r`, the one lookup the policy needs.
-fn gid_of_group(name: &str) -> Option<u32> {
+pub(crate) fn gid_of_group(name: &str) -> Option<u32> {
     let c = CString::new(name).ok()?;
     let mut buf = vec![0u8; 16 * 1024];
     loop {

@@ -11,8 +11,9 @@ set -euo pipefail
 # itself); python3-aiosmtpd: the SMTP test server; passwd: useradd for test
 # users; gcc, libc6-dev: the linker rustc calls; python3: the spool
 # examples; binutils, gzip, init-system-helpers: the Debian package test
-# (strip, man pages, deb-systemd-helper).
-PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers)
+# (strip, man pages, deb-systemd-helper), lintian: the package test fails
+# on any lintian error or warning.
+PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian)
 
 die() { echo "tests/install-deps.sh: $*" >&2; exit 1; }
 

@@ -7,6 +7,7 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::prelude::*;
 
+use ptrain::config::checks::{self, Severity};
 use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
 
 /// Runs GPU training jobs dropped into the spool as supervised systemd units.
@@ -103,11 +104,18 @@ fn generate_man(dir: &std::path::Path) -> ExitCode {
             ("/lib/systemd/system/ptrain.slice", "The parent of every job unit; set limits for all jobs here."),
             ("/usr/share/dbus-1/system.d/org.ptrain.Daemon1.conf", "Who may own and call the D-Bus API."),
         ],
-        see_also: &["ptrain(1)", "systemctl(1)", "journalctl(1)", "systemd.resource-control(5)"],
+        see_also: &["ptrain(1)", "ptrain.toml(5)", "ptrain-job(5)", "systemctl(1)", "journalctl(1)", "systemd.resource-control(5)"],
     };
     // The crate's name otherwise: the page is ptraind.8.
     let cmd = <Args as clap::CommandFactory>::command().name("ptraind");
-    match ptrain::docgen::write_man_pages(cmd, &extra, dir) {
+    let version = format!("ptrain {}", env!("CARGO_PKG_VERSION"));
+    // The file-format pages, ptrain-job(5) and ptrain.toml(5), go with
+    // ptraind's: it is what reads both files.
+    let pages = ptrain::docgen::write_man_pages(cmd, &extra, dir).and_then(|mut written| {
+        written.extend(ptrain::docgen::write_format_pages(dir, &version)?);
+        Ok(written)
+    });
+    match pages {
         Ok(written) => {
             for path in written {
                 println!("{}", path.display());
@@ -174,8 +182,29 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let findings = checks::check(&config, &checks::Host::this_host(&config));
+    let errors = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .count();
     if args.check_config {
-        println!("{}: ok", args.config.display());
+        for finding in &findings {
+            println!("{}", finding.render(&args.config));
+        }
+        if findings.is_empty() {
+            println!("{}: ok", args.config.display());
+        } else {
+            let warnings = findings.len() - errors;
+            let verdict = if errors > 0 {
+                "ptraind would refuse to start"
+            } else {
+                "ptraind would start"
+            };
+            println!(
+                "{}: {errors} error(s), {warnings} warning(s); {verdict}",
+                args.config.display()
+            );
+        }
         println!("  spool_dir = {}", config.spool_dir.display());
         println!("  state_dir = {}", config.state_dir.display());
         println!("  log_dir   = {}", config.log_dir.display());
@@ -191,7 +220,11 @@ fn main() -> ExitCode {
             },
             config.policy.groups.len()
         );
-        return ExitCode::SUCCESS;
+        return if errors > 0 {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
     }
     // Large one-off buffers (the reply to `ptrain list --all`, the whole
     // history as JSON) are mmapped and go back to the kernel when freed.
@@ -204,6 +237,22 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024)
     };
     init_logging();
+    // The same findings --check-config prints: errors refuse the start.
+    // (The logger writes to the journal under systemd, else to stderr.)
+    for finding in &findings {
+        let line = finding.render(&args.config);
+        match finding.severity {
+            Severity::Error => tracing::error!("{line}"),
+            Severity::Warning => tracing::warn!("{line}"),
+        }
+    }
+    if errors > 0 {
+        tracing::error!(
+            "refusing to start: {errors} error(s) in {}; fix them, then check with `ptraind --check-config`",
+            args.config.display()
+        );
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -455,3 +455,48 @@ fn under_a_cap_her_small_jobs_do_not_starve_her_big_one_and_status_says_why() {
     assert_eq!(d.wait_ended("sw-n2")["status"], "succeeded");
     d.assert_alive();
 }
+
+#[test]
+fn a_declared_gpu_without_its_device_node_is_reported_and_never_given() {
+    // The harness makes /dev/nvidia0 and 1; the config declares a third.
+    let d = TestDaemon::start_with(
+        "gpu-nonode",
+        Opts {
+            gpus: 2,
+            extra_config: "[[gpus.declared]]\nindex = 2\nuuid = \"GPU-00000002-0000-4000-8000-00000000dead\"\n\
+                           name = \"Test GPU\"\nmemory_mib = 16384\ndevice = \"/dev/nvidia2\"\n"
+                .into(),
+            ..Opts::default()
+        },
+    );
+    let states = gpu_states(&d);
+    assert_eq!(states[&2].0, "unhealthy", "{states:?}");
+    assert_eq!((&states[&0].0[..], &states[&1].0[..]), ("free", "free"));
+    let missing = gpus_json(&d).into_iter().find(|g| g["index"] == 2).unwrap();
+    assert!(missing.to_string().contains("/dev/nvidia2"), "{missing}");
+    // Said at start, under the key to fix, by the checks --check-config runs.
+    wait_for("the start-up warning about /dev/nvidia2", WAIT, || {
+        d.harness
+            .journal(&["-u", "ptraind.service"])
+            .contains("warning: config")
+            .then_some(())
+    });
+    let journal = d.harness.journal(&["-u", "ptraind.service"]);
+    assert!(
+        journal.contains("key `gpus.declared[0].device`")
+            && journal.contains("/dev/nvidia2 does not exist"),
+        "{journal}"
+    );
+    // A job asking for all three cannot have them; two it gets, never GPU 2.
+    let work = d.root.join("work").join(ALICE);
+    d.drop_job(ALICE, "two.json", &job_json("two", "2", false, &work));
+    let status = d.wait_ended("two");
+    assert_eq!(status["status"], "succeeded", "{status}");
+    let given: BTreeSet<u64> = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_u64().unwrap())
+        .collect();
+    assert_eq!(given, BTreeSet::from([0, 1]), "{status}");
+}

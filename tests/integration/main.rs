@@ -6,6 +6,7 @@ mod harness;
 
 mod bench_smoke;
 mod chains;
+mod check_config;
 mod cli_promises;
 mod durability;
 mod examples;

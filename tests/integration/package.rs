@@ -103,6 +103,29 @@ impl Drop for HostGuard {
     }
 }
 
+/// lintian finds no error and no warning in the package (the overrides it
+/// ships say why each one left is wrong for ptrain). Info tags pass.
+fn lintian_clean(deb: &str) {
+    let out = Command::new("lintian")
+        .args(["--fail-on", "error,warning", "--no-tag-display-limit", deb])
+        .env("PATH", PATH)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run lintian ({e}); install it: apt-get install lintian (tests/install-deps.sh does)")
+        });
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && !report
+                .lines()
+                .any(|l| l.starts_with("E: ") || l.starts_with("W: ")),
+        "lintian {deb} ({}):\n{report}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// dpkg's word for the package's state: "installed", "config-files", ""
 /// when dpkg never heard of it.
 fn package_status() -> String {
@@ -245,6 +268,7 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
         .unwrap();
     let deb = succeed(built, "packaging/build-deb.sh").trim().to_owned();
     assert!(deb.ends_with(".deb") && Path::new(&deb).is_file(), "{deb}");
+    lintian_clean(&deb);
 
     let field = |name: &str| {
         let out = Command::new("dpkg-deb")
@@ -281,6 +305,8 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
         "./usr/share/man/man1/ptrain.1.gz",
         "./usr/share/man/man1/ptrain-submit.1.gz",
         "./usr/share/man/man8/ptraind.8.gz",
+        "./usr/share/man/man5/ptrain-job.5.gz",
+        "./usr/share/man/man5/ptrain.toml.5.gz",
         "./usr/share/bash-completion/completions/ptrain",
         "./usr/share/zsh/vendor-completions/_ptrain",
         "./usr/share/fish/vendor_completions.d/ptrain.fish",
