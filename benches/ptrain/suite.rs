@@ -1003,8 +1003,13 @@ impl Bench<'_> {
     // The history daemon: cost growth, the CLI, the idle footprint.
 
     fn history_daemon(&mut self) {
+        // Ended units are released at once here ([jobs] keep_ended_units
+        // = "0s"), as before they were kept: each job's release then falls
+        // in its own probe's window, not 5 minutes later into another
+        // mark's CPU figure or the idle window.
         let opts = || Opts {
-            extra_config: "max_queued_per_user = 1000000\n".into(),
+            extra_config: "max_queued_per_user = 1000000\n[jobs]\nkeep_ended_units = \"0s\"\n"
+                .into(),
             ..Opts::default()
         };
         say("booting a second harness for the history figures, and a third for their control");
