@@ -682,26 +682,24 @@ fn jobs_run_confined_as_their_owner_and_cannot_enter_other_homes() {
     chown(&secret, BOB);
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
 
-    // A job in bob's workdir: accepted (the path is a valid absolute path)
-    // but run as alice, whom systemd cannot chdir into a 0700 directory of
-    // bob's, so it fails before alice's command runs.
+    // A job in bob's workdir: refused at the claim, where ptraind checks
+    // as alice (not as root, who could enter) that she can enter it.
+    // systemd's own chdir as alice (200/CHDIR) stays the last line.
     let intrude = json!({
         "version": 1,
         "command": ["/bin/sh", "-c", "cat secret.txt > stolen.txt; echo pwned > secret.txt"],
         "workdir": bob_work,
     });
     d.drop_job(ALICE, "intrude.json", &intrude.to_string());
-    let ended = d.wait_ended("intrude");
-    assert_eq!(ended["owner"], ALICE);
-    assert_eq!(ended["status"], "failed", "{ended}");
-    assert_eq!(ended["exit_code"], 200, "expected 200/CHDIR: {ended}");
+    let refused = d.wait_rejected(ALICE, "intrude.json");
     assert!(
-        ended["detail"]
+        refused["reason"]
             .as_str()
             .unwrap()
-            .contains("working directory"),
-        "{ended}"
+            .contains("may not enter it"),
+        "{refused}"
     );
+    assert!(d.status("intrude").is_none());
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "bob's secret\n");
     assert!(!bob_work.join("stolen.txt").exists());
     assert!(!alice_work.join("stolen.txt").exists());
