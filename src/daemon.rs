@@ -538,9 +538,7 @@ impl Daemon {
     async fn handle(&mut self, event: Event) {
         match event {
             Event::Spool(SpoolEvent::File(name)) => self.note_spool_file(name),
-            Event::Spool(SpoolEvent::Stray(name)) => {
-                self.strays.note(name, tokio::time::Instant::now())
-            }
+            Event::Spool(SpoolEvent::Stray(name)) => self.note_stray(name),
             Event::Spool(SpoolEvent::Rescan) => self.rescan().await,
             Event::Unit(signal) => self.on_unit_signal(signal).await,
             Event::Api(request) => self.on_api(request).await,
@@ -851,7 +849,7 @@ impl Daemon {
                     self.note_spool_file(name);
                 }
                 for name in listing.strays {
-                    self.strays.note(name, tokio::time::Instant::now());
+                    self.note_stray(name);
                 }
             }
             Err(e) => {
@@ -869,16 +867,28 @@ impl Daemon {
     }
 
     /// Refuses what is still left under stray names after their grace
-    /// ([`spool::STRAY_GRACE`]): their owners learn through `ptrain
-    /// rejected`, and the bytes are kept in quarantine.
+    /// ([`spool::STRAY_GRACE`]), a pass at a time ([`PASS_BUDGET`]): their
+    /// owners learn through `ptrain rejected`, and the bytes are kept in
+    /// quarantine. Root's entries (`lost+found` of a spool that is its own
+    /// file system) and hard links (the file may be another user's, whose
+    /// quarantine it would fill) are left where they are.
     fn refuse_strays(&mut self) {
+        let pass = std::time::Instant::now();
         let now = tokio::time::Instant::now();
-        for name in self.strays.due(now) {
+        while pass.elapsed() < PASS_BUDGET {
+            let Some(name) = self.strays.pop_due(now) else {
+                break;
+            };
+            let Ok(entry) = fsutil::lstat_at(&self.spool_fd, &name) else {
+                continue;
+            };
+            if entry.uid == 0 || (entry.is_regular() && entry.nlink > 1) {
+                continue;
+            }
             // Another entry came under that name meanwhile: its own grace.
-            let changed_ns = fsutil::lstat_at(&self.spool_fd, &name).map(|st| st.ctime_ns);
             let grace_ns = spool::STRAY_GRACE.as_nanos() as i128;
-            if changed_ns.is_ok_and(|ctime| ctime > now_micros() as i128 * 1000 - grace_ns) {
-                self.strays.note(name, now);
+            if entry.ctime_ns > now_micros() as i128 * 1000 - grace_ns {
+                self.strays.note(name, Some(entry.uid), now);
                 continue;
             }
             if let SpoolRead::Refused {
@@ -893,6 +903,14 @@ impl Daemon {
                 self.reject(&name, &reason, identity, bytes.as_deref(), is_dir);
             }
         }
+    }
+
+    /// Notes a stray spool name, with its owner as the hint for its share.
+    fn note_stray(&mut self, name: String) {
+        let owner = fsutil::lstat_at(&self.spool_fd, &name)
+            .ok()
+            .map(|st| st.uid);
+        self.strays.note(name, owner, tokio::time::Instant::now());
     }
 
     /// Why `owner` cannot enter `dir`, if the file system says so in time.
@@ -1661,6 +1679,14 @@ impl Daemon {
                     }
                 }
             }
+            Err(SystemdError::UnitExists(_)) if self.is_an_earlier_jobs_unit(id, unit).await => {
+                // An earlier job of this id (compacted since) whose unit is
+                // still loaded: its end must not be taken for this job's.
+                warn!(job = %id, unit, "a unit of an earlier job with this id is still loaded; releasing it and starting this job's own");
+                self.systemd.release_now(unit).await;
+                self.by_unit.remove(unit);
+                let _ = self.events.send(Event::Relaunch(id.clone()));
+            }
             Err(SystemdError::UnitExists(_)) => {
                 // Started before a crash: adopt it, never start it twice.
                 info!(job = %id, unit, "unit already exists; adopting it");
@@ -1708,6 +1734,21 @@ impl Daemon {
                 break;
             };
             self.dispatch_launch(&next).await;
+        }
+    }
+
+    /// Whether the loaded unit that made StartTransientUnit answer
+    /// UnitExists ended before this job was submitted: then it ran an
+    /// earlier job of the same id, not this one.
+    async fn is_an_earlier_jobs_unit(&self, id: &JobId, unit: &str) -> bool {
+        let Some(submitted_at) = self.jobs.get(id).map(|r| r.submitted_at) else {
+            return false;
+        };
+        match self.systemd.unit_state(unit).await {
+            Ok(state) => {
+                state.has_ended() && state.inactive_enter > 0 && state.inactive_enter < submitted_at
+            }
+            Err(_) => false,
         }
     }
 
@@ -1891,7 +1932,11 @@ impl Daemon {
                 state.exec_main_status,
                 stop_requested_by,
             );
-            if self.stopping_outside.contains(&id) && outcome != Outcome::Timeout {
+            // Not when systemd stopped it for a cause of the job's own: its
+            // time limit (RuntimeMaxSec) or an OOM kill (OOMPolicy=stop).
+            if self.stopping_outside.contains(&id)
+                && !matches!(state.result.as_str(), "timeout" | "oom-kill")
+            {
                 outcome = Outcome::Stopped {
                     by_uid: 0,
                     by_name: Some(STOPPED_BY_SYSTEMD.into()),

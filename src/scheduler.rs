@@ -650,14 +650,16 @@ pub fn outcome_of_unit(
     exec_main_status: i32,
     stop_requested_by: Option<u32>,
 ) -> Outcome {
-    if result == "timeout" {
-        return Outcome::Timeout;
-    }
+    // A stop asked for first is the end, even when the job ignored its
+    // SIGTERM and systemd's stop timed out (Result=timeout) into SIGKILL.
     if let Some(by_uid) = stop_requested_by {
         return Outcome::Stopped {
             by_uid,
             by_name: None,
         };
+    }
+    if result == "timeout" {
+        return Outcome::Timeout;
     }
     match exec_main_code {
         CLD_EXITED if exec_main_status == 0 && result == "success" => Outcome::Succeeded,
@@ -1455,5 +1457,10 @@ mod tests {
             outcome_of_unit("resources", 0, 0, None),
             Outcome::LaunchFailed { .. }
         ));
+        // A stop whose SIGTERM was ignored ends in Result=timeout: stopped.
+        assert_eq!(
+            outcome_of_unit("timeout", 2, 9, Some(7)),
+            Outcome::stopped_by(7)
+        );
     }
 }

@@ -66,8 +66,9 @@ pub const STRAY_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// owner what ptraind takes.
 pub fn read_stray(spool: &OwnedFd, name: &str) -> SpoolRead {
     let reason = format!(
-        "{name:?} is no job file name, so ptraind never reads it: job files are named NAME.json \
-         (dotfiles are left alone as temp files); submit it again under a .json name"
+        "\"{}\" is no job file name, so ptraind never reads it: job files are named NAME.json \
+         (dotfiles are left alone as temp files); submit it again under a .json name",
+        crate::display::escape(name)
     );
     let mut file = match fsutil::open_at_nofollow(spool, name) {
         Ok(file) => file,
@@ -459,36 +460,51 @@ pub fn watch(
 
 /// Entries under stray names, each refused once it has been there for
 /// [`STRAY_GRACE`]; in order of arrival, which is the order they are due.
-/// At most [`MAX_STRAYS`] wait: beyond that a name waits for the next
-/// event or rescan (a user cannot make ptraind's memory grow).
+/// At most [`MAX_STRAYS_PER_OWNER`] of one owner (the entry's lstat, a
+/// hint: what is done is decided when it is read) and [`MAX_STRAYS`] in
+/// all wait; beyond that a name waits for the next event or rescan, so no
+/// user can make ptraind's memory grow or crowd out others' names.
 #[derive(Debug, Default)]
 pub struct Strays {
-    due: std::collections::VecDeque<(tokio::time::Instant, String)>,
+    due: std::collections::VecDeque<(tokio::time::Instant, String, Option<u32>)>,
     waiting: std::collections::HashSet<String>,
+    per_owner: std::collections::HashMap<Option<u32>, usize>,
 }
 
 pub const MAX_STRAYS: usize = 4096;
+pub const MAX_STRAYS_PER_OWNER: usize = 256;
 
 impl Strays {
-    pub fn note(&mut self, name: String, now: tokio::time::Instant) {
-        if self.waiting.len() < MAX_STRAYS && self.waiting.insert(name.clone()) {
-            self.due.push_back((now + STRAY_GRACE, name));
+    pub fn note(&mut self, name: String, owner: Option<u32>, now: tokio::time::Instant) {
+        let of_owner = self.per_owner.get(&owner).copied().unwrap_or(0);
+        if self.waiting.len() >= MAX_STRAYS
+            || of_owner >= MAX_STRAYS_PER_OWNER
+            || !self.waiting.insert(name.clone())
+        {
+            return;
         }
+        *self.per_owner.entry(owner).or_default() += 1;
+        self.due.push_back((now + STRAY_GRACE, name, owner));
     }
 
     pub fn next_due(&self) -> Option<tokio::time::Instant> {
-        self.due.front().map(|(at, _)| *at)
+        self.due.front().map(|(at, _, _)| *at)
     }
 
-    /// The names whose grace is over at `now`; they stop waiting.
-    pub fn due(&mut self, now: tokio::time::Instant) -> Vec<String> {
-        let mut names = Vec::new();
-        while self.due.front().is_some_and(|(at, _)| *at <= now) {
-            let (_, name) = self.due.pop_front().expect("front exists");
-            self.waiting.remove(&name);
-            names.push(name);
+    /// The oldest name whose grace is over at `now`; it stops waiting.
+    pub fn pop_due(&mut self, now: tokio::time::Instant) -> Option<String> {
+        if !self.due.front().is_some_and(|(at, _, _)| *at <= now) {
+            return None;
         }
-        names
+        let (_, name, owner) = self.due.pop_front()?;
+        self.waiting.remove(&name);
+        if let Some(count) = self.per_owner.get_mut(&owner) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_owner.remove(&owner);
+            }
+        }
+        Some(name)
     }
 }
 

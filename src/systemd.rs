@@ -524,6 +524,11 @@ impl Systemd {
         tokio::spawn(async move { release_unit(&manager, &unit).await });
     }
 
+    /// Lets systemd collect a unit now, awaiting both calls.
+    pub async fn release_now(&self, unit: &str) {
+        release_unit(&self.manager, unit).await;
+    }
+
     pub async fn stop_unit(&self, unit: &str) -> Result<(), SystemdError> {
         self.manager
             .stop_unit(unit.to_owned(), "replace".into())
