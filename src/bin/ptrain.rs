@@ -1367,6 +1367,7 @@ async fn logs(
             errln!("ptrain: job {id} has not started yet; `ptrain logs -f {id}` waits for it");
         }
     }
+    let mut asked_at = ptrain::now_micros();
     let fd = match proxy
         .open_logs(id, lines.unwrap_or(0), since_usec, follow)
         .await
@@ -1420,9 +1421,14 @@ async fn logs(
         errln!("ptrain: ptraind restarted; following the output again");
         output = loop {
             restarts.wait(id).await?;
-            let (lines, since) = match printed.resume_from(since_usec, lines.unwrap_or(0) > 0) {
+            let tail_asked_at = (lines.unwrap_or(0) > 0).then_some(asked_at);
+            let (lines, since) = match printed.resume_from(since_usec, tail_asked_at) {
                 Some(since) => (0, since),
-                None => (lines.unwrap_or(0), since_usec),
+                // Nothing printed yet: as if first asked now.
+                None => {
+                    asked_at = ptrain::now_micros();
+                    (lines.unwrap_or(0), since_usec)
+                }
             };
             match proxy
                 .open_logs(id, lines, since, true)
