@@ -171,7 +171,8 @@ enum Command {
     /// journal rotated it away).
     Logs {
         id: String,
-        /// Follow the output until the job ends.
+        /// Follow the output until the job ends, across restarts of
+        /// ptraind (resumed where it stopped).
         #[arg(short, long)]
         follow: bool,
         /// Show only the last N lines.
