@@ -1431,15 +1431,14 @@ async fn logs(
                     (lines.unwrap_or(0), since_usec)
                 }
             };
-            match proxy
-                .open_logs(id, lines, since, true)
-                .await
-                .map_err(from_bus)
-            {
+            let failure = match proxy.open_logs(id, lines, since, true).await {
                 Ok(fd) => break std::fs::File::from(std::os::fd::OwnedFd::from(fd)),
-                // Gone again before it answered: wait for the next one.
-                Err(f) if f.code == EXIT_NO_DAEMON => continue,
-                Err(f) => return Err(f),
+                Err(e) => from_bus(e),
+            };
+            // Gone again before it answered (no owner, or no reply): wait
+            // for the next one.
+            if failure.code != EXIT_NO_DAEMON && !restarts.gone().await? {
+                return Err(failure);
             }
         };
         overlap = (!printed.is_empty()).then(|| printed.overlap());
@@ -1481,6 +1480,11 @@ impl Restarts {
             Err(zbus::fdo::Error::NameHasNoOwner(_)) => Ok(None),
             Err(e) => Err(from_bus(e.into())),
         }
+    }
+
+    /// Whether the owner that served the output last no longer does.
+    async fn gone(&self) -> Result<bool, Failure> {
+        Ok(self.owner().await? != self.owner)
     }
 
     /// Returns once ptraind's bus name has an owner other than the one
