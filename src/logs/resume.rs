@@ -20,11 +20,11 @@
 //! Where it is not: a reader more than [`MARGIN_US`] behind journald (a
 //! pager left paused while ptraind restarts) may miss lines at the resume
 //! point; so may one whose memory hit [`MAX_BYTES`] within the margin (a
-//! flood of output), and, after `-n`, one whose ptraind stopped before
-//! the last N lines all arrived, or that wrote more than N lines while
-//! ptraind was being asked. Without `-n`, until the first
-//! line is forgotten ([`MARGIN_US`] after it), the output is asked for
-//! from the same start again, which is exact whatever the delays. Exact
+//! flood of output); after `-n`, so may one whose ptraind stopped before
+//! the last N lines all arrived, or whose job wrote more than N lines
+//! while ptraind was being asked. Without `-n`, until the first line is
+//! forgotten ([`MARGIN_US`] after it), the output is asked for from the
+//! same start again, which is exact whatever the delays. Exact
 //! in every case would take ptraind's journal cursor, which the pipe does
 //! not carry.
 
