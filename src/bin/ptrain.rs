@@ -171,7 +171,8 @@ enum Command {
     /// journal rotated it away).
     Logs {
         id: String,
-        /// Follow the output until the job ends.
+        /// Follow the output until the job ends, across restarts of
+        /// ptraind (resumed where it stopped).
         #[arg(short, long)]
         follow: bool,
         /// Show only the last N lines.
@@ -333,7 +334,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Wait { ids } => {
             let proxy = proxy().await?;
             // Subscribed before the first look, so no change falls in between.
-            let hints = follow(&proxy).await?;
+            let hints = follow(&proxy, true).await?;
             // A sweep id stands for all of its members.
             let jobs: Vec<JobView> = parse(&proxy.list().await.map_err(from_bus)?)?;
             let mut expanded = Vec::new();
@@ -1166,7 +1167,11 @@ async fn submit(
     // Subscribed before dropping, so no change of the job is missed.
     let listener = match connected {
         Ok(p) if !no_confirm => {
-            let hints = if wait { Some(follow(&p).await?) } else { None };
+            let hints = if wait {
+                Some(follow(&p, true).await?)
+            } else {
+                None
+            };
             Some((p, hints))
         }
         _ => None,
@@ -1380,6 +1385,9 @@ fn drop_into_spool(spool: &Path, name: &str, bytes: &[u8]) -> Result<Published, 
 
 /// `ptrain logs`: ptraind hands over a pipe it fills from the journal (or
 /// the job's archive) as root; users cannot read the system journal.
+/// Following survives a restart of ptraind: the output is asked for again
+/// once ptraind is back, and resumed where it stopped
+/// ([`ptrain::logs::resume`]).
 async fn logs(
     id: &str,
     follow: bool,
@@ -1392,6 +1400,12 @@ async fn logs(
         .map_err(|e| fail(EXIT_USAGE, e))?
         .unwrap_or(0);
     let proxy = proxy().await?;
+    // Subscribed, and ptraind's owner noted, before the output is opened:
+    // a restart after this is never missed.
+    let mut restarts = match follow {
+        true => Some(Restarts::watch(&proxy).await?),
+        false => None,
+    };
     // A job `[retention]` compacted has no status, but its archive may
     // still be served: then ptraind's answer to the status is kept for
     // when there is no output either.
@@ -1405,6 +1419,7 @@ async fn logs(
             errln!("ptrain: job {id} has not started yet; `ptrain logs -f {id}` waits for it");
         }
     }
+    let mut asked_at = ptrain::now_micros();
     let fd = match proxy
         .open_logs(id, lines.unwrap_or(0), since_usec, follow)
         .await
@@ -1420,28 +1435,145 @@ async fn logs(
         .as_ref()
         .map_or(true, |job| job.uid != unsafe { libc::geteuid() });
     let escape = foreign && std::io::stdout().is_terminal();
-    let copied = copy_output(&mut output, escape);
-    match copied {
-        Ok(()) => {}
-        // `ptrain logs ID | head`: the reader is done.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
-        Err(e) => return Err(fail(EXIT_FAILURE, format!("cannot copy the output: {e}"))),
+    let Some(restarts) = restarts.as_mut() else {
+        return match copy_output(&mut output, escape) {
+            Ok(()) => Ok(0),
+            // `ptrain logs ID | head`: the reader is done.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+            Err(e) => Err(fail(EXIT_FAILURE, format!("cannot copy the output: {e}"))),
+        };
+    };
+    let mut printed = ptrain::logs::resume::Printed::default();
+    let mut overlap = None;
+    loop {
+        match copy_following(&mut output, escape, &mut printed, &mut overlap) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
+            Err(e) => return Err(fail(EXIT_FAILURE, format!("cannot copy the output: {e}"))),
+        }
+        // The pipe closes when the job ended; earlier means ptraind went
+        // away. A job already out of the records (compacted) ended long
+        // ago; any other failure to answer (no reply from a ptraind that
+        // is stopping) says nothing about the job.
+        let ended = match proxy.status(id).await {
+            Ok(json) => serde_json::from_str::<JobView>(&json).is_ok_and(|j| is_final(&j.status)),
+            Err(_) => job.is_err(),
+        };
+        if ended {
+            if let Some(rest) = overlap.take().map(ptrain::logs::resume::Overlap::finish) {
+                match show(&mut std::io::stdout().lock(), &rest, escape) {
+                    Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                        return Err(fail(EXIT_FAILURE, format!("cannot copy the output: {e}")))
+                    }
+                    _ => {}
+                }
+            }
+            return Ok(0);
+        }
+        errln!("ptrain: ptraind restarted; following the output again");
+        output = loop {
+            restarts.wait(id).await?;
+            let tail_asked_at = (lines.unwrap_or(0) > 0).then_some(asked_at);
+            let (lines, since) = match printed.resume_from(since_usec, tail_asked_at) {
+                Some(since) => (0, since),
+                // Nothing printed yet: as if first asked now.
+                None => {
+                    asked_at = ptrain::now_micros();
+                    (lines.unwrap_or(0), since_usec)
+                }
+            };
+            let failure = match proxy.open_logs(id, lines, since, true).await {
+                Ok(fd) => break std::fs::File::from(std::os::fd::OwnedFd::from(fd)),
+                Err(e) => from_bus(e),
+            };
+            // Gone again before it answered (no owner, or no reply): wait
+            // for the next one.
+            if failure.code != EXIT_NO_DAEMON && !restarts.gone().await? {
+                return Err(failure);
+            }
+        };
+        overlap = (!printed.is_empty()).then(|| printed.overlap());
     }
-    if follow {
-        // The pipe closes when the job ended; earlier means ptraind went away.
-        let job: Option<JobView> = proxy
-            .status(id)
+}
+
+/// How long a ptraind that closed a followed job's pipe may keep its bus
+/// name (it is stopping) before the close is taken as an error of its own.
+const RESTART_GRACE: Duration = Duration::from_secs(120);
+
+/// Who owns ptraind's bus name, and the signal when that changes: a
+/// follower reopens the output only once a new ptraind is there.
+struct Restarts {
+    dbus: zbus::fdo::DBusProxy<'static>,
+    hints: UnboundedReceiver<Hint>,
+    /// The owner that served the output last.
+    owner: Option<String>,
+}
+
+impl Restarts {
+    async fn watch(proxy: &Daemon1Proxy<'static>) -> Result<Restarts, Failure> {
+        let hints = follow(proxy, false).await?;
+        let dbus = zbus::fdo::DBusProxy::new(proxy.inner().connection())
             .await
-            .ok()
-            .and_then(|j| serde_json::from_str(&j).ok());
-        if !job.is_some_and(|j| is_final(&j.status)) {
-            return Err(fail(
-                EXIT_NO_DAEMON,
-                format!("the output stopped before job {id} ended (was ptraind restarted?); run `ptrain logs -f {id}` again"),
-            ));
+            .map_err(from_bus)?;
+        let mut this = Restarts {
+            dbus,
+            hints,
+            owner: None,
+        };
+        this.owner = this.owner().await?;
+        Ok(this)
+    }
+
+    async fn owner(&self) -> Result<Option<String>, Failure> {
+        let name = zbus::names::BusName::try_from(ptrain::DBUS_NAME).expect("a valid bus name");
+        match self.dbus.get_name_owner(name).await {
+            Ok(owner) => Ok(Some(owner.to_string())),
+            Err(zbus::fdo::Error::NameHasNoOwner(_)) => Ok(None),
+            Err(e) => Err(from_bus(e.into())),
         }
     }
-    Ok(0)
+
+    /// Whether the owner that served the output last no longer does.
+    async fn gone(&self) -> Result<bool, Failure> {
+        Ok(self.owner().await? != self.owner)
+    }
+
+    /// Returns once ptraind's bus name has an owner other than the one
+    /// that served the output last. No deadline while it has none (as
+    /// `ptrain wait`); ends when the bus connection is lost, and when the
+    /// old owner holds on to it past [`RESTART_GRACE`] (it closed the pipe
+    /// without stopping: its journal says why).
+    async fn wait(&mut self, id: &str) -> Result<(), Failure> {
+        let deadline = tokio::time::Instant::now() + RESTART_GRACE;
+        loop {
+            let now = self.owner().await?;
+            if now.is_some() && now != self.owner {
+                self.owner = now;
+                return Ok(());
+            }
+            let hint = if now.is_some() {
+                match tokio::time::timeout_at(deadline, self.hints.recv()).await {
+                    Ok(hint) => hint,
+                    Err(_) => {
+                        return Err(fail(
+                            EXIT_FAILURE,
+                            format!("ptraind closed the output of job {id} before it ended, without restarting (see `journalctl -u ptraind`); run `ptrain logs -f {id}` again"),
+                        ))
+                    }
+                }
+            } else {
+                self.hints.recv().await
+            };
+            if matches!(hint, None | Some(Hint::Lost)) {
+                return Err(fail(
+                    EXIT_NO_DAEMON,
+                    format!(
+                        "lost the connection to the system bus; run `ptrain logs -f {id}` again"
+                    ),
+                ));
+            }
+        }
+    }
 }
 
 /// Copies the pipe to stdout as it arrives; with `escape`, control
@@ -1456,23 +1588,64 @@ fn copy_output(input: &mut impl Read, escape: bool) -> std::io::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        if escape {
-            let mut shown = Vec::with_capacity(n);
-            for &b in &buf[..n] {
-                if (b < 0x20 && b != b'\t' && b != b'\n') || b == 0x7f {
-                    shown.extend_from_slice(format!("\\x{b:02x}").as_bytes());
-                } else {
-                    shown.push(b);
-                }
-            }
-            stdout.write_all(&shown)?;
-        } else {
-            stdout.write_all(&buf[..n])?;
-        }
-        // Followers want each line as it comes, not when a buffer fills.
-        stdout.flush()?;
+        show(&mut stdout, &buf[..n], escape)?;
     }
     Ok(())
+}
+
+/// [`copy_output`] for a follower: what is printed is noted in `printed`,
+/// and while `overlap` is set (a reopened output), what was printed
+/// before is skipped.
+fn copy_following(
+    input: &mut impl Read,
+    escape: bool,
+    printed: &mut ptrain::logs::resume::Printed,
+    overlap: &mut Option<ptrain::logs::resume::Overlap>,
+) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        // Taken before printing: journald stamped these lines earlier.
+        let received = ptrain::now_micros();
+        let new: std::borrow::Cow<'_, [u8]> = match overlap {
+            None => buf[..n].into(),
+            Some(o) => match o.push(&buf[..n]) {
+                Some(rest) => {
+                    *overlap = None;
+                    rest.into()
+                }
+                None => continue,
+            },
+        };
+        show(&mut stdout, &new, escape)?;
+        printed.record(&new, received);
+    }
+    Ok(())
+}
+
+/// Writes output bytes to stdout, escaped if asked, and flushes:
+/// followers want each line as it comes, not when a buffer fills.
+fn show(stdout: &mut impl Write, bytes: &[u8], escape: bool) -> std::io::Result<()> {
+    if escape {
+        let mut shown = Vec::with_capacity(bytes.len());
+        for &b in bytes {
+            if (b < 0x20 && b != b'\t' && b != b'\n') || b == 0x7f {
+                shown.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+            } else {
+                shown.push(b);
+            }
+        }
+        stdout.write_all(&shown)?;
+    } else {
+        stdout.write_all(bytes)?;
+    }
+    stdout.flush()
 }
 
 /// `ptrain du`: the archive's retention policy and what it uses.
@@ -1586,8 +1759,16 @@ enum Hint {
 /// unread while the caller awaits a method call's reply (one `Status` per
 /// job in a burst of changes) hangs that call for ever. This task never
 /// waits on the caller; the channel it fills is unbounded.
-async fn follow(proxy: &Daemon1Proxy<'static>) -> Result<UnboundedReceiver<Hint>, Failure> {
-    let mut changes = proxy.receive_job_changed().await.map_err(from_bus)?;
+async fn follow(
+    proxy: &Daemon1Proxy<'static>,
+    jobs: bool,
+) -> Result<UnboundedReceiver<Hint>, Failure> {
+    // Without `jobs` (a follower of one job's output, which looks at
+    // nothing else), no JobChanged: it would only pile up unread.
+    let mut changes = match jobs {
+        true => Some(proxy.receive_job_changed().await.map_err(from_bus)?),
+        false => None,
+    };
     let dbus = zbus::fdo::DBusProxy::new(proxy.inner().connection())
         .await
         .map_err(from_bus)?;
@@ -1599,7 +1780,7 @@ async fn follow(proxy: &Daemon1Proxy<'static>) -> Result<UnboundedReceiver<Hint>
     tokio::spawn(async move {
         loop {
             let hint = tokio::select! {
-                signal = changes.next() => match signal {
+                signal = async { changes.as_mut()?.next().await }, if changes.is_some() => match signal {
                     Some(signal) => match signal.args() {
                         Ok(args) => Hint::Changed(args.id),
                         Err(_) => continue,

@@ -18,6 +18,7 @@
 pub mod archive;
 pub mod idle;
 pub mod journal;
+pub mod resume;
 pub mod retention;
 pub mod sd_journal;
 mod serve;

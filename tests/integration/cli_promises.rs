@@ -352,6 +352,7 @@ fn a_closed_pipe_ends_every_command_quietly() {
         &["gpus"],
         &["du"],
         &["logs", "piped"],
+        &["logs", "-f", "piped"],
         &["notifications"],
         &["wait", "piped"],
         &["--help"],

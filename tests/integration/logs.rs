@@ -548,3 +548,113 @@ fn output_the_journal_rotated_away_is_reported_where_it_was() {
     check(&archive, "the archive");
     d.assert_alive();
 }
+
+/// `ptrain logs -f` goes on across a restart of ptraind, as `ptrain wait`
+/// does: one note on stderr, then the output resumes where it stopped,
+/// with no line printed twice and none left out, and the follower ends
+/// with the job (exit 0), not with "was ptraind restarted?" (exit 3).
+#[test]
+fn following_survives_a_ptraind_restart_without_repeats_or_gaps() {
+    let seen = follow_across_restart("logs-restart", &[], false);
+    assert_eq!(seen[0], "line 1");
+}
+
+/// With `-n`, the resume still starts where the output stopped: the lines
+/// `-n` left out are not printed after the restart either.
+#[test]
+fn following_the_last_lines_survives_a_ptraind_restart() {
+    let seen = follow_across_restart("logs-restart-tail", &["-n", "3"], false);
+    assert_ne!(seen[0], "line 1", "{seen:?}");
+}
+
+/// A job that ends while ptraind is down: once ptraind is back the rest
+/// of its output is printed and the follower ends as usual.
+#[test]
+fn following_a_job_that_ended_while_ptraind_was_down_prints_the_rest() {
+    follow_across_restart("logs-down-end", &[], true);
+}
+
+/// Follows a job printing "line N" every 0.1 s with `ptrain logs -f
+/// ARGS` (as its owner) across a restart of ptraind (with
+/// `end_while_down`: a stop, the job's end, a start), checks the follower
+/// ended well with one note, and that what it printed is a run of the
+/// job's output to its end, each line once; returns those lines.
+fn follow_across_restart(test: &str, args: &[&str], end_while_down: bool) -> Vec<String> {
+    let d = TestDaemon::start(test);
+    let work = d.workdir(ALICE);
+    let go = work.join("go");
+    // A numbered line every 0.1 s until the test says go, then five more.
+    let script = format!(
+        "i=0; while [ ! -e {go} ]; do i=$((i+1)); echo line $i; sleep 0.1; done; \
+         for k in 1 2 3 4 5; do i=$((i+1)); echo line $i; done",
+        go = go.display()
+    );
+    d.drop_job(ALICE, "numbered.json", &job(&work, &script, json!({})));
+    d.wait_running("numbered");
+    // Some output before the follower starts, for -n to leave out.
+    wait_for("the job's first lines", WAIT, || {
+        (lines_of(&d.ptrain(ALICE, &["logs", "numbered"])).len() >= 6).then_some(())
+    });
+    let mut full = vec!["-f"];
+    full.extend_from_slice(args);
+    full.push("numbered");
+    let (mut follower, lines) = spawn_logs(&d, ALICE, &full);
+    let mut seen: Vec<String> = (0..6)
+        .map(|_| next_line(&lines, "lines before the restart"))
+        .collect();
+    if end_while_down {
+        let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+        assert!(ok, "{out}");
+        std::fs::write(&go, "").unwrap();
+        wait_for("the job to end while ptraind is down", WAIT, || {
+            (d.unit_property("ptrain-job@numbered.service", "ActiveState") != "active")
+                .then_some(())
+        });
+        d.start_service();
+    } else {
+        let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+        assert!(ok, "{out}\n{}", d.daemon_log());
+        // Lines written while ptraind was down arrive in a burst, then
+        // live ones: twenty more are well past the restart.
+        for _ in 0..20 {
+            match lines.recv_timeout(WAIT) {
+                Ok(line) => seen.push(line),
+                Err(e) => {
+                    let _ = follower.kill();
+                    let status = follower.wait().unwrap();
+                    let mut err = String::new();
+                    let _ = follower.stderr.take().unwrap().read_to_string(&mut err);
+                    panic!("no line from `ptrain logs -f` after the restart ({e}); {status}: {err}\n{seen:?}");
+                }
+            }
+        }
+        std::fs::write(&go, "").unwrap();
+    }
+    let status = wait_for("`ptrain logs -f` to exit after the job", WAIT, || {
+        follower.try_wait().unwrap()
+    });
+    seen.extend(lines.iter());
+    let mut err = String::new();
+    follower
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{status}: {err}\n{seen:?}");
+    assert_eq!(d.status("numbered").unwrap()["status"], "succeeded");
+    assert_eq!(
+        err.matches("ptraind restarted; following the output again")
+            .count(),
+        1,
+        "{err}"
+    );
+    // A run of the job's whole output, to its very end.
+    let all = lines_of(&d.ptrain(ALICE, &["logs", "numbered"]));
+    let from = all
+        .iter()
+        .position(|l| *l == seen[0])
+        .unwrap_or_else(|| panic!("{seen:?} is not in {all:?}"));
+    assert_eq!(seen, all[from..], "{err}");
+    seen
+}
