@@ -493,7 +493,7 @@ impl Strays {
 
     /// The oldest name whose grace is over at `now`; it stops waiting.
     pub fn pop_due(&mut self, now: tokio::time::Instant) -> Option<String> {
-        if !self.due.front().is_some_and(|(at, _, _)| *at <= now) {
+        if self.due.front().is_none_or(|(at, _, _)| *at > now) {
             return None;
         }
         let (_, name, owner) = self.due.pop_front()?;
