@@ -485,44 +485,113 @@ pub enum Enterable {
 /// the way down. Checked on a thread of its own, which takes the user's
 /// identity ([`as_user`]) and is left behind if the file system hangs.
 pub fn check_enterable(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> Enterable {
+    // Threads left blocked by a hung file system are few, whoever asks.
+    static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    use std::sync::atomic::Ordering;
+    if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) >= MAX_ENTER_CHECKS {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        return Enterable::Unknown;
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let (path, groups) = (dir.to_owned(), groups.to_vec());
     let spawned = std::thread::Builder::new()
         .name("workdir-check".into())
         .spawn(move || {
-            let why = as_user(uid, gid, &groups, || enter_problem(&path))
-                .unwrap_or_else(|e| Some(e.to_string()));
-            let _ = tx.send(why);
+            let seen = as_user(uid, gid, &groups, || enter_problem(&path))
+                .unwrap_or_else(|e| Enterable::No(e.to_string()));
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+            let _ = tx.send(seen);
         });
     if spawned.is_err() {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         return Enterable::Unknown;
     }
-    match rx.recv_timeout(ENTER_CHECK_TIMEOUT) {
-        Ok(None) => Enterable::Yes,
-        Ok(Some(why)) => Enterable::No(why),
+    rx.recv_timeout(ENTER_CHECK_TIMEOUT)
+        .unwrap_or(Enterable::Unknown)
+}
+
+/// Most workdir checks at once (each a thread that may hang).
+const MAX_ENTER_CHECKS: usize = 8;
+
+/// Looks as the owner (this thread's identity): `DIR/.` resolves only if
+/// the walk may search every directory down to DIR itself, ACLs included,
+/// which is what `chdir` needs; no access(2) emulation is involved.
+fn enter_problem(dir: &Path) -> Enterable {
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Enterable::No("it does not exist".into());
+        }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return denied(
+                dir,
+                "a directory above it is not searchable (x) for the owner",
+            );
+        }
+        Err(e) => return Enterable::No(format!("it cannot be looked up: {e}")),
+        Ok(meta) if !meta.is_dir() => return Enterable::No("it is not a directory".into()),
+        Ok(_) => {}
+    }
+    match std::fs::metadata(dir.join(".")) {
+        Ok(_) => Enterable::Yes,
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            denied(dir, "the owner may not enter it (no search permission, x)")
+        }
+        // EPERM from a seccomp filter, or anything else odd: not a no.
         Err(_) => Enterable::Unknown,
     }
 }
 
-fn enter_problem(dir: &Path) -> Option<String> {
-    match std::fs::metadata(dir) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Some("it does not exist".into());
-        }
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            return Some("a directory above it is not searchable (x) for the owner".into());
-        }
-        Err(e) => return Some(format!("it cannot be looked up: {e}")),
-        Ok(meta) if !meta.is_dir() => return Some("it is not a directory".into()),
-        Ok(_) => {}
+/// A refusal, unless `dir` is on a FUSE file system: one mounted without
+/// `allow_other` refuses any process but its owner's by real uid, which
+/// this root thread never has, though the job will.
+fn denied(dir: &Path, why: &str) -> Enterable {
+    if on_fuse(dir) {
+        Enterable::Unknown
+    } else {
+        Enterable::No(why.into())
     }
-    let c = cstr(dir.to_str()?).ok()?;
-    // SAFETY: faccessat(2) with a NUL-terminated path; AT_EACCESS checks
-    // with this thread's file-system identity, the owner's.
-    if unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::X_OK, libc::AT_EACCESS) } != 0 {
-        return Some("the owner may not enter it (no search permission, x)".into());
-    }
-    None
+}
+
+/// Whether the longest mount point above `path` is a FUSE mount
+/// (`/proc/self/mountinfo`: field 5 the mount point, octal-escaped; the
+/// type after the ` - ` separator).
+fn on_fuse(path: &Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let unescape = |field: &str| -> String {
+        let mut out = String::new();
+        let mut rest = field;
+        while let Some(at) = rest.find('\\') {
+            out.push_str(&rest[..at]);
+            let code = rest
+                .get(at + 1..at + 4)
+                .and_then(|o| u8::from_str_radix(o, 8).ok());
+            match code {
+                Some(byte) => {
+                    out.push(byte as char);
+                    rest = &rest[at + 4..];
+                }
+                None => {
+                    out.push('\\');
+                    rest = &rest[at + 1..];
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    };
+    table
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = unescape(left.split(' ').nth(4)?);
+            let fstype = right.split(' ').next()?;
+            path.starts_with(&mount_point)
+                .then(|| (mount_point.len(), fstype.starts_with("fuse")))
+        })
+        .max_by_key(|(len, _)| *len)
+        .is_some_and(|(_, fuse)| fuse)
 }
 
 /// Reads a file a job's owner controls, as that owner ([`as_user`]), never
@@ -611,6 +680,34 @@ pub fn open_dir_at(dir: &impl AsRawFd, name: &str) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workdir_is_checked_with_the_owners_rights_not_roots() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: taking another identity needs root");
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let nobody = (65534, 65534, &[][..]);
+        let check = |p: &Path| check_enterable(p, nobody.0, nobody.1, nobody.2);
+        assert_eq!(check(dir.path()), Enterable::Yes);
+        assert!(matches!(check(&private), Enterable::No(why) if why.contains("may not enter")));
+        assert!(
+            matches!(check(&private.join("x")), Enterable::No(why) if why.contains("not searchable"))
+        );
+        assert!(
+            matches!(check(&dir.path().join("none")), Enterable::No(why) if why.contains("does not exist"))
+        );
+        // Root itself may enter it: the check is the owner's.
+        assert_eq!(check_enterable(&private, 0, 0, &[]), Enterable::Yes);
+        assert!(!on_fuse(dir.path()));
+    }
 
     #[test]
     fn write_atomic_replaces_and_leaves_no_temp() {

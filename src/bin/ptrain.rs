@@ -1000,6 +1000,38 @@ enum Export {
     Names(Vec<String>),
 }
 
+/// What `--export ALL` leaves out besides what a job may not set: what
+/// systemd or a login gives one process (its invocation, journal stream,
+/// notify socket, sockets, agent and display), which would be wrong in
+/// the job's own process.
+const PER_PROCESS_ENV: &[&str] = &[
+    "INVOCATION_ID",
+    "JOURNAL_STREAM",
+    "NOTIFY_SOCKET",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+    "WATCHDOG_PID",
+    "WATCHDOG_USEC",
+    "SYSTEMD_EXEC_PID",
+    "MANAGERPID",
+    "SSH_AUTH_SOCK",
+    "SSH_AGENT_PID",
+    "SSH_CONNECTION",
+    "SSH_CLIENT",
+    "SSH_TTY",
+    "DISPLAY",
+    "WAYLAND_DISPLAY",
+    "XDG_RUNTIME_DIR",
+    "XDG_SESSION_ID",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "TERM",
+    "OLDPWD",
+    "PWD",
+    "SHLVL",
+    "_",
+];
+
 impl Export {
     /// NAMES|ALL|NONE; None for NONE.
     fn parse(text: &str) -> Result<Option<Export>, Failure> {
@@ -1062,6 +1094,8 @@ impl Export {
                 let (mut picked, mut left_out) = (Vec::new(), Vec::new());
                 for (name, value) in environment {
                     match (name.into_string(), value.into_string()) {
+                        // Silently: they were never the job's to have.
+                        (Ok(name), _) if PER_PROCESS_ENV.contains(&name.as_str()) => {}
                         (Ok(name), Ok(value))
                             if ptrain::spec::is_env_name(&name)
                                 && ptrain::spec::reserved_env(&name).is_none() =>
@@ -2409,6 +2443,8 @@ mod table_tests {
             ("PTRAIN_CONFIG", "/etc/x"),
             ("BASH_FUNC_f%%", "() { :; }"),
             ("HOME", "/home/alice"),
+            ("INVOCATION_ID", "0123"),
+            ("NOTIFY_SOCKET", "/run/systemd/notify"),
         ]);
         let (picked, left_out) = Export::All.pick(env.clone().into_iter()).unwrap();
         assert_eq!(

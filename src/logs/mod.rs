@@ -247,6 +247,10 @@ pub struct JobOutput {
     pub started_at: Option<u64>,
     /// No more output will come.
     pub ended: bool,
+    /// Known by its archive only (`[retention]` compacted the job): the
+    /// journal is never read for it, as the unit name may since have run
+    /// another job of the same id.
+    pub archive_only: bool,
 }
 
 impl JobOutput {
@@ -258,6 +262,7 @@ impl JobOutput {
             invocation_id: v.invocation_id.clone(),
             started_at: v.started_at,
             ended: !matches!(v.status.as_str(), "queued" | "launching" | "running"),
+            archive_only: false,
         }
     }
 
@@ -269,6 +274,7 @@ impl JobOutput {
             invocation_id: r.invocation_id.clone(),
             started_at: r.started_at,
             ended: r.state == JobState::Ended,
+            archive_only: false,
         }
     }
 
@@ -525,13 +531,20 @@ impl Logs {
     /// (`[retention]` compacted it), as the output to serve; None when
     /// there is none or the archiver is not running.
     pub async fn archived_output(&self, id: &str) -> Option<JobOutput> {
+        // Only a job id can name an archive: anything else costs nothing.
+        let unit = crate::spec::JobId::parse(id).ok()?.unit_name();
         let archiver = self.inner.archiver.as_ref()?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         archiver
             .send(ArchiverCommand::Find(id.to_owned(), tx))
             .ok()?;
-        let newest = rx.await.ok()?.into_iter().max_by_key(|a| a.written_at)?;
-        let unit = crate::spec::JobId::parse(id).ok()?.unit_name();
+        // The archiver answers between batches; a caller does not wait
+        // behind a long one for an answer that is most likely "no job".
+        let found = tokio::time::timeout(ARCHIVE_LOOKUP_TIMEOUT, rx)
+            .await
+            .ok()?
+            .ok()?;
+        let newest = found.into_iter().max_by_key(|a| a.written_at)?;
         Some(JobOutput {
             id: id.to_owned(),
             uid: newest.uid,
@@ -540,6 +553,7 @@ impl Logs {
             // What marks it as having run; the archive holds the times.
             started_at: Some(0),
             ended: true,
+            archive_only: true,
         })
     }
 
@@ -568,6 +582,9 @@ impl Logs {
         Ok(usage)
     }
 }
+
+/// How long a lookup of a compacted job's archive waits for the archiver.
+const ARCHIVE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A pipe with both ends blocking and close-on-exec.
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {

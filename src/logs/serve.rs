@@ -66,6 +66,11 @@ async fn serve_inner(
             .await
             .map_err(std::io::Error::other)?;
         }
+        if job.archive_only {
+            // Its archive went between the lookup and now ([logs]
+            // retention): the journal may hold only others' runs of the id.
+            return Ok(());
+        }
         // Just ended: make sure its last lines are in the journal.
         journal::sync().await;
     }
