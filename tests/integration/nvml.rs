@@ -1,0 +1,448 @@
+//! Issue 20: the NVML backend end to end without a GPU. ptraind runs with
+//! `backend = "nvml"` and the real nvml-wrapper, which loads
+//! `libnvidia-ml.so.1` by that name through the dynamic loader as on a GPU
+//! host; inside the test's harness the loader finds the fake driver built
+//! from tests/fake-nvml/fake_nvml.c, whose answers come from a state file
+//! the test rewrites while ptraind runs.
+//!
+//! How the loader finds it: the harness's mount namespace gets its own
+//! /etc/ld.so.cache (a bind mount over the host's file, which stays as it
+//! is), made by ldconfig from the host's /etc/ld.so.conf plus the test's
+//! driver directory. That is the path a real driver takes: its package
+//! puts the library in a directory ldconfig knows and runs ldconfig, and
+//! dlopen("libnvidia-ml.so.1") looks the name up in the cache. Nothing is
+//! installed on the host, no unit gets an LD_LIBRARY_PATH, and ptraind's
+//! unit runs with its shipped sandboxing. (Bind-mounting the library itself
+//! into /usr/lib/x86_64-linux-gnu would need a file there to mount over,
+//! that is, creating one on the host's root file system; an overlay over
+//! that directory would work too, but needs overlayfs where the tests run.)
+//! `Opts::fake_nvml` does all this (build_fake_driver, install_fake_driver
+//! in tests/integration/daemon.rs).
+//!
+//! Jobs record the CUDA_VISIBLE_DEVICES they were given in `ID.gpus`;
+//! "gated" jobs run until the test creates `ID.go` in their workdir.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::daemon::{text, write_fake_nvml_state, Opts, TestDaemon, ALICE, FAKE_NVML_DIR};
+use crate::harness::wait_for;
+
+/// How long a job waiting for a GPU that frees up without any event
+/// ptraind could see (a foreign process ends, a GPU heals) may take to
+/// start: ptraind plans again after any event (the test's own `ptrain`
+/// calls are some) and, without any, every 30 s while GPU jobs wait on NVML
+/// (GPU_REPLAN_INTERVAL in src/daemon.rs); plus a margin.
+const REPLAN_WAIT: Duration = Duration::from_secs(50);
+
+/// One GPU as the fake driver reports it.
+#[derive(Clone)]
+struct Gpu {
+    name: &'static str,
+    uuid: &'static str,
+    pci: &'static str,
+    total_mib: u64,
+    used_mib: u64,
+    util: u32,
+    temp: u32,
+    numa: u32,
+    /// (pid, MiB) of compute processes.
+    procs: Vec<(u32, u64)>,
+    ecc_uncorrected: u64,
+    lost: bool,
+}
+
+impl Gpu {
+    fn new(i: u32, name: &'static str, uuid: &'static str, total_mib: u64) -> Gpu {
+        Gpu {
+            name,
+            uuid,
+            pci: ["00000000:17:00.0", "00000000:65:00.0", "00000000:CA:00.0"][i as usize],
+            total_mib,
+            used_mib: 300 + u64::from(i),
+            util: 0,
+            temp: 35,
+            numa: i,
+            procs: Vec::new(),
+            ecc_uncorrected: 0,
+            lost: false,
+        }
+    }
+}
+
+const UUID0: &str = "GPU-6f1c2a9e-0d3b-4c55-9a71-3e0f5b2c8d10";
+const UUID1: &str = "GPU-b83e7d04-5a62-4f19-8c2d-71a9e6f03b22";
+
+fn two_gpus() -> Vec<Gpu> {
+    vec![
+        Gpu::new(0, "NVIDIA H100 80GB HBM3", UUID0, 81559),
+        Gpu::new(1, "NVIDIA A100-SXM4-40GB", UUID1, 40960),
+    ]
+}
+
+fn render(gpus: &[Gpu]) -> String {
+    let mut s = format!("driver 550.54.15\ncount {}\n", gpus.len());
+    for (i, g) in gpus.iter().enumerate() {
+        s.push_str(&format!(
+            "{i} name {}\n{i} uuid {}\n{i} pci {}\n{i} minor {i}\n{i} memory {} {}\n\
+             {i} util {} 0\n{i} temp {}\n{i} numa {}\n{i} ecc {}\n{i} lost {}\n",
+            g.name,
+            g.uuid,
+            g.pci,
+            g.total_mib,
+            g.used_mib,
+            g.util,
+            g.temp,
+            g.numa,
+            g.ecc_uncorrected,
+            u8::from(g.lost)
+        ));
+        for (pid, mib) in &g.procs {
+            s.push_str(&format!("{i} proc {pid} {mib}\n"));
+        }
+    }
+    s
+}
+
+fn start(test: &str, gpus: &[Gpu], gpu_config: &str) -> TestDaemon {
+    TestDaemon::start_with(
+        test,
+        Opts {
+            gpus: u32::try_from(gpus.len()).unwrap(),
+            fake_nvml: Some(render(gpus)),
+            gpu_config: gpu_config.to_owned(),
+            ..Opts::default()
+        },
+    )
+}
+
+fn set_state(d: &TestDaemon, gpus: &[Gpu]) {
+    write_fake_nvml_state(&d.root.join(FAKE_NVML_DIR), &render(gpus));
+}
+
+/// `ptrain gpus --json`: (backend, GPUs).
+fn gpus_view(d: &TestDaemon) -> (String, Vec<Value>) {
+    let out = d.ptrain(ALICE, &["gpus", "--json"]);
+    assert!(out.status.success(), "ptrain gpus --json: {}", text(&out));
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        view["backend"].as_str().unwrap_or_default().to_owned(),
+        view["gpus"].as_array().unwrap().clone(),
+    )
+}
+
+/// A job asking for `gpus` (JSON text) that writes its CUDA_VISIBLE_DEVICES
+/// to `ID.gpus`, then runs until `ID.go` exists when gated.
+fn drop_job(d: &TestDaemon, id: &str, gpus: &str, gated: bool) {
+    let wait = if gated {
+        format!("while [ ! -e {id}.go ]; do sleep 0.05; done")
+    } else {
+        "true".to_owned()
+    };
+    let script = format!(
+        "printf '%s' \"$CUDA_VISIBLE_DEVICES\" > {id}.gpus.tmp && mv {id}.gpus.tmp {id}.gpus; {wait}"
+    );
+    let job = serde_json::json!({
+        "version": 1,
+        "id": id,
+        "command": ["/bin/sh", "-c", script],
+        "workdir": d.workdir(ALICE),
+        "gpus": serde_json::from_str::<Value>(gpus).unwrap(),
+    });
+    d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+}
+
+/// The CUDA_VISIBLE_DEVICES job `id` recorded, once it has.
+fn visible_devices(d: &TestDaemon, id: &str) -> String {
+    let path: PathBuf = d.workdir(ALICE).join(format!("{id}.gpus"));
+    wait_for(
+        &format!("job {id} to write {}", path.display()),
+        crate::daemon::WAIT,
+        || std::fs::read_to_string(&path).ok(),
+    )
+}
+
+/// A queued job the last plan looked at and left waiting.
+fn wait_queued_with_reason(d: &TestDaemon, id: &str) -> String {
+    wait_for(
+        &format!("job {id} to be planned and left queued"),
+        crate::daemon::WAIT,
+        || {
+            let s = d.status(id)?;
+            assert_eq!(
+                s["status"], "queued",
+                "job {id} left the queue while its GPU should be unavailable: {s}"
+            );
+            s["detail"]
+                .as_str()
+                .filter(|why| !why.is_empty())
+                .map(str::to_owned)
+        },
+    )
+}
+
+/// How many lines of ptraind's journal contain `needle`.
+fn log_count(d: &TestDaemon, needle: &str) -> usize {
+    d.daemon_log()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+#[test]
+fn nvml_inventory_and_ptrain_gpus_match_the_driver() {
+    let mut gpus = two_gpus();
+    // Used memory under the 512 MiB foreign threshold: with no process
+    // listed, used memory counts as other programs' use.
+    gpus[0].used_mib = 211;
+    gpus[0].util = 37;
+    gpus[0].temp = 41;
+    gpus[1].used_mib = 397;
+    gpus[1].util = 5;
+    gpus[1].temp = 33;
+    let d = start("nvmlinv", &gpus, "");
+
+    let (backend, view) = gpus_view(&d);
+    assert_eq!(backend, "nvml", "{view:?}");
+    assert_eq!(view.len(), 2, "{view:#?}");
+    for (i, (g, want)) in view.iter().zip(&gpus).enumerate() {
+        let ctx = format!("GPU {i} in ptrain gpus --json: {g:#}");
+        assert_eq!(g["index"], i as u64, "{ctx}");
+        assert_eq!(g["name"], want.name, "{ctx}");
+        assert_eq!(g["uuid"], want.uuid, "{ctx}");
+        assert_eq!(g["pci_bus_id"], want.pci, "{ctx}");
+        assert_eq!(g["memory_total_mib"], want.total_mib, "{ctx}");
+        assert_eq!(g["memory_used_mib"], want.used_mib, "{ctx}");
+        assert_eq!(g["utilization_pct"], want.util, "{ctx}");
+        assert_eq!(g["temperature_c"], want.temp, "{ctx}");
+        assert_eq!(g["numa_node"], want.numa, "{ctx}");
+        assert_eq!(g["device"], format!("/dev/nvidia{i}"), "{ctx}");
+        assert_eq!(g["state"], "free", "{ctx}");
+    }
+    // The human table names the GPUs the driver reports.
+    let out = d.ptrain(ALICE, &["gpus"]);
+    let table = text(&out);
+    assert!(
+        out.status.success() && gpus.iter().all(|g| table.contains(g.uuid)),
+        "{table}"
+    );
+
+    // Live: what the driver says now, not what it said at start.
+    gpus[0].used_mib = 30000;
+    gpus[0].util = 99;
+    gpus[0].temp = 80;
+    set_state(&d, &gpus);
+    wait_for(
+        "ptrain gpus to show GPU 0's new readings",
+        crate::daemon::WAIT,
+        || {
+            let (_, view) = gpus_view(&d);
+            (view[0]["memory_used_mib"] == 30000
+                && view[0]["utilization_pct"] == 99
+                && view[0]["temperature_c"] == 80)
+                .then_some(())
+        },
+    );
+
+    // Those 30000 MiB used, with no process listed, are other programs'
+    // use: the job goes to GPU 1, by the UUID the driver reports, rather
+    // than to the lowest index.
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[0]["state"], "busy-foreign", "{:#}", view[0]);
+    drop_job(&d, "inv1", "1", false);
+    assert_eq!(visible_devices(&d, "inv1"), UUID1);
+    d.wait_ended("inv1");
+}
+
+#[test]
+fn nvml_foreign_process_keeps_jobs_off_its_gpu_until_it_goes() {
+    let mut gpus = two_gpus();
+    gpus[0].total_mib = 16384;
+    gpus[1].total_mib = 16384;
+    // Another program (pid 4242, not a ptrain job) holds 8 GiB of GPU 1.
+    gpus[1].procs = vec![(4242, 8192)];
+    gpus[1].used_mib = 8192 + 301;
+    let d = start("nvmlforeign", &gpus, "");
+
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[1]["state"], "busy-foreign", "{:#}", view[1]);
+    assert_eq!(
+        view[1]["processes"],
+        serde_json::json!([{"pid": 4242, "used_memory_mib": 8192}]),
+        "{:#}",
+        view[1]
+    );
+    assert_eq!(view[0]["state"], "free", "{:#}", view[0]);
+
+    // The first job goes to GPU 0 (GPU 1 is busy); the second has only
+    // GPU 1 left, where others use 8 GiB, over the 512 MiB threshold: it
+    // waits.
+    drop_job(&d, "fg-a", "1", true);
+    assert_eq!(visible_devices(&d, "fg-a"), UUID0);
+    d.wait_running("fg-a");
+    drop_job(&d, "fg-b", "1", false);
+    let why = wait_queued_with_reason(&d, "fg-b");
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[1]["state"], "busy-foreign", "{:#}", view[1]);
+    assert_eq!(
+        d.status("fg-b").unwrap()["status"],
+        "queued",
+        "fg-b must wait while GPU 1 is in use by others ({why})"
+    );
+
+    // The foreign process ends: no event ptraind could wait on, so it finds
+    // out at its next look, and fg-b starts on GPU 1.
+    gpus[1].procs.clear();
+    gpus[1].used_mib = 301;
+    set_state(&d, &gpus);
+    wait_for("fg-b to start once GPU 1 is free", REPLAN_WAIT, || {
+        let s = d.status("fg-b")?;
+        (s["status"] != "queued").then_some(())
+    });
+    assert_eq!(visible_devices(&d, "fg-b"), UUID1);
+    std::fs::write(d.workdir(ALICE).join("fg-a.go"), "").unwrap();
+    assert_eq!(d.wait_ended("fg-b")["status"], "succeeded");
+    assert_eq!(d.wait_ended("fg-a")["status"], "succeeded");
+}
+
+#[test]
+fn nvml_min_free_memory_counts_what_the_driver_says_is_used() {
+    let mut gpus = two_gpus();
+    gpus[0].total_mib = 16384;
+    gpus[1].total_mib = 16384;
+    // 8 GiB of GPU 0 in use by another program, under a raised foreign
+    // threshold: GPU 0 may be shared, but has only about 7.7 GiB free.
+    gpus[0].procs = vec![(4242, 8192)];
+    gpus[0].used_mib = 8192 + 300;
+    let d = start("nvmlminfree", &gpus, "foreign_memory_threshold_mib = 10240");
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[0]["state"], "free", "{:#}", view[0]);
+    let big = r#"{"count": 1, "min_free_memory_mib": 12000}"#;
+
+    // Needing 12 GiB free: GPU 1, not the lower index.
+    drop_job(&d, "mf-big", big, true);
+    assert_eq!(visible_devices(&d, "mf-big"), UUID1);
+    d.wait_running("mf-big");
+    // Needing no free memory: GPU 0, shared with the other program.
+    drop_job(&d, "mf-small", "1", false);
+    assert_eq!(visible_devices(&d, "mf-small"), UUID0);
+    assert_eq!(d.wait_ended("mf-small")["status"], "succeeded");
+    // Another 12 GiB job: GPU 1 is held, GPU 0 too full. It waits...
+    drop_job(&d, "mf-big2", big, false);
+    wait_queued_with_reason(&d, "mf-big2");
+    // ...until the other program ends.
+    gpus[0].procs.clear();
+    gpus[0].used_mib = 300;
+    set_state(&d, &gpus);
+    wait_for("mf-big2 to start once GPU 0 has room", REPLAN_WAIT, || {
+        let s = d.status("mf-big2")?;
+        (s["status"] != "queued").then_some(())
+    });
+    assert_eq!(visible_devices(&d, "mf-big2"), UUID0);
+    assert_eq!(d.wait_ended("mf-big2")["status"], "succeeded");
+    std::fs::write(d.workdir(ALICE).join("mf-big.go"), "").unwrap();
+    assert_eq!(d.wait_ended("mf-big")["status"], "succeeded");
+}
+
+#[test]
+fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
+    let mut gpus = two_gpus();
+    let d = start("nvmlhealth", &gpus, "");
+    let (_, view) = gpus_view(&d);
+    assert!(view.iter().all(|g| g["state"] == "free"), "{view:#?}");
+    let out_line = |i: u32, uuid: &str| format!("GPU {i} ({uuid}) taken out of the pool");
+    let back_line =
+        |i: u32, uuid: &str| format!("GPU {i} ({uuid}) is healthy again and back in the pool");
+
+    // GPU 1 falls off the bus: every query answers NVML_ERROR_GPU_IS_LOST.
+    gpus[1].lost = true;
+    set_state(&d, &gpus);
+    let detail = wait_for("GPU 1 to be shown unhealthy", crate::daemon::WAIT, || {
+        let (_, view) = gpus_view(&d);
+        (view[1]["state"] == "unhealthy").then(|| view[1]["detail"].as_str().unwrap().to_owned())
+    });
+    assert!(detail.contains("NVML cannot read"), "{detail}");
+    // Still listed under the identity it had.
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[1]["uuid"], UUID1, "{:#}", view[1]);
+    // A 2-GPU job cannot start while it is out.
+    drop_job(&d, "hl-two", "2", false);
+    wait_queued_with_reason(&d, "hl-two");
+    for _ in 0..3 {
+        gpus_view(&d);
+    }
+    wait_for(
+        "the journal to say GPU 1 is out",
+        crate::daemon::WAIT,
+        || (log_count(&d, &out_line(1, UUID1)) > 0).then_some(()),
+    );
+    assert_eq!(
+        log_count(&d, &out_line(1, UUID1)),
+        1,
+        "one entry however often the GPU is looked at:\n{}",
+        d.daemon_log()
+    );
+
+    // Reset: it answers again, rejoins the pool, and the waiting job runs.
+    gpus[1].lost = false;
+    set_state(&d, &gpus);
+    wait_for("GPU 1 to be free again", crate::daemon::WAIT, || {
+        let (_, view) = gpus_view(&d);
+        (view[1]["state"] == "free").then_some(())
+    });
+    gpus_view(&d);
+    wait_for(
+        "the journal to say GPU 1 is back",
+        crate::daemon::WAIT,
+        || (log_count(&d, &back_line(1, UUID1)) > 0).then_some(()),
+    );
+    assert_eq!(log_count(&d, &back_line(1, UUID1)), 1, "{}", d.daemon_log());
+    wait_for("hl-two to start once GPU 1 is back", REPLAN_WAIT, || {
+        let s = d.status("hl-two")?;
+        (s["status"] != "queued").then_some(())
+    });
+    let visible = visible_devices(&d, "hl-two");
+    assert_eq!(visible, format!("{UUID0},{UUID1}"));
+    assert_eq!(d.wait_ended("hl-two")["status"], "succeeded");
+
+    // GPU 0 reports uncorrected ECC errors: out with the count, once.
+    gpus[0].ecc_uncorrected = 2;
+    set_state(&d, &gpus);
+    let detail = wait_for("GPU 0 to be shown unhealthy", crate::daemon::WAIT, || {
+        let (_, view) = gpus_view(&d);
+        (view[0]["state"] == "unhealthy").then(|| view[0]["detail"].as_str().unwrap().to_owned())
+    });
+    assert!(detail.contains("2 uncorrected ECC error(s)"), "{detail}");
+    // A 1-GPU job is placed on the healthy GPU 1, not the lower index.
+    drop_job(&d, "hl-one", "1", false);
+    assert_eq!(visible_devices(&d, "hl-one"), UUID1);
+    assert_eq!(d.wait_ended("hl-one")["status"], "succeeded");
+    for _ in 0..3 {
+        gpus_view(&d);
+    }
+    wait_for(
+        "the journal to say GPU 0 is out",
+        crate::daemon::WAIT,
+        || (log_count(&d, &out_line(0, UUID0)) > 0).then_some(()),
+    );
+    assert_eq!(log_count(&d, &out_line(0, UUID0)), 1, "{}", d.daemon_log());
+
+    // The counter clears (the GPU was reset): back in, once.
+    gpus[0].ecc_uncorrected = 0;
+    set_state(&d, &gpus);
+    wait_for("GPU 0 to be free again", crate::daemon::WAIT, || {
+        let (_, view) = gpus_view(&d);
+        (view[0]["state"] == "free").then_some(())
+    });
+    gpus_view(&d);
+    wait_for(
+        "the journal to say GPU 0 is back",
+        crate::daemon::WAIT,
+        || (log_count(&d, &back_line(0, UUID0)) > 0).then_some(()),
+    );
+    assert_eq!(log_count(&d, &back_line(0, UUID0)), 1, "{}", d.daemon_log());
+    assert_eq!(log_count(&d, &out_line(1, UUID1)), 1, "{}", d.daemon_log());
+    d.assert_alive();
+}
