@@ -73,6 +73,9 @@ pub struct Opts {
     pub fake_nvml: Option<String>,
     /// More lines for the `[gpus]` table (foreign_memory_threshold_mib...).
     pub gpu_config: String,
+    /// `[gpus] backend`; default "nvml" with `fake_nvml`, else "declared".
+    /// Unless it is "nvml", `gpus` GPUs are declared.
+    pub gpu_backend: Option<&'static str>,
 }
 
 impl Default for Opts {
@@ -84,6 +87,7 @@ impl Default for Opts {
             journal_max: None,
             fake_nvml: None,
             gpu_config: String::new(),
+            gpu_backend: None,
         }
     }
 }
@@ -133,13 +137,15 @@ impl TestDaemon {
             chown(&home, user);
         }
         let mut gpus = String::new();
-        let backend = if let Some(state) = &opts.fake_nvml {
+        if let Some(state) = &opts.fake_nvml {
             build_fake_driver(&root.join(FAKE_NVML_DIR), state);
+        }
+        let backend = opts.gpu_backend.unwrap_or(if opts.fake_nvml.is_some() {
             "nvml"
         } else {
             "declared"
-        };
-        for i in (0..opts.gpus).filter(|_| opts.fake_nvml.is_none()) {
+        });
+        for i in (0..opts.gpus).filter(|_| backend != "nvml") {
             gpus.push_str(&format!(
                 "[[gpus.declared]]\nindex = {i}\nuuid = \"GPU-{i:08x}-0000-4000-8000-000000000000\"\nname = \"Test GPU\"\nmemory_mib = 16384\ndevice = \"/dev/nvidia{i}\"\n"
             ));

@@ -52,6 +52,8 @@ struct Gpu {
     procs: Vec<(u32, u64)>,
     ecc_uncorrected: u64,
     lost: bool,
+    /// (other index, NVML topology level): 10 one PCIe switch, 50 system.
+    topo: Vec<(u32, u32)>,
 }
 
 impl Gpu {
@@ -59,7 +61,12 @@ impl Gpu {
         Gpu {
             name,
             uuid,
-            pci: ["00000000:17:00.0", "00000000:65:00.0", "00000000:CA:00.0"][i as usize],
+            pci: [
+                "00000000:17:00.0",
+                "00000000:65:00.0",
+                "00000000:CA:00.0",
+                "00000000:E3:00.0",
+            ][i as usize],
             total_mib,
             used_mib: 300 + u64::from(i),
             util: 0,
@@ -68,12 +75,15 @@ impl Gpu {
             procs: Vec::new(),
             ecc_uncorrected: 0,
             lost: false,
+            topo: Vec::new(),
         }
     }
 }
 
 const UUID0: &str = "GPU-6f1c2a9e-0d3b-4c55-9a71-3e0f5b2c8d10";
 const UUID1: &str = "GPU-b83e7d04-5a62-4f19-8c2d-71a9e6f03b22";
+const UUID2: &str = "GPU-2c4d9e15-7b08-4a3f-b6e1-0d5c8f47a933";
+const UUID3: &str = "GPU-d91a6b37-3e24-4c8b-a05f-9b2e7c16d844";
 
 fn two_gpus() -> Vec<Gpu> {
     vec![
@@ -102,17 +112,30 @@ fn render(gpus: &[Gpu]) -> String {
         for (pid, mib) in &g.procs {
             s.push_str(&format!("{i} proc {pid} {mib}\n"));
         }
+        for (other, level) in &g.topo {
+            s.push_str(&format!("{i} topo {other} {level}\n"));
+        }
     }
     s
 }
 
 fn start(test: &str, gpus: &[Gpu], gpu_config: &str) -> TestDaemon {
+    start_as(test, gpus, gpu_config, None)
+}
+
+fn start_as(
+    test: &str,
+    gpus: &[Gpu],
+    gpu_config: &str,
+    backend: Option<&'static str>,
+) -> TestDaemon {
     TestDaemon::start_with(
         test,
         Opts {
             gpus: u32::try_from(gpus.len()).unwrap(),
             fake_nvml: Some(render(gpus)),
             gpu_config: gpu_config.to_owned(),
+            gpu_backend: backend,
             ..Opts::default()
         },
     )
@@ -445,4 +468,94 @@ fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
     assert_eq!(log_count(&d, &back_line(0, UUID0)), 1, "{}", d.daemon_log());
     assert_eq!(log_count(&d, &out_line(1, UUID1)), 1, "{}", d.daemon_log());
     d.assert_alive();
+}
+
+#[test]
+fn nvml_topology_and_model_place_jobs() {
+    // Four GPUs on one NUMA node; 0 and 2 share a PCIe switch, as do 1 and
+    // 3; GPU 3 is the only A100.
+    let mut gpus = vec![
+        Gpu::new(0, "NVIDIA H100 80GB HBM3", UUID0, 81559),
+        Gpu::new(1, "NVIDIA H100 80GB HBM3", UUID1, 81559),
+        Gpu::new(2, "NVIDIA H100 80GB HBM3", UUID2, 81559),
+        Gpu::new(3, "NVIDIA A100-SXM4-80GB", UUID3, 81920),
+    ];
+    for (i, g) in gpus.iter_mut().enumerate() {
+        g.numa = 0;
+        let i = u32::try_from(i).unwrap();
+        g.topo = (i + 1..4)
+            .map(|j| {
+                (
+                    j,
+                    if (i, j) == (0, 2) || (i, j) == (1, 3) {
+                        10
+                    } else {
+                        50
+                    },
+                )
+            })
+            .collect();
+    }
+    let d = start("nvmltopo", &gpus, "");
+    let (_, view) = gpus_view(&d);
+    let groups: Vec<&Value> = view.iter().map(|g| &g["topology_group"]).collect();
+    assert_eq!(groups, [0, 1, 0, 1], "{view:#?}");
+
+    // Two GPUs: the pair behind one switch, not the two lowest indices.
+    drop_job(&d, "tp-pair", "2", true);
+    assert_eq!(visible_devices(&d, "tp-pair"), format!("{UUID0},{UUID2}"));
+    d.wait_running("tp-pair");
+    // One A100: GPU 3, by the name the driver reports, not GPU 1.
+    drop_job(&d, "tp-a100", r#"{"count": 1, "model": "A100"}"#, false);
+    assert_eq!(visible_devices(&d, "tp-a100"), UUID3);
+    assert_eq!(d.wait_ended("tp-a100")["status"], "succeeded");
+    std::fs::write(d.workdir(ALICE).join("tp-pair.go"), "").unwrap();
+    assert_eq!(d.wait_ended("tp-pair")["status"], "succeeded");
+}
+
+#[test]
+fn nvml_failing_to_initialise_with_backend_auto_falls_back_to_declared_once() {
+    // The driver is there but answers NVML_ERROR_DRIVER_NOT_LOADED (9) to
+    // nvmlInit_v2, as with the kernel module unloaded.
+    let state = format!("init 9\n{}", render(&two_gpus()));
+    let d = TestDaemon::start_with(
+        "nvmlauto",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(state),
+            gpu_backend: Some("auto"),
+            ..Opts::default()
+        },
+    );
+    let (backend, view) = gpus_view(&d);
+    assert_eq!(backend, "declared", "{view:#?}");
+    // The declared GPUs (tests/integration/daemon.rs), not the driver's.
+    assert_eq!(view.len(), 2, "{view:#?}");
+    assert_eq!(view[0]["name"], "Test GPU", "{:#}", view[0]);
+    drop_job(&d, "au-one", "1", false);
+    assert_eq!(
+        visible_devices(&d, "au-one"),
+        "GPU-00000000-0000-4000-8000-000000000000"
+    );
+    assert_eq!(d.wait_ended("au-one")["status"], "succeeded");
+    for _ in 0..3 {
+        gpus_view(&d);
+    }
+    let said = "NVML is not available";
+    wait_for(
+        "the journal to say NVML is not available",
+        crate::daemon::WAIT,
+        || (log_count(&d, said) > 0).then_some(()),
+    );
+    let log = d.daemon_log();
+    assert_eq!(log_count(&d, said), 1, "said once:\n{log}");
+    let line = log.lines().find(|l| l.contains(said)).unwrap();
+    assert!(
+        line.contains("NVIDIA driver is not loaded"),
+        "the warning gives NVML's answer: {line}"
+    );
+    assert!(
+        line.contains("2 GPU(s) declared"),
+        "and what it uses instead: {line}"
+    );
 }
