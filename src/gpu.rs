@@ -398,8 +398,11 @@ impl NvmlInventory {
             name: device.name().unwrap_or_else(|_| "unknown".to_owned()),
             pci_bus_id: pci.as_ref().map(|p| p.bus_id.clone()),
             memory_total_mib: memory.as_ref().map_or(0, |m| m.total / MIB),
-            memory_used_mib: memory.map(|m| m.used / MIB),
-            utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
+            memory_used_mib: memory.map(|m| sane_used_bytes(m.total, m.used) / MIB),
+            utilization_pct: device
+                .utilization_rates()
+                .ok()
+                .and_then(|u| sane_utilization(u.gpu)),
             temperature_c: device.temperature(TemperatureSensor::Gpu).ok(),
             device: PathBuf::from(format!("/dev/nvidia{minor}")),
             processes: compute_processes(&device)
@@ -540,6 +543,21 @@ fn group_pairs(indices: impl Iterator<Item = u32>, pairs: &[(u32, u32)]) -> BTre
             return group;
         }
     }
+}
+
+/// Memory in use as ptraind keeps it: a driver that says more is used than
+/// the GPU has (a wedged or mid-upgrade driver) is taken to mean "full",
+/// which keeps jobs off the GPU without showing an impossible number in
+/// `ptrain gpus` and the metrics.
+fn sane_used_bytes(total: u64, used: u64) -> u64 {
+    used.min(total)
+}
+
+/// A utilization above 100 % is no reading at all: unknown (which
+/// `idle_requires_gpu_idle` takes as no proof of work), rather than a
+/// number that would keep an idle job alive and skew the metrics.
+fn sane_utilization(pct: u32) -> Option<u32> {
+    (pct <= 100).then_some(pct)
 }
 
 /// The kernel's view, for drivers whose NVML lacks nvmlDeviceGetNumaNodeId.
@@ -1605,6 +1623,16 @@ mod tests {
             (g.numa_node, g.topology_group, g.unhealthy),
             (None, None, None)
         );
+    }
+
+    #[test]
+    fn absurd_nvml_readings_are_tamed() {
+        assert_eq!(sane_used_bytes(80 * MIB, 100 * MIB), 80 * MIB);
+        assert_eq!(sane_used_bytes(80 * MIB, 3 * MIB), 3 * MIB);
+        assert_eq!(sane_used_bytes(0, 5), 0);
+        assert_eq!(sane_utilization(100), Some(100));
+        assert_eq!(sane_utilization(0), Some(0));
+        assert_eq!(sane_utilization(400), None);
     }
 
     #[test]

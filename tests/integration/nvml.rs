@@ -559,3 +559,162 @@ fn nvml_failing_to_initialise_with_backend_auto_falls_back_to_declared_once() {
         "and what it uses instead: {line}"
     );
 }
+
+#[test]
+fn nvml_metrics_expose_memory_utilization_and_temperature() {
+    let port = crate::package::free_port();
+    let mut gpus = two_gpus();
+    gpus[1].used_mib = 397;
+    gpus[1].util = 64;
+    gpus[1].temp = 58;
+    let d = TestDaemon::start_with(
+        "nvmlmetrics",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(render(&gpus)),
+            extra_config: format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+            ..Opts::default()
+        },
+    );
+    let scrape = || {
+        let (code, body) = crate::package::http_get(port, "/metrics").expect("scrape /metrics");
+        assert_eq!(code, 200, "{body}");
+        crate::package::samples(&body)
+    };
+    let series =
+        |name: &str, i: usize, uuid: &str| format!("{name}{{gpu=\"{i}\",uuid=\"{uuid}\"}}");
+    let s = scrape();
+    let m = |name: &str| crate::package::metric(&s, &series(name, 1, UUID1));
+    assert_eq!(m("ptrain_gpu_memory_total_bytes"), 40960.0 * 1048576.0);
+    assert_eq!(m("ptrain_gpu_memory_used_bytes"), 397.0 * 1048576.0);
+    assert_eq!(m("ptrain_gpu_utilization_ratio"), 0.64);
+    assert_eq!(m("ptrain_gpu_temperature_celsius"), 58.0);
+
+    // Read at scrape time: the next scrape has the driver's new readings.
+    gpus[1].util = 3;
+    gpus[1].temp = 71;
+    set_state(&d, &gpus);
+    let s = scrape();
+    let m = |name: &str| crate::package::metric(&s, &series(name, 1, UUID1));
+    assert_eq!(m("ptrain_gpu_utilization_ratio"), 0.03);
+    assert_eq!(m("ptrain_gpu_temperature_celsius"), 71.0);
+}
+
+#[test]
+fn nvml_driver_faults_leave_ptraind_alive_and_its_reports_sane() {
+    // Three device nodes, two GPUs at first: the third appears later.
+    let mut gpus = two_gpus();
+    let mut state = render(&gpus);
+    state.push_str("2 name NVIDIA H100 80GB HBM3\n2 memory 81559 300\n");
+    let d = TestDaemon::start_with(
+        "nvmlfaults",
+        Opts {
+            gpus: 3,
+            fake_nvml: Some(state),
+            ..Opts::default()
+        },
+    );
+    let pid = d.unit_property("ptraind.service", "MainPID");
+    let set = |gpus: &[Gpu], extra: &str, count: usize| {
+        let mut state = render(gpus).replace(
+            &format!("count {}\n", gpus.len()),
+            &format!("count {count}\n"),
+        );
+        state.push_str(extra);
+        write_fake_nvml_state(&d.root.join(FAKE_NVML_DIR), &state);
+    };
+    let view_until = |what: &str, pred: &dyn Fn(&[Value]) -> bool| -> Vec<Value> {
+        wait_for(what, crate::daemon::WAIT, || {
+            let (_, view) = gpus_view(&d);
+            pred(&view).then_some(view)
+        })
+    };
+
+    // Absurd values: more memory used than there is, 400 % utilization.
+    gpus[0].used_mib = 100_000;
+    gpus[0].util = 400;
+    set(&gpus, "", 2);
+    let view = view_until("GPU 0's absurd readings", &|v| {
+        v[0]["state"] == "busy-foreign"
+    });
+    assert_eq!(
+        view[0]["memory_used_mib"], 81559,
+        "used capped at total: {:#}",
+        view[0]
+    );
+    assert_eq!(view[0]["utilization_pct"], Value::Null, "{:#}", view[0]);
+    gpus[0].used_mib = 300;
+    gpus[0].util = 0;
+
+    // One query fails on one device: an optional reading goes missing and
+    // the GPU stays in the pool; its identity failing takes it out, until
+    // it answers again.
+    set(&gpus, "1 error temp 999\n", 2);
+    let view = view_until("GPU 1 without a temperature", &|v| {
+        v[1]["temperature_c"].is_null() && v[0]["state"] == "free"
+    });
+    assert_eq!(view[1]["state"], "free", "{:#}", view[1]);
+    set(&gpus, "1 error uuid 999\n", 2);
+    let view = view_until("GPU 1 out while its UUID is unreadable", &|v| {
+        v[1]["state"] == "unhealthy"
+    });
+    assert_eq!(view[1]["uuid"], UUID1, "listed as it was: {:#}", view[1]);
+    set(&gpus, "", 2);
+    view_until("GPU 1 back", &|v| v[1]["state"] == "free");
+
+    // The count changes between calls: a GPU appears, then goes away again
+    // and stays listed, out of the pool.
+    set(
+        &gpus,
+        "2 name NVIDIA H100 80GB HBM3\n2 memory 81559 300\n",
+        3,
+    );
+    let view = view_until("GPU 2 to appear", &|v| {
+        v.len() == 3 && v[2]["state"] == "free"
+    });
+    let uuid2 = view[2]["uuid"].as_str().unwrap().to_owned();
+    set(&gpus, "", 2);
+    let view = view_until("GPU 2 to be out", &|v| {
+        v.len() == 3 && v[2]["state"] == "unhealthy"
+    });
+    assert_eq!(view[2]["uuid"], uuid2.as_str(), "{:#}", view[2]);
+    assert!(
+        view[2]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no longer in the inventory"),
+        "{:#}",
+        view[2]
+    );
+
+    // GPU 1's UUID changes (another board answers at index 1): the new one
+    // is listed and free; the old one is logged out once.
+    gpus[1].uuid = "GPU-0e9d8c7b-6a59-4837-a261-5f4e3d2c1b0a";
+    set(&gpus, "", 2);
+    let view = view_until("the new GPU 1", &|v| v[1]["uuid"] == gpus[1].uuid);
+    assert_eq!(view[1]["state"], "free", "{:#}", view[1]);
+    assert!(
+        view.iter().all(|g| g["uuid"] != UUID1),
+        "the old board is not listed over it: {view:#?}"
+    );
+    gpus_view(&d);
+    let gone = format!("GPU 1 ({UUID1}) taken out of the pool");
+    wait_for(
+        "the journal to say the old GPU 1 is out",
+        crate::daemon::WAIT,
+        || (log_count(&d, &gone) > 0).then_some(()),
+    );
+    // Once for the unreadable UUID above, once for the board that went.
+    assert_eq!(log_count(&d, &gone), 2, "{}", d.daemon_log());
+
+    // A job still runs, on a GPU the driver now reports.
+    drop_job(&d, "ft-one", "1", false);
+    assert_eq!(visible_devices(&d, "ft-one"), UUID0);
+    assert_eq!(d.wait_ended("ft-one")["status"], "succeeded");
+    d.assert_alive();
+    assert_eq!(
+        d.unit_property("ptraind.service", "MainPID"),
+        pid,
+        "ptraind did not restart"
+    );
+}
