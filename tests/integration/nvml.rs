@@ -718,3 +718,50 @@ fn nvml_driver_faults_leave_ptraind_alive_and_its_reports_sane() {
         "ptraind did not restart"
     );
 }
+
+#[test]
+fn nvml_idle_requires_gpu_idle_stops_a_silent_job_only_once_its_gpu_is_idle() {
+    let mut gpus = two_gpus();
+    gpus[0].util = 90;
+    gpus[1].util = 1;
+    let d = TestDaemon::start_with(
+        "nvmlidle",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(render(&gpus)),
+            extra_config: "[jobs]\nidle_requires_gpu_idle = true\n".into(),
+            ..Opts::default()
+        },
+    );
+    let silent = |id: &str| {
+        let job = serde_json::json!({
+            "version": 1,
+            "id": id,
+            "command": ["/bin/sh", "-c",
+                format!("printf '%s' \"$CUDA_VISIBLE_DEVICES\" > {id}.gpus; exec sleep 60")],
+            "workdir": d.workdir(ALICE),
+            "gpus": 1,
+            "idle_timeout": "2s",
+        });
+        d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+    };
+    // Both write nothing for their idle_timeout; GPU 0 (90 %) works, GPU 1
+    // (1 %) does not.
+    silent("id-busy");
+    assert_eq!(visible_devices(&d, "id-busy"), UUID0);
+    silent("id-idle");
+    assert_eq!(visible_devices(&d, "id-idle"), UUID1);
+    assert_eq!(d.wait_ended("id-idle")["status"], "idle-timeout");
+    let let_run = "its GPUs are busy; letting it run";
+    wait_for("ptraind to let id-busy run", crate::daemon::WAIT, || {
+        d.harness
+            .journal(&["PTRAIN_JOB=id-busy"])
+            .contains(let_run)
+            .then_some(())
+    });
+    assert_eq!(d.status("id-busy").unwrap()["status"], "running");
+    // Its GPU goes quiet: the next idle window stops it.
+    gpus[0].util = 2;
+    set_state(&d, &gpus);
+    assert_eq!(d.wait_ended("id-busy")["status"], "idle-timeout");
+}
