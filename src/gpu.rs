@@ -72,6 +72,9 @@ pub trait GpuInventory: Send + Sync {
     /// `"nvml"` or `"declared"`.
     fn backend(&self) -> &'static str;
     fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError>;
+    /// Which job holds each GPU (index → job id), for log entries; only
+    /// the [`PoolMonitor`] keeps it.
+    fn set_holders(&self, _holders: BTreeMap<u32, String>) {}
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -682,6 +685,9 @@ impl PoolTracker {
 pub struct PoolMonitor {
     inner: Box<dyn GpuInventory>,
     tracker: Mutex<PoolTracker>,
+    /// GPU index → the job holding it, so a GPU leaving the pool under a
+    /// running job says which job may fail.
+    holders: Mutex<BTreeMap<u32, String>>,
 }
 
 impl PoolMonitor {
@@ -689,6 +695,7 @@ impl PoolMonitor {
         PoolMonitor {
             inner,
             tracker: Mutex::new(PoolTracker::default()),
+            holders: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -698,19 +705,37 @@ impl GpuInventory for PoolMonitor {
         self.inner.backend()
     }
 
+    fn set_holders(&self, holders: BTreeMap<u32, String>) {
+        *lock(&self.holders) = holders;
+    }
+
     fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
         let mut snapshot = self.inner.snapshot()?;
-        for change in lock(&self.tracker).observe(&mut snapshot) {
+        let changes = lock(&self.tracker).observe(&mut snapshot);
+        for change in changes {
             match change {
                 PoolChange::Out {
                     index,
                     uuid,
                     reason,
-                } => tracing::warn!(
-                    gpu = index,
-                    uuid,
-                    "GPU {index} ({uuid}) taken out of the pool, no job will be placed on it: {reason}"
-                ),
+                } => match lock(&self.holders).get(&index) {
+                    // Tagged with the job, so its owner finds it with the
+                    // job's own journal entries.
+                    Some(job) => tracing::warn!(
+                        gpu = index,
+                        uuid,
+                        job = %job,
+                        PTRAIN_JOB = %job,
+                        "GPU {index} ({uuid}) taken out of the pool, no job will be placed on it: {reason}; \
+                         job {job} is running on it and may fail or hang: check its output, and \
+                         `ptrain stop {job}` if it no longer makes progress"
+                    ),
+                    None => tracing::warn!(
+                        gpu = index,
+                        uuid,
+                        "GPU {index} ({uuid}) taken out of the pool, no job will be placed on it: {reason}"
+                    ),
+                },
                 PoolChange::Back { index, uuid } => tracing::info!(
                     gpu = index,
                     uuid,

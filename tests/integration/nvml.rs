@@ -430,7 +430,12 @@ fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
     assert_eq!(visible, format!("{UUID0},{UUID1}"));
     assert_eq!(d.wait_ended("hl-two")["status"], "succeeded");
 
-    // GPU 0 reports uncorrected ECC errors: out with the count, once.
+    // GPU 0 reports uncorrected ECC errors under a running job: out with
+    // the count, once, and the entry names the job (in its own journal
+    // entries too), which ptraind leaves running.
+    drop_job(&d, "hl-hold", "1", true);
+    assert_eq!(visible_devices(&d, "hl-hold"), UUID0);
+    d.wait_running("hl-hold");
     gpus[0].ecc_uncorrected = 2;
     set_state(&d, &gpus);
     let detail = wait_for("GPU 0 to be shown unhealthy", crate::daemon::WAIT, || {
@@ -438,6 +443,22 @@ fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
         (view[0]["state"] == "unhealthy").then(|| view[0]["detail"].as_str().unwrap().to_owned())
     });
     assert!(detail.contains("2 uncorrected ECC error(s)"), "{detail}");
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[0]["held_by"], "hl-hold", "{:#}", view[0]);
+    let reported = wait_for("the journal to name hl-hold", crate::daemon::WAIT, || {
+        let log = d.harness.journal(&["PTRAIN_JOB=hl-hold"]);
+        log.lines()
+            .find(|l| l.contains(&out_line(0, UUID0)))
+            .map(str::to_owned)
+    });
+    assert!(
+        reported.contains("job hl-hold is running on it")
+            && reported.contains("ptrain stop hl-hold"),
+        "{reported}"
+    );
+    assert_eq!(d.status("hl-hold").unwrap()["status"], "running");
+    std::fs::write(d.workdir(ALICE).join("hl-hold.go"), "").unwrap();
+    assert_eq!(d.wait_ended("hl-hold")["status"], "succeeded");
     // A 1-GPU job is placed on the healthy GPU 1, not the lower index.
     drop_job(&d, "hl-one", "1", false);
     assert_eq!(visible_devices(&d, "hl-one"), UUID1);
