@@ -700,6 +700,7 @@ impl Daemon {
                 for gpu in &record.gpus {
                     self.held.insert(gpu.index, id.clone());
                 }
+                self.held_changed();
                 self.by_unit.insert(record.unit.clone(), id.clone());
                 to_check.push(id.clone());
             }
@@ -1535,6 +1536,17 @@ impl Daemon {
         }
     }
 
+    /// Tells the inventory which job holds each GPU, so that a GPU leaving
+    /// the pool under a running job names the job in its log entry.
+    fn held_changed(&self) {
+        self.inventory.set_holders(
+            self.held
+                .iter()
+                .map(|(gpu, id)| (*gpu, id.to_string()))
+                .collect(),
+        );
+    }
+
     fn gpu_snapshot(&self) -> Option<Vec<GpuInfo>> {
         match self.inventory.snapshot() {
             Ok(snapshot) => Some(snapshot),
@@ -1575,6 +1587,7 @@ impl Daemon {
         for gpu in gpus {
             self.held.insert(*gpu, id.clone());
         }
+        self.held_changed();
         self.emit_changed(id);
         self.start_unit(id).await;
         // The new unit's reference comes out of the kept units' share.
@@ -2104,6 +2117,7 @@ impl Daemon {
         self.runtime.remove(id);
         let unit = record.unit.clone();
         self.held.retain(|_, holder| holder != id);
+        self.held_changed();
         if self.by_unit.remove(&unit).is_some() && state.is_some() {
             // Kept loaded a while, so that `systemctl status` shows how
             // it ended; released oldest first.

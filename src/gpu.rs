@@ -72,6 +72,9 @@ pub trait GpuInventory: Send + Sync {
     /// `"nvml"` or `"declared"`.
     fn backend(&self) -> &'static str;
     fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError>;
+    /// Which job holds each GPU (index → job id), for log entries; only
+    /// the [`PoolMonitor`] keeps it.
+    fn set_holders(&self, _holders: BTreeMap<u32, String>) {}
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -398,8 +401,11 @@ impl NvmlInventory {
             name: device.name().unwrap_or_else(|_| "unknown".to_owned()),
             pci_bus_id: pci.as_ref().map(|p| p.bus_id.clone()),
             memory_total_mib: memory.as_ref().map_or(0, |m| m.total / MIB),
-            memory_used_mib: memory.map(|m| m.used / MIB),
-            utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
+            memory_used_mib: memory.map(|m| sane_used_bytes(m.total, m.used) / MIB),
+            utilization_pct: device
+                .utilization_rates()
+                .ok()
+                .and_then(|u| sane_utilization(u.gpu)),
             temperature_c: device.temperature(TemperatureSensor::Gpu).ok(),
             device: PathBuf::from(format!("/dev/nvidia{minor}")),
             processes: compute_processes(&device)
@@ -542,6 +548,21 @@ fn group_pairs(indices: impl Iterator<Item = u32>, pairs: &[(u32, u32)]) -> BTre
     }
 }
 
+/// Memory in use as ptraind keeps it: a driver that says more is used than
+/// the GPU has (a wedged or mid-upgrade driver) is taken to mean "full",
+/// which keeps jobs off the GPU without showing an impossible number in
+/// `ptrain gpus` and the metrics.
+fn sane_used_bytes(total: u64, used: u64) -> u64 {
+    used.min(total)
+}
+
+/// A utilization above 100 % is no reading at all: unknown (which
+/// `idle_requires_gpu_idle` takes as no proof of work), rather than a
+/// number that would keep an idle job alive and skew the metrics.
+fn sane_utilization(pct: u32) -> Option<u32> {
+    (pct <= 100).then_some(pct)
+}
+
 /// The kernel's view, for drivers whose NVML lacks nvmlDeviceGetNumaNodeId.
 fn sysfs_numa_node(domain: u32, bus: u32, device: u32) -> Option<u32> {
     let path = format!("/sys/bus/pci/devices/{domain:04x}:{bus:02x}:{device:02x}.0/numa_node");
@@ -664,6 +685,9 @@ impl PoolTracker {
 pub struct PoolMonitor {
     inner: Box<dyn GpuInventory>,
     tracker: Mutex<PoolTracker>,
+    /// GPU index → the job holding it, so a GPU leaving the pool under a
+    /// running job says which job may fail.
+    holders: Mutex<BTreeMap<u32, String>>,
 }
 
 impl PoolMonitor {
@@ -671,6 +695,7 @@ impl PoolMonitor {
         PoolMonitor {
             inner,
             tracker: Mutex::new(PoolTracker::default()),
+            holders: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -680,19 +705,37 @@ impl GpuInventory for PoolMonitor {
         self.inner.backend()
     }
 
+    fn set_holders(&self, holders: BTreeMap<u32, String>) {
+        *lock(&self.holders) = holders;
+    }
+
     fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
         let mut snapshot = self.inner.snapshot()?;
-        for change in lock(&self.tracker).observe(&mut snapshot) {
+        let changes = lock(&self.tracker).observe(&mut snapshot);
+        for change in changes {
             match change {
                 PoolChange::Out {
                     index,
                     uuid,
                     reason,
-                } => tracing::warn!(
-                    gpu = index,
-                    uuid,
-                    "GPU {index} ({uuid}) taken out of the pool, no job will be placed on it: {reason}"
-                ),
+                } => match lock(&self.holders).get(&index) {
+                    // Tagged with the job, so its owner finds it with the
+                    // job's own journal entries.
+                    Some(job) => tracing::warn!(
+                        gpu = index,
+                        uuid,
+                        job = %job,
+                        PTRAIN_JOB = %job,
+                        "GPU {index} ({uuid}) taken out of the pool, no job will be placed on it: {reason}; \
+                         job {job} is running on it and may fail or hang: check its output, and \
+                         `ptrain stop {job}` if it no longer makes progress"
+                    ),
+                    None => tracing::warn!(
+                        gpu = index,
+                        uuid,
+                        "GPU {index} ({uuid}) taken out of the pool, no job will be placed on it: {reason}"
+                    ),
+                },
                 PoolChange::Back { index, uuid } => tracing::info!(
                     gpu = index,
                     uuid,
@@ -1605,6 +1648,16 @@ mod tests {
             (g.numa_node, g.topology_group, g.unhealthy),
             (None, None, None)
         );
+    }
+
+    #[test]
+    fn absurd_nvml_readings_are_tamed() {
+        assert_eq!(sane_used_bytes(80 * MIB, 100 * MIB), 80 * MIB);
+        assert_eq!(sane_used_bytes(80 * MIB, 3 * MIB), 3 * MIB);
+        assert_eq!(sane_used_bytes(0, 5), 0);
+        assert_eq!(sane_utilization(100), Some(100));
+        assert_eq!(sane_utilization(0), Some(0));
+        assert_eq!(sane_utilization(400), None);
     }
 
     #[test]

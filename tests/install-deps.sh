@@ -9,7 +9,8 @@ set -euo pipefail
 # instances (tests/harness/boot.sh); libsystemd0: ptraind reads the journal
 # through it (systemd depends on it; named here because ptraind loads it
 # itself); python3-aiosmtpd: the SMTP test server; passwd: useradd for test
-# users; gcc, libc6-dev: the linker rustc calls; python3: the spool
+# users; gcc, libc6-dev: the linker rustc calls, and the compiler that
+# builds the fake NVML driver (tests/fake-nvml); python3: the spool
 # examples; binutils, gzip, init-system-helpers: the Debian package test
 # (strip, man pages, deb-systemd-helper), lintian: the package test fails
 # on any lintian error or warning.

@@ -4,12 +4,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{ensure_user, wait_for, Harness};
+use crate::harness::{ensure_user, repo_root, wait_for, Harness};
 
 pub const PTRAIND: &str = env!("CARGO_BIN_EXE_ptraind");
 pub const PTRAIN: &str = env!("CARGO_BIN_EXE_ptrain");
@@ -66,6 +66,16 @@ pub struct Opts {
     pub state_tmpfs_kib: Option<u64>,
     /// The harness journal's size limit (RuntimeMaxUse=; default 64M).
     pub journal_max: Option<&'static str>,
+    /// `Some(state)`: `backend = "nvml"`, and the NVML ptraind loads is the
+    /// fake driver (tests/fake-nvml), built into the test's root and
+    /// answering from this state (tests/integration/nvml.rs); `gpus` fake
+    /// /dev/nvidiaN nodes are made, no GPUs are declared.
+    pub fake_nvml: Option<String>,
+    /// More lines for the `[gpus]` table (foreign_memory_threshold_mib...).
+    pub gpu_config: String,
+    /// `[gpus] backend`; default "nvml" with `fake_nvml`, else "declared".
+    /// Unless it is "nvml", `gpus` GPUs are declared.
+    pub gpu_backend: Option<&'static str>,
 }
 
 impl Default for Opts {
@@ -75,6 +85,9 @@ impl Default for Opts {
             extra_config: String::new(),
             state_tmpfs_kib: None,
             journal_max: None,
+            fake_nvml: None,
+            gpu_config: String::new(),
+            gpu_backend: None,
         }
     }
 }
@@ -124,7 +137,15 @@ impl TestDaemon {
             chown(&home, user);
         }
         let mut gpus = String::new();
-        for i in 0..opts.gpus {
+        if let Some(state) = &opts.fake_nvml {
+            build_fake_driver(&root.join(FAKE_NVML_DIR), state);
+        }
+        let backend = opts.gpu_backend.unwrap_or(if opts.fake_nvml.is_some() {
+            "nvml"
+        } else {
+            "declared"
+        });
+        for i in (0..opts.gpus).filter(|_| backend != "nvml") {
             gpus.push_str(&format!(
                 "[[gpus.declared]]\nindex = {i}\nuuid = \"GPU-{i:08x}-0000-4000-8000-000000000000\"\nname = \"Test GPU\"\nmemory_mib = 16384\ndevice = \"/dev/nvidia{i}\"\n"
             ));
@@ -133,9 +154,10 @@ impl TestDaemon {
         std::fs::write(
             &config,
             format!(
-                "spool_dir = {spool:?}\nstate_dir = {state:?}\nlog_dir = {log:?}\n{extra}\n[gpus]\nbackend = \"declared\"\n{gpus}",
+                "spool_dir = {spool:?}\nstate_dir = {state:?}\nlog_dir = {log:?}\n{extra}\n[gpus]\nbackend = \"{backend}\"\n{gpu_config}\n{gpus}",
                 log = root.join("log"),
                 extra = opts.extra_config,
+                gpu_config = opts.gpu_config,
             ),
         )
         .unwrap();
@@ -172,6 +194,9 @@ impl TestDaemon {
         );
         let journal_max = opts.journal_max.map(|max| ("HARNESS_JOURNAL_MAX", max));
         let harness = Harness::boot(test, opts.gpus, Some(&units), journal_max.as_slice());
+        if opts.fake_nvml.is_some() {
+            install_fake_driver(&harness, &root.join(FAKE_NVML_DIR));
+        }
         let daemon = TestDaemon {
             harness,
             root,
@@ -329,6 +354,129 @@ fn shipped_unit(dir: &Path, name: &str, replacements: &[(&str, &str)]) {
         unit = unit.replace(from, to);
     }
     std::fs::write(dir.join(name), unit).unwrap();
+}
+
+// --- the fake NVIDIA driver (tests/fake-nvml), for `Opts::fake_nvml` ---
+
+/// The fake driver's directory under a test's root: the library, its state
+/// file and the loader cache that names it.
+pub const FAKE_NVML_DIR: &str = "nvml";
+const FAKE_NVML_LIB: &str = "libnvidia-ml.so.1";
+
+/// Builds the fake libnvidia-ml.so.1 into `dir` with the compiler the
+/// tests already need (tests/install-deps.sh installs gcc), and writes its
+/// first state.
+pub fn build_fake_driver(dir: &Path, state: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let src = repo_root().join("tests/fake-nvml/fake_nvml.c");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"])
+        .arg(format!("-Wl,-soname,{FAKE_NVML_LIB}"))
+        .arg("-o")
+        .arg(dir.join(FAKE_NVML_LIB))
+        .arg(&src)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run cc to build the fake NVML driver: {e}; install gcc (tests/install-deps.sh)")
+        });
+    assert!(
+        out.status.success(),
+        "building the fake NVML driver from {} failed:\n{}",
+        src.display(),
+        text(&out)
+    );
+    write_fake_nvml_state(dir, state);
+}
+
+/// Makes the harness's dynamic loader resolve libnvidia-ml.so.1 to the fake
+/// driver in `dir` (tests/integration/nvml.rs says why this way). Run
+/// before ptraind starts.
+pub fn install_fake_driver(harness: &Harness, dir: &Path) {
+    let conf = dir.join("ld.so.conf");
+    let cache = dir.join("ld.so.cache");
+    std::fs::write(
+        &conf,
+        // First, so that on a host with a real driver too the fake one is
+        // the first entry of its name, the one the loader takes.
+        format!("{}\ninclude /etc/ld.so.conf\n", dir.display()),
+    )
+    .unwrap();
+    // ldconfig also rewrites /var/cache/ldconfig/aux-cache, even with -C:
+    // run it in a mount namespace of its own where /var/cache is a tmpfs,
+    // so the host's is not touched. -X: make no symlinks.
+    let script = format!(
+        "set -e; mount -t tmpfs tmpfs /var/cache; \
+         ldconfig -X -C '{cache}' -f '{conf}'; chmod 0644 '{cache}'; \
+         exec ldconfig -C '{cache}' -p",
+        cache = cache.display(),
+        conf = conf.display()
+    );
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    // `ldconfig -p` lines: "\tNAME (libc6,ARCH) => PATH", in cache order;
+    // the loader takes the first entry of a name.
+    let target = format!("=> {}", dir.join(FAKE_NVML_LIB).display());
+    let names_it = |listing: &str| {
+        listing
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{FAKE_NVML_LIB} ")))
+            .is_some_and(|l| l.ends_with(&target))
+    };
+    let want = format!("{FAKE_NVML_LIB} {target}");
+    assert!(
+        out.status.success() && names_it(&listing),
+        "ldconfig did not make a loader cache naming the fake driver ({want}):\n{}",
+        text(&out)
+    );
+    // Every process in the harness reads the cache, so it must be as
+    // readable as the host's; bound read-only over it, in the harness's
+    // mount namespace only.
+    let out = harness
+        .command("sh")
+        .args([
+            "-c",
+            &format!(
+                "mount --bind '{}' /etc/ld.so.cache && mount -o remount,bind,ro /etc/ld.so.cache",
+                cache.display()
+            ),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cannot bind the fake driver's loader cache over /etc/ld.so.cache in harness {}: {}",
+        harness.name(),
+        text(&out)
+    );
+    let out = harness.command("ldconfig").arg("-p").output().unwrap();
+    assert!(
+        names_it(&String::from_utf8_lossy(&out.stdout)),
+        "inside harness {} the loader does not see the fake driver: {}",
+        harness.name(),
+        text(&out)
+    );
+}
+
+/// Replaces the fake driver's state in one rename, so no NVML call reads
+/// half a file.
+pub fn write_fake_nvml_state(dir: &Path, state: &str) {
+    let tmp = dir.join("state.tmp");
+    std::fs::write(&tmp, state).unwrap();
+    std::fs::rename(&tmp, dir.join("state")).unwrap();
 }
 
 pub fn chown(path: &Path, user: &str) {

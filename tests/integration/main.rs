@@ -16,4 +16,5 @@ mod hostile;
 mod limits;
 mod logs;
 mod notifications;
+mod nvml;
 mod package;

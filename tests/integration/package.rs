@@ -201,7 +201,7 @@ fn examples() -> Vec<(PathBuf, String, Value)> {
 }
 
 /// A port nothing listens on (bound, then released).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -210,7 +210,7 @@ fn free_port() -> u16 {
 }
 
 /// `GET path` over plain HTTP/1.1; (status code, body).
-fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+pub(crate) fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")?;
@@ -226,7 +226,7 @@ fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
 }
 
 /// name{labels} → value of every sample.
-fn samples(exposition: &str) -> BTreeMap<String, f64> {
+pub(crate) fn samples(exposition: &str) -> BTreeMap<String, f64> {
     exposition
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
@@ -237,7 +237,7 @@ fn samples(exposition: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-fn metric(s: &BTreeMap<String, f64>, series: &str) -> f64 {
+pub(crate) fn metric(s: &BTreeMap<String, f64>, series: &str) -> f64 {
     *s.get(series)
         .unwrap_or_else(|| panic!("no {series} in the metrics:\n{s:#?}"))
 }

@@ -1,0 +1,788 @@
+//! Issue 20: the NVML backend end to end without a GPU. ptraind runs with
+//! `backend = "nvml"` and the real nvml-wrapper, which loads
+//! `libnvidia-ml.so.1` by that name through the dynamic loader as on a GPU
+//! host; inside the test's harness the loader finds the fake driver built
+//! from tests/fake-nvml/fake_nvml.c, whose answers come from a state file
+//! the test rewrites while ptraind runs.
+//!
+//! How the loader finds it: the harness's mount namespace gets its own
+//! /etc/ld.so.cache (a bind mount over the host's file, which stays as it
+//! is), made by ldconfig from the host's /etc/ld.so.conf plus the test's
+//! driver directory. That is the path a real driver takes: its package
+//! puts the library in a directory ldconfig knows and runs ldconfig, and
+//! dlopen("libnvidia-ml.so.1") looks the name up in the cache. Nothing is
+//! installed on the host, no unit gets an LD_LIBRARY_PATH, and ptraind's
+//! unit runs with its shipped sandboxing. (Bind-mounting the library itself
+//! into /usr/lib/x86_64-linux-gnu would need a file there to mount over,
+//! that is, creating one on the host's root file system; an overlay over
+//! that directory would work too, but needs overlayfs where the tests run.)
+//! `Opts::fake_nvml` does all this (build_fake_driver, install_fake_driver
+//! in tests/integration/daemon.rs).
+//!
+//! Jobs record the CUDA_VISIBLE_DEVICES they were given in `ID.gpus`;
+//! "gated" jobs run until the test creates `ID.go` in their workdir.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::daemon::{text, write_fake_nvml_state, Opts, TestDaemon, ALICE, FAKE_NVML_DIR};
+use crate::harness::wait_for;
+
+/// How long a job waiting for a GPU that frees up without any event
+/// ptraind could see (a foreign process ends, a GPU heals) may take to
+/// start: ptraind plans again after any event (the test's own `ptrain`
+/// calls are some) and, without any, every 30 s while GPU jobs wait on NVML
+/// (GPU_REPLAN_INTERVAL in src/daemon.rs); plus a margin.
+const REPLAN_WAIT: Duration = Duration::from_secs(50);
+
+/// One GPU as the fake driver reports it.
+#[derive(Clone)]
+struct Gpu {
+    name: &'static str,
+    uuid: &'static str,
+    pci: &'static str,
+    total_mib: u64,
+    used_mib: u64,
+    util: u32,
+    temp: u32,
+    numa: u32,
+    /// (pid, MiB) of compute processes.
+    procs: Vec<(u32, u64)>,
+    ecc_uncorrected: u64,
+    lost: bool,
+    /// (other index, NVML topology level): 10 one PCIe switch, 50 system.
+    topo: Vec<(u32, u32)>,
+}
+
+impl Gpu {
+    fn new(i: u32, name: &'static str, uuid: &'static str, total_mib: u64) -> Gpu {
+        Gpu {
+            name,
+            uuid,
+            pci: [
+                "00000000:17:00.0",
+                "00000000:65:00.0",
+                "00000000:CA:00.0",
+                "00000000:E3:00.0",
+            ][i as usize],
+            total_mib,
+            used_mib: 300 + u64::from(i),
+            util: 0,
+            temp: 35,
+            numa: i,
+            procs: Vec::new(),
+            ecc_uncorrected: 0,
+            lost: false,
+            topo: Vec::new(),
+        }
+    }
+}
+
+const UUID0: &str = "GPU-6f1c2a9e-0d3b-4c55-9a71-3e0f5b2c8d10";
+const UUID1: &str = "GPU-b83e7d04-5a62-4f19-8c2d-71a9e6f03b22";
+const UUID2: &str = "GPU-2c4d9e15-7b08-4a3f-b6e1-0d5c8f47a933";
+const UUID3: &str = "GPU-d91a6b37-3e24-4c8b-a05f-9b2e7c16d844";
+
+fn two_gpus() -> Vec<Gpu> {
+    vec![
+        Gpu::new(0, "NVIDIA H100 80GB HBM3", UUID0, 81559),
+        Gpu::new(1, "NVIDIA A100-SXM4-40GB", UUID1, 40960),
+    ]
+}
+
+fn render(gpus: &[Gpu]) -> String {
+    let mut s = format!("driver 550.54.15\ncount {}\n", gpus.len());
+    for (i, g) in gpus.iter().enumerate() {
+        s.push_str(&format!(
+            "{i} name {}\n{i} uuid {}\n{i} pci {}\n{i} minor {i}\n{i} memory {} {}\n\
+             {i} util {} 0\n{i} temp {}\n{i} numa {}\n{i} ecc {}\n{i} lost {}\n",
+            g.name,
+            g.uuid,
+            g.pci,
+            g.total_mib,
+            g.used_mib,
+            g.util,
+            g.temp,
+            g.numa,
+            g.ecc_uncorrected,
+            u8::from(g.lost)
+        ));
+        for (pid, mib) in &g.procs {
+            s.push_str(&format!("{i} proc {pid} {mib}\n"));
+        }
+        for (other, level) in &g.topo {
+            s.push_str(&format!("{i} topo {other} {level}\n"));
+        }
+    }
+    s
+}
+
+fn start(test: &str, gpus: &[Gpu], gpu_config: &str) -> TestDaemon {
+    start_as(test, gpus, gpu_config, None)
+}
+
+fn start_as(
+    test: &str,
+    gpus: &[Gpu],
+    gpu_config: &str,
+    backend: Option<&'static str>,
+) -> TestDaemon {
+    TestDaemon::start_with(
+        test,
+        Opts {
+            gpus: u32::try_from(gpus.len()).unwrap(),
+            fake_nvml: Some(render(gpus)),
+            gpu_config: gpu_config.to_owned(),
+            gpu_backend: backend,
+            ..Opts::default()
+        },
+    )
+}
+
+fn set_state(d: &TestDaemon, gpus: &[Gpu]) {
+    write_fake_nvml_state(&d.root.join(FAKE_NVML_DIR), &render(gpus));
+}
+
+/// `ptrain gpus --json`: (backend, GPUs).
+fn gpus_view(d: &TestDaemon) -> (String, Vec<Value>) {
+    let out = d.ptrain(ALICE, &["gpus", "--json"]);
+    assert!(out.status.success(), "ptrain gpus --json: {}", text(&out));
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        view["backend"].as_str().unwrap_or_default().to_owned(),
+        view["gpus"].as_array().unwrap().clone(),
+    )
+}
+
+/// A job asking for `gpus` (JSON text) that writes its CUDA_VISIBLE_DEVICES
+/// to `ID.gpus`, then runs until `ID.go` exists when gated.
+fn drop_job(d: &TestDaemon, id: &str, gpus: &str, gated: bool) {
+    let wait = if gated {
+        format!("while [ ! -e {id}.go ]; do sleep 0.05; done")
+    } else {
+        "true".to_owned()
+    };
+    let script = format!(
+        "printf '%s' \"$CUDA_VISIBLE_DEVICES\" > {id}.gpus.tmp && mv {id}.gpus.tmp {id}.gpus; {wait}"
+    );
+    let job = serde_json::json!({
+        "version": 1,
+        "id": id,
+        "command": ["/bin/sh", "-c", script],
+        "workdir": d.workdir(ALICE),
+        "gpus": serde_json::from_str::<Value>(gpus).unwrap(),
+    });
+    d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+}
+
+/// The CUDA_VISIBLE_DEVICES job `id` recorded, once it has.
+fn visible_devices(d: &TestDaemon, id: &str) -> String {
+    let path: PathBuf = d.workdir(ALICE).join(format!("{id}.gpus"));
+    wait_for(
+        &format!("job {id} to write {}", path.display()),
+        crate::daemon::WAIT,
+        || std::fs::read_to_string(&path).ok(),
+    )
+}
+
+/// A queued job the last plan looked at and left waiting.
+fn wait_queued_with_reason(d: &TestDaemon, id: &str) -> String {
+    wait_for(
+        &format!("job {id} to be planned and left queued"),
+        crate::daemon::WAIT,
+        || {
+            let s = d.status(id)?;
+            assert_eq!(
+                s["status"], "queued",
+                "job {id} left the queue while its GPU should be unavailable: {s}"
+            );
+            s["detail"]
+                .as_str()
+                .filter(|why| !why.is_empty())
+                .map(str::to_owned)
+        },
+    )
+}
+
+/// How many lines of ptraind's journal contain `needle`.
+fn log_count(d: &TestDaemon, needle: &str) -> usize {
+    d.daemon_log()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+#[test]
+fn nvml_inventory_and_ptrain_gpus_match_the_driver() {
+    let mut gpus = two_gpus();
+    // Used memory under the 512 MiB foreign threshold: with no process
+    // listed, used memory counts as other programs' use.
+    gpus[0].used_mib = 211;
+    gpus[0].util = 37;
+    gpus[0].temp = 41;
+    gpus[1].used_mib = 397;
+    gpus[1].util = 5;
+    gpus[1].temp = 33;
+    let d = start("nvmlinv", &gpus, "");
+
+    let (backend, view) = gpus_view(&d);
+    assert_eq!(backend, "nvml", "{view:?}");
+    assert_eq!(view.len(), 2, "{view:#?}");
+    for (i, (g, want)) in view.iter().zip(&gpus).enumerate() {
+        let ctx = format!("GPU {i} in ptrain gpus --json: {g:#}");
+        assert_eq!(g["index"], i as u64, "{ctx}");
+        assert_eq!(g["name"], want.name, "{ctx}");
+        assert_eq!(g["uuid"], want.uuid, "{ctx}");
+        assert_eq!(g["pci_bus_id"], want.pci, "{ctx}");
+        assert_eq!(g["memory_total_mib"], want.total_mib, "{ctx}");
+        assert_eq!(g["memory_used_mib"], want.used_mib, "{ctx}");
+        assert_eq!(g["utilization_pct"], want.util, "{ctx}");
+        assert_eq!(g["temperature_c"], want.temp, "{ctx}");
+        assert_eq!(g["numa_node"], want.numa, "{ctx}");
+        assert_eq!(g["device"], format!("/dev/nvidia{i}"), "{ctx}");
+        assert_eq!(g["state"], "free", "{ctx}");
+    }
+    // The human table names the GPUs the driver reports.
+    let out = d.ptrain(ALICE, &["gpus"]);
+    let table = text(&out);
+    assert!(
+        out.status.success() && gpus.iter().all(|g| table.contains(g.uuid)),
+        "{table}"
+    );
+
+    // Live: what the driver says now, not what it said at start.
+    gpus[0].used_mib = 30000;
+    gpus[0].util = 99;
+    gpus[0].temp = 80;
+    set_state(&d, &gpus);
+    wait_for(
+        "ptrain gpus to show GPU 0's new readings",
+        crate::daemon::WAIT,
+        || {
+            let (_, view) = gpus_view(&d);
+            (view[0]["memory_used_mib"] == 30000
+                && view[0]["utilization_pct"] == 99
+                && view[0]["temperature_c"] == 80)
+                .then_some(())
+        },
+    );
+
+    // Those 30000 MiB used, with no process listed, are other programs'
+    // use: the job goes to GPU 1, by the UUID the driver reports, rather
+    // than to the lowest index.
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[0]["state"], "busy-foreign", "{:#}", view[0]);
+    drop_job(&d, "inv1", "1", false);
+    assert_eq!(visible_devices(&d, "inv1"), UUID1);
+    d.wait_ended("inv1");
+}
+
+#[test]
+fn nvml_foreign_process_keeps_jobs_off_its_gpu_until_it_goes() {
+    let mut gpus = two_gpus();
+    gpus[0].total_mib = 16384;
+    gpus[1].total_mib = 16384;
+    // Another program (pid 4242, not a ptrain job) holds 8 GiB of GPU 1.
+    gpus[1].procs = vec![(4242, 8192)];
+    gpus[1].used_mib = 8192 + 301;
+    let d = start("nvmlforeign", &gpus, "");
+
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[1]["state"], "busy-foreign", "{:#}", view[1]);
+    assert_eq!(
+        view[1]["processes"],
+        serde_json::json!([{"pid": 4242, "used_memory_mib": 8192}]),
+        "{:#}",
+        view[1]
+    );
+    assert_eq!(view[0]["state"], "free", "{:#}", view[0]);
+
+    // The first job goes to GPU 0 (GPU 1 is busy); the second has only
+    // GPU 1 left, where others use 8 GiB, over the 512 MiB threshold: it
+    // waits.
+    drop_job(&d, "fg-a", "1", true);
+    assert_eq!(visible_devices(&d, "fg-a"), UUID0);
+    d.wait_running("fg-a");
+    drop_job(&d, "fg-b", "1", false);
+    let why = wait_queued_with_reason(&d, "fg-b");
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[1]["state"], "busy-foreign", "{:#}", view[1]);
+    assert_eq!(
+        d.status("fg-b").unwrap()["status"],
+        "queued",
+        "fg-b must wait while GPU 1 is in use by others ({why})"
+    );
+
+    // The foreign process ends: no event ptraind could wait on, so it finds
+    // out at its next look, and fg-b starts on GPU 1.
+    gpus[1].procs.clear();
+    gpus[1].used_mib = 301;
+    set_state(&d, &gpus);
+    wait_for("fg-b to start once GPU 1 is free", REPLAN_WAIT, || {
+        let s = d.status("fg-b")?;
+        (s["status"] != "queued").then_some(())
+    });
+    assert_eq!(visible_devices(&d, "fg-b"), UUID1);
+    std::fs::write(d.workdir(ALICE).join("fg-a.go"), "").unwrap();
+    assert_eq!(d.wait_ended("fg-b")["status"], "succeeded");
+    assert_eq!(d.wait_ended("fg-a")["status"], "succeeded");
+}
+
+#[test]
+fn nvml_min_free_memory_counts_what_the_driver_says_is_used() {
+    let mut gpus = two_gpus();
+    gpus[0].total_mib = 16384;
+    gpus[1].total_mib = 16384;
+    // 8 GiB of GPU 0 in use by another program, under a raised foreign
+    // threshold: GPU 0 may be shared, but has only about 7.7 GiB free.
+    gpus[0].procs = vec![(4242, 8192)];
+    gpus[0].used_mib = 8192 + 300;
+    let d = start("nvmlminfree", &gpus, "foreign_memory_threshold_mib = 10240");
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[0]["state"], "free", "{:#}", view[0]);
+    let big = r#"{"count": 1, "min_free_memory_mib": 12000}"#;
+
+    // Needing 12 GiB free: GPU 1, not the lower index.
+    drop_job(&d, "mf-big", big, true);
+    assert_eq!(visible_devices(&d, "mf-big"), UUID1);
+    d.wait_running("mf-big");
+    // Needing no free memory: GPU 0, shared with the other program.
+    drop_job(&d, "mf-small", "1", false);
+    assert_eq!(visible_devices(&d, "mf-small"), UUID0);
+    assert_eq!(d.wait_ended("mf-small")["status"], "succeeded");
+    // Another 12 GiB job: GPU 1 is held, GPU 0 too full. It waits...
+    drop_job(&d, "mf-big2", big, false);
+    wait_queued_with_reason(&d, "mf-big2");
+    // ...until the other program ends.
+    gpus[0].procs.clear();
+    gpus[0].used_mib = 300;
+    set_state(&d, &gpus);
+    wait_for("mf-big2 to start once GPU 0 has room", REPLAN_WAIT, || {
+        let s = d.status("mf-big2")?;
+        (s["status"] != "queued").then_some(())
+    });
+    assert_eq!(visible_devices(&d, "mf-big2"), UUID0);
+    assert_eq!(d.wait_ended("mf-big2")["status"], "succeeded");
+    std::fs::write(d.workdir(ALICE).join("mf-big.go"), "").unwrap();
+    assert_eq!(d.wait_ended("mf-big")["status"], "succeeded");
+}
+
+#[test]
+fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
+    let mut gpus = two_gpus();
+    let d = start("nvmlhealth", &gpus, "");
+    let (_, view) = gpus_view(&d);
+    assert!(view.iter().all(|g| g["state"] == "free"), "{view:#?}");
+    let out_line = |i: u32, uuid: &str| format!("GPU {i} ({uuid}) taken out of the pool");
+    let back_line =
+        |i: u32, uuid: &str| format!("GPU {i} ({uuid}) is healthy again and back in the pool");
+
+    // GPU 1 falls off the bus: every query answers NVML_ERROR_GPU_IS_LOST.
+    gpus[1].lost = true;
+    set_state(&d, &gpus);
+    let detail = wait_for("GPU 1 to be shown unhealthy", crate::daemon::WAIT, || {
+        let (_, view) = gpus_view(&d);
+        (view[1]["state"] == "unhealthy").then(|| view[1]["detail"].as_str().unwrap().to_owned())
+    });
+    assert!(detail.contains("NVML cannot read"), "{detail}");
+    // Still listed under the identity it had.
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[1]["uuid"], UUID1, "{:#}", view[1]);
+    // A 2-GPU job cannot start while it is out.
+    drop_job(&d, "hl-two", "2", false);
+    wait_queued_with_reason(&d, "hl-two");
+    for _ in 0..3 {
+        gpus_view(&d);
+    }
+    wait_for(
+        "the journal to say GPU 1 is out",
+        crate::daemon::WAIT,
+        || (log_count(&d, &out_line(1, UUID1)) > 0).then_some(()),
+    );
+    assert_eq!(
+        log_count(&d, &out_line(1, UUID1)),
+        1,
+        "one entry however often the GPU is looked at:\n{}",
+        d.daemon_log()
+    );
+
+    // Reset: it answers again, rejoins the pool, and the waiting job runs.
+    gpus[1].lost = false;
+    set_state(&d, &gpus);
+    wait_for("GPU 1 to be free again", crate::daemon::WAIT, || {
+        let (_, view) = gpus_view(&d);
+        (view[1]["state"] == "free").then_some(())
+    });
+    gpus_view(&d);
+    wait_for(
+        "the journal to say GPU 1 is back",
+        crate::daemon::WAIT,
+        || (log_count(&d, &back_line(1, UUID1)) > 0).then_some(()),
+    );
+    assert_eq!(log_count(&d, &back_line(1, UUID1)), 1, "{}", d.daemon_log());
+    wait_for("hl-two to start once GPU 1 is back", REPLAN_WAIT, || {
+        let s = d.status("hl-two")?;
+        (s["status"] != "queued").then_some(())
+    });
+    let visible = visible_devices(&d, "hl-two");
+    assert_eq!(visible, format!("{UUID0},{UUID1}"));
+    assert_eq!(d.wait_ended("hl-two")["status"], "succeeded");
+
+    // GPU 0 reports uncorrected ECC errors under a running job: out with
+    // the count, once, and the entry names the job (in its own journal
+    // entries too), which ptraind leaves running.
+    drop_job(&d, "hl-hold", "1", true);
+    assert_eq!(visible_devices(&d, "hl-hold"), UUID0);
+    d.wait_running("hl-hold");
+    gpus[0].ecc_uncorrected = 2;
+    set_state(&d, &gpus);
+    let detail = wait_for("GPU 0 to be shown unhealthy", crate::daemon::WAIT, || {
+        let (_, view) = gpus_view(&d);
+        (view[0]["state"] == "unhealthy").then(|| view[0]["detail"].as_str().unwrap().to_owned())
+    });
+    assert!(detail.contains("2 uncorrected ECC error(s)"), "{detail}");
+    let (_, view) = gpus_view(&d);
+    assert_eq!(view[0]["held_by"], "hl-hold", "{:#}", view[0]);
+    let reported = wait_for("the journal to name hl-hold", crate::daemon::WAIT, || {
+        let log = d.harness.journal(&["PTRAIN_JOB=hl-hold"]);
+        log.lines()
+            .find(|l| l.contains(&out_line(0, UUID0)))
+            .map(str::to_owned)
+    });
+    assert!(
+        reported.contains("job hl-hold is running on it")
+            && reported.contains("ptrain stop hl-hold"),
+        "{reported}"
+    );
+    assert_eq!(d.status("hl-hold").unwrap()["status"], "running");
+    std::fs::write(d.workdir(ALICE).join("hl-hold.go"), "").unwrap();
+    assert_eq!(d.wait_ended("hl-hold")["status"], "succeeded");
+    // A 1-GPU job is placed on the healthy GPU 1, not the lower index.
+    drop_job(&d, "hl-one", "1", false);
+    assert_eq!(visible_devices(&d, "hl-one"), UUID1);
+    assert_eq!(d.wait_ended("hl-one")["status"], "succeeded");
+    for _ in 0..3 {
+        gpus_view(&d);
+    }
+    wait_for(
+        "the journal to say GPU 0 is out",
+        crate::daemon::WAIT,
+        || (log_count(&d, &out_line(0, UUID0)) > 0).then_some(()),
+    );
+    assert_eq!(log_count(&d, &out_line(0, UUID0)), 1, "{}", d.daemon_log());
+
+    // The counter clears (the GPU was reset): back in, once.
+    gpus[0].ecc_uncorrected = 0;
+    set_state(&d, &gpus);
+    wait_for("GPU 0 to be free again", crate::daemon::WAIT, || {
+        let (_, view) = gpus_view(&d);
+        (view[0]["state"] == "free").then_some(())
+    });
+    gpus_view(&d);
+    wait_for(
+        "the journal to say GPU 0 is back",
+        crate::daemon::WAIT,
+        || (log_count(&d, &back_line(0, UUID0)) > 0).then_some(()),
+    );
+    assert_eq!(log_count(&d, &back_line(0, UUID0)), 1, "{}", d.daemon_log());
+    assert_eq!(log_count(&d, &out_line(1, UUID1)), 1, "{}", d.daemon_log());
+    d.assert_alive();
+}
+
+#[test]
+fn nvml_topology_and_model_place_jobs() {
+    // Four GPUs on one NUMA node; 0 and 2 share a PCIe switch, as do 1 and
+    // 3; GPU 3 is the only A100.
+    let mut gpus = vec![
+        Gpu::new(0, "NVIDIA H100 80GB HBM3", UUID0, 81559),
+        Gpu::new(1, "NVIDIA H100 80GB HBM3", UUID1, 81559),
+        Gpu::new(2, "NVIDIA H100 80GB HBM3", UUID2, 81559),
+        Gpu::new(3, "NVIDIA A100-SXM4-80GB", UUID3, 81920),
+    ];
+    for (i, g) in gpus.iter_mut().enumerate() {
+        g.numa = 0;
+        let i = u32::try_from(i).unwrap();
+        g.topo = (i + 1..4)
+            .map(|j| {
+                (
+                    j,
+                    if (i, j) == (0, 2) || (i, j) == (1, 3) {
+                        10
+                    } else {
+                        50
+                    },
+                )
+            })
+            .collect();
+    }
+    let d = start("nvmltopo", &gpus, "");
+    let (_, view) = gpus_view(&d);
+    let groups: Vec<&Value> = view.iter().map(|g| &g["topology_group"]).collect();
+    assert_eq!(groups, [0, 1, 0, 1], "{view:#?}");
+
+    // Two GPUs: the pair behind one switch, not the two lowest indices.
+    drop_job(&d, "tp-pair", "2", true);
+    assert_eq!(visible_devices(&d, "tp-pair"), format!("{UUID0},{UUID2}"));
+    d.wait_running("tp-pair");
+    // One A100: GPU 3, by the name the driver reports, not GPU 1.
+    drop_job(&d, "tp-a100", r#"{"count": 1, "model": "A100"}"#, false);
+    assert_eq!(visible_devices(&d, "tp-a100"), UUID3);
+    assert_eq!(d.wait_ended("tp-a100")["status"], "succeeded");
+    std::fs::write(d.workdir(ALICE).join("tp-pair.go"), "").unwrap();
+    assert_eq!(d.wait_ended("tp-pair")["status"], "succeeded");
+}
+
+#[test]
+fn nvml_failing_to_initialise_with_backend_auto_falls_back_to_declared_once() {
+    // The driver is there but answers NVML_ERROR_DRIVER_NOT_LOADED (9) to
+    // nvmlInit_v2, as with the kernel module unloaded.
+    let state = format!("init 9\n{}", render(&two_gpus()));
+    let d = TestDaemon::start_with(
+        "nvmlauto",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(state),
+            gpu_backend: Some("auto"),
+            ..Opts::default()
+        },
+    );
+    let (backend, view) = gpus_view(&d);
+    assert_eq!(backend, "declared", "{view:#?}");
+    // The declared GPUs (tests/integration/daemon.rs), not the driver's.
+    assert_eq!(view.len(), 2, "{view:#?}");
+    assert_eq!(view[0]["name"], "Test GPU", "{:#}", view[0]);
+    drop_job(&d, "au-one", "1", false);
+    assert_eq!(
+        visible_devices(&d, "au-one"),
+        "GPU-00000000-0000-4000-8000-000000000000"
+    );
+    assert_eq!(d.wait_ended("au-one")["status"], "succeeded");
+    for _ in 0..3 {
+        gpus_view(&d);
+    }
+    let said = "NVML is not available";
+    wait_for(
+        "the journal to say NVML is not available",
+        crate::daemon::WAIT,
+        || (log_count(&d, said) > 0).then_some(()),
+    );
+    let log = d.daemon_log();
+    assert_eq!(log_count(&d, said), 1, "said once:\n{log}");
+    let line = log.lines().find(|l| l.contains(said)).unwrap();
+    assert!(
+        line.contains("NVIDIA driver is not loaded"),
+        "the warning gives NVML's answer: {line}"
+    );
+    assert!(
+        line.contains("2 GPU(s) declared"),
+        "and what it uses instead: {line}"
+    );
+}
+
+#[test]
+fn nvml_metrics_expose_memory_utilization_and_temperature() {
+    let port = crate::package::free_port();
+    let mut gpus = two_gpus();
+    gpus[1].used_mib = 397;
+    gpus[1].util = 64;
+    gpus[1].temp = 58;
+    let d = TestDaemon::start_with(
+        "nvmlmetrics",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(render(&gpus)),
+            extra_config: format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+            ..Opts::default()
+        },
+    );
+    let scrape = || {
+        let (code, body) = crate::package::http_get(port, "/metrics").expect("scrape /metrics");
+        assert_eq!(code, 200, "{body}");
+        crate::package::samples(&body)
+    };
+    let series =
+        |name: &str, i: usize, uuid: &str| format!("{name}{{gpu=\"{i}\",uuid=\"{uuid}\"}}");
+    let s = scrape();
+    let m = |name: &str| crate::package::metric(&s, &series(name, 1, UUID1));
+    assert_eq!(m("ptrain_gpu_memory_total_bytes"), 40960.0 * 1048576.0);
+    assert_eq!(m("ptrain_gpu_memory_used_bytes"), 397.0 * 1048576.0);
+    assert_eq!(m("ptrain_gpu_utilization_ratio"), 0.64);
+    assert_eq!(m("ptrain_gpu_temperature_celsius"), 58.0);
+
+    // Read at scrape time: the next scrape has the driver's new readings.
+    gpus[1].util = 3;
+    gpus[1].temp = 71;
+    set_state(&d, &gpus);
+    let s = scrape();
+    let m = |name: &str| crate::package::metric(&s, &series(name, 1, UUID1));
+    assert_eq!(m("ptrain_gpu_utilization_ratio"), 0.03);
+    assert_eq!(m("ptrain_gpu_temperature_celsius"), 71.0);
+}
+
+#[test]
+fn nvml_driver_faults_leave_ptraind_alive_and_its_reports_sane() {
+    // Three device nodes, two GPUs at first: the third appears later.
+    let mut gpus = two_gpus();
+    let mut state = render(&gpus);
+    state.push_str("2 name NVIDIA H100 80GB HBM3\n2 memory 81559 300\n");
+    let d = TestDaemon::start_with(
+        "nvmlfaults",
+        Opts {
+            gpus: 3,
+            fake_nvml: Some(state),
+            ..Opts::default()
+        },
+    );
+    let pid = d.unit_property("ptraind.service", "MainPID");
+    let set = |gpus: &[Gpu], extra: &str, count: usize| {
+        let mut state = render(gpus).replace(
+            &format!("count {}\n", gpus.len()),
+            &format!("count {count}\n"),
+        );
+        state.push_str(extra);
+        write_fake_nvml_state(&d.root.join(FAKE_NVML_DIR), &state);
+    };
+    let view_until = |what: &str, pred: &dyn Fn(&[Value]) -> bool| -> Vec<Value> {
+        wait_for(what, crate::daemon::WAIT, || {
+            let (_, view) = gpus_view(&d);
+            pred(&view).then_some(view)
+        })
+    };
+
+    // Absurd values: more memory used than there is, 400 % utilization.
+    gpus[0].used_mib = 100_000;
+    gpus[0].util = 400;
+    set(&gpus, "", 2);
+    let view = view_until("GPU 0's absurd readings", &|v| {
+        v[0]["state"] == "busy-foreign"
+    });
+    assert_eq!(
+        view[0]["memory_used_mib"], 81559,
+        "used capped at total: {:#}",
+        view[0]
+    );
+    assert_eq!(view[0]["utilization_pct"], Value::Null, "{:#}", view[0]);
+    gpus[0].used_mib = 300;
+    gpus[0].util = 0;
+
+    // One query fails on one device: an optional reading goes missing and
+    // the GPU stays in the pool; its identity failing takes it out, until
+    // it answers again.
+    set(&gpus, "1 error temp 999\n", 2);
+    let view = view_until("GPU 1 without a temperature", &|v| {
+        v[1]["temperature_c"].is_null() && v[0]["state"] == "free"
+    });
+    assert_eq!(view[1]["state"], "free", "{:#}", view[1]);
+    set(&gpus, "1 error uuid 999\n", 2);
+    let view = view_until("GPU 1 out while its UUID is unreadable", &|v| {
+        v[1]["state"] == "unhealthy"
+    });
+    assert_eq!(view[1]["uuid"], UUID1, "listed as it was: {:#}", view[1]);
+    set(&gpus, "", 2);
+    view_until("GPU 1 back", &|v| v[1]["state"] == "free");
+
+    // The count changes between calls: a GPU appears, then goes away again
+    // and stays listed, out of the pool.
+    set(
+        &gpus,
+        "2 name NVIDIA H100 80GB HBM3\n2 memory 81559 300\n",
+        3,
+    );
+    let view = view_until("GPU 2 to appear", &|v| {
+        v.len() == 3 && v[2]["state"] == "free"
+    });
+    let uuid2 = view[2]["uuid"].as_str().unwrap().to_owned();
+    set(&gpus, "", 2);
+    let view = view_until("GPU 2 to be out", &|v| {
+        v.len() == 3 && v[2]["state"] == "unhealthy"
+    });
+    assert_eq!(view[2]["uuid"], uuid2.as_str(), "{:#}", view[2]);
+    assert!(
+        view[2]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no longer in the inventory"),
+        "{:#}",
+        view[2]
+    );
+
+    // GPU 1's UUID changes (another board answers at index 1): the new one
+    // is listed and free; the old one is logged out once.
+    gpus[1].uuid = "GPU-0e9d8c7b-6a59-4837-a261-5f4e3d2c1b0a";
+    set(&gpus, "", 2);
+    let view = view_until("the new GPU 1", &|v| v[1]["uuid"] == gpus[1].uuid);
+    assert_eq!(view[1]["state"], "free", "{:#}", view[1]);
+    assert!(
+        view.iter().all(|g| g["uuid"] != UUID1),
+        "the old board is not listed over it: {view:#?}"
+    );
+    gpus_view(&d);
+    let gone = format!("GPU 1 ({UUID1}) taken out of the pool");
+    wait_for(
+        "the journal to say the old GPU 1 is out",
+        crate::daemon::WAIT,
+        || (log_count(&d, &gone) > 0).then_some(()),
+    );
+    // Once for the unreadable UUID above, once for the board that went.
+    assert_eq!(log_count(&d, &gone), 2, "{}", d.daemon_log());
+
+    // A job still runs, on a GPU the driver now reports.
+    drop_job(&d, "ft-one", "1", false);
+    assert_eq!(visible_devices(&d, "ft-one"), UUID0);
+    assert_eq!(d.wait_ended("ft-one")["status"], "succeeded");
+    d.assert_alive();
+    assert_eq!(
+        d.unit_property("ptraind.service", "MainPID"),
+        pid,
+        "ptraind did not restart"
+    );
+}
+
+#[test]
+fn nvml_idle_requires_gpu_idle_stops_a_silent_job_only_once_its_gpu_is_idle() {
+    let mut gpus = two_gpus();
+    gpus[0].util = 90;
+    gpus[1].util = 1;
+    let d = TestDaemon::start_with(
+        "nvmlidle",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(render(&gpus)),
+            extra_config: "[jobs]\nidle_requires_gpu_idle = true\n".into(),
+            ..Opts::default()
+        },
+    );
+    let silent = |id: &str| {
+        let job = serde_json::json!({
+            "version": 1,
+            "id": id,
+            "command": ["/bin/sh", "-c",
+                format!("printf '%s' \"$CUDA_VISIBLE_DEVICES\" > {id}.gpus; exec sleep 60")],
+            "workdir": d.workdir(ALICE),
+            "gpus": 1,
+            "idle_timeout": "2s",
+        });
+        d.drop_job(ALICE, &format!("{id}.json"), &job.to_string());
+    };
+    // Both write nothing for their idle_timeout; GPU 0 (90 %) works, GPU 1
+    // (1 %) does not.
+    silent("id-busy");
+    assert_eq!(visible_devices(&d, "id-busy"), UUID0);
+    silent("id-idle");
+    assert_eq!(visible_devices(&d, "id-idle"), UUID1);
+    assert_eq!(d.wait_ended("id-idle")["status"], "idle-timeout");
+    let let_run = "its GPUs are busy; letting it run";
+    wait_for("ptraind to let id-busy run", crate::daemon::WAIT, || {
+        d.harness
+            .journal(&["PTRAIN_JOB=id-busy"])
+            .contains(let_run)
+            .then_some(())
+    });
+    assert_eq!(d.status("id-busy").unwrap()["status"], "running");
+    // Its GPU goes quiet: the next idle window stops it.
+    gpus[0].util = 2;
+    set_state(&d, &gpus);
+    assert_eq!(d.wait_ended("id-busy")["status"], "idle-timeout");
+}
