@@ -80,6 +80,12 @@ pub struct JobView {
     /// from a namesake's. Only `Status` fills it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SpoolSource>,
+    /// A GPU the job held left the pool under it (lost, or uncorrected
+    /// ECC errors): which, and why. Only `Status` fills it in, from
+    /// ptraind's memory (`PoolMonitor`), so a restart forgets it unless
+    /// the GPU is still out then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_warning: Option<String>,
 }
 
 /// A job's exit code, signal and the sentence that says how it ended (or
@@ -139,6 +145,7 @@ impl JobView {
             // `ptrain wait SWEEP` by others needs it.
             priority: 0,
             gpu_request: String::new(),
+            gpu_warning: None,
             private: true,
             ..self
         }
@@ -210,6 +217,7 @@ impl JobView {
             priority: record.spec.priority,
             gpu_request: record.spec.gpus.describe(),
             source: None,
+            gpu_warning: None,
         }
     }
 }

@@ -2159,10 +2159,13 @@ impl Daemon {
                     .and_then(|id| match self.jobs.get(&id) {
                         Some(record) => Some(JobView {
                             source: Some(record.source.clone()),
+                            gpu_warning: self.inventory.job_warning(id.as_str()),
                             ..self.view(record)
                         }),
+                        // Also after the job ended: it may be why it failed.
                         None => self.history.get(&id).map(|summary| JobView {
                             source: Some(summary.source.clone()),
+                            gpu_warning: self.inventory.job_warning(id.as_str()),
                             ..self
                                 .ended_record(&id)
                                 .map_or_else(|| summary.view(), |full| JobView::of(&full))

@@ -75,6 +75,12 @@ pub trait GpuInventory: Send + Sync {
     /// Which job holds each GPU (index → job id), for log entries; only
     /// the [`PoolMonitor`] keeps it.
     fn set_holders(&self, _holders: BTreeMap<u32, String>) {}
+    /// What happened to the GPUs under job `job` while it held them (one
+    /// left the pool), for its `ptrain status`; only the [`PoolMonitor`]
+    /// keeps it.
+    fn job_warning(&self, _job: &str) -> Option<String> {
+        None
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -678,6 +684,64 @@ impl PoolTracker {
         snapshot.sort_by_key(|g| g.index);
         changes
     }
+
+    /// The GPU at `index` if it is out of the pool now: (UUID, why).
+    pub fn out_at(&self, index: u32) -> Option<(String, String)> {
+        self.known
+            .iter()
+            .find(|(_, (g, out))| *out && g.index == index)
+            .map(|(uuid, (g, _))| {
+                let why = g.unhealthy.clone().unwrap_or_else(|| VANISHED.to_owned());
+                (uuid.clone(), why)
+            })
+    }
+}
+
+/// How many jobs' GPU warnings a [`JobWarnings`] keeps; the oldest go
+/// first. Far more than the jobs one sick GPU can have run under it.
+const MAX_JOB_WARNINGS: usize = 1024;
+
+/// Job → what happened to its GPUs ("GPU 1 (UUID) left the pool while
+/// this job ran on it: why"), each GPU noted once per job. Pure.
+#[derive(Debug, Default)]
+pub struct JobWarnings {
+    /// (job, GPU index, sentence), oldest first.
+    entries: std::collections::VecDeque<(String, u32, String)>,
+}
+
+impl JobWarnings {
+    /// Notes that GPU `index` (`uuid`) left the pool under `job` for
+    /// `reason`, unless that is already noted.
+    pub fn note(&mut self, job: &str, index: u32, uuid: &str, reason: &str) {
+        if self.entries.iter().any(|(j, i, _)| j == job && *i == index) {
+            return;
+        }
+        if self.entries.len() >= MAX_JOB_WARNINGS {
+            self.entries.pop_front();
+        }
+        self.entries.push_back((
+            job.to_owned(),
+            index,
+            format!("GPU {index} ({uuid}) left the pool while this job ran on it: {reason}"),
+        ));
+    }
+
+    /// The job's warnings in one sentence per GPU, or `None`.
+    pub fn of(&self, job: &str) -> Option<String> {
+        let lines: Vec<&str> = self
+            .entries
+            .iter()
+            .filter(|(j, _, _)| j == job)
+            .map(|(_, _, s)| s.as_str())
+            .collect();
+        (!lines.is_empty()).then(|| {
+            format!(
+                "{}. It may fail or hang: check its output, and `ptrain stop {job}` if it no \
+                 longer makes progress",
+                lines.join(". ")
+            )
+        })
+    }
 }
 
 /// An inventory whose snapshots go through a [`PoolTracker`]; each change
@@ -688,6 +752,11 @@ pub struct PoolMonitor {
     /// GPU index → the job holding it, so a GPU leaving the pool under a
     /// running job says which job may fail.
     holders: Mutex<BTreeMap<u32, String>>,
+    /// What the jobs' `ptrain status` says about their GPUs. In memory
+    /// only: after a restart, a GPU still out under a job it is given
+    /// again (see `set_holders`) is noted again; one that came back, or
+    /// went from the inventory, before the restart is not.
+    warnings: Mutex<JobWarnings>,
 }
 
 impl PoolMonitor {
@@ -696,6 +765,7 @@ impl PoolMonitor {
             inner,
             tracker: Mutex::new(PoolTracker::default()),
             holders: Mutex::new(BTreeMap::new()),
+            warnings: Mutex::new(JobWarnings::default()),
         }
     }
 }
@@ -706,7 +776,19 @@ impl GpuInventory for PoolMonitor {
     }
 
     fn set_holders(&self, holders: BTreeMap<u32, String>) {
+        // A job given (back, after a restart) a GPU that is out already
+        // hears of it too: the tracker noticed it before the job was known.
+        for (index, job) in &holders {
+            let out = lock(&self.tracker).out_at(*index);
+            if let Some((uuid, reason)) = out {
+                lock(&self.warnings).note(job, *index, &uuid, &reason);
+            }
+        }
         *lock(&self.holders) = holders;
+    }
+
+    fn job_warning(&self, job: &str) -> Option<String> {
+        lock(&self.warnings).of(job)
     }
 
     fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
@@ -720,8 +802,10 @@ impl GpuInventory for PoolMonitor {
                     reason,
                 } => match lock(&self.holders).get(&index) {
                     // Tagged with the job, so its owner finds it with the
-                    // job's own journal entries.
-                    Some(job) => tracing::warn!(
+                    // job's own journal entries, and kept for its status.
+                    Some(job) => {
+                        lock(&self.warnings).note(job, index, &uuid, &reason);
+                        tracing::warn!(
                         gpu = index,
                         uuid,
                         job = %job,
@@ -729,7 +813,8 @@ impl GpuInventory for PoolMonitor {
                         "GPU {index} ({uuid}) taken out of the pool, no job will be placed on it: {reason}; \
                          job {job} is running on it and may fail or hang: check its output, and \
                          `ptrain stop {job}` if it no longer makes progress"
-                    ),
+                        )
+                    }
                     None => tracing::warn!(
                         gpu = index,
                         uuid,
@@ -1571,6 +1656,97 @@ mod tests {
             ]
         );
         assert_eq!(choose_gpus(&snap, &held(&[]), 3, 512), Some(vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn job_warnings_note_each_gpu_once_per_job() {
+        let mut w = JobWarnings::default();
+        assert_eq!(w.of("a"), None);
+        w.note("a", 1, "GPU-0001", "2 uncorrected ECC error(s)");
+        w.note("a", 1, "GPU-0001", "lost");
+        w.note("b", 0, "GPU-0000", "lost");
+        let a = w.of("a").unwrap();
+        assert_eq!(
+            a,
+            "GPU 1 (GPU-0001) left the pool while this job ran on it: 2 uncorrected ECC \
+             error(s). It may fail or hang: check its output, and `ptrain stop a` if it no \
+             longer makes progress"
+        );
+        w.note("a", 3, "GPU-0003", "lost");
+        assert!(w
+            .of("a")
+            .unwrap()
+            .contains("error(s). GPU 3 (GPU-0003) left"));
+        // Bounded: the oldest go first.
+        for i in 0..MAX_JOB_WARNINGS {
+            w.note(&format!("j{i}"), 0, "GPU-0000", "lost");
+        }
+        assert_eq!(w.of("a"), None);
+        assert!(w.of(&format!("j{}", MAX_JOB_WARNINGS - 1)).is_some());
+    }
+
+    /// An inventory answering what the test last put in it.
+    struct Shared(std::sync::Arc<Mutex<Vec<GpuInfo>>>);
+
+    impl GpuInventory for Shared {
+        fn backend(&self) -> &'static str {
+            "nvml"
+        }
+        fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
+            Ok(lock(&self.0).clone())
+        }
+    }
+
+    #[test]
+    fn pool_monitor_warns_the_job_holding_a_gpu_that_leaves() {
+        let fixed = std::sync::Arc::new(Mutex::new(vec![gpu(0), gpu(1)]));
+        let set = |snap: Vec<GpuInfo>| *lock(&fixed) = snap;
+        let mon = PoolMonitor::new(Box::new(Shared(fixed.clone())));
+        mon.snapshot().unwrap();
+        mon.set_holders(BTreeMap::from([(1, "train".to_owned())]));
+        assert_eq!(mon.job_warning("train"), None, "healthy: nothing to say");
+
+        // GPU 1 reports ECC errors under "train"; GPU 0, held by nobody,
+        // is lost: only "train" hears, of its own GPU.
+        let mut sick = gpu(1);
+        sick.unhealthy = Some("2 uncorrected ECC error(s)".into());
+        let mut lost = gpu(0);
+        lost.unhealthy = Some("lost".into());
+        set(vec![lost, sick]);
+        mon.snapshot().unwrap();
+        let w = mon.job_warning("train").unwrap();
+        assert!(
+            w.starts_with("GPU 1 (GPU-0001) left the pool while this job ran on it: 2 uncorrected"),
+            "{w}"
+        );
+        assert!(!w.contains("GPU 0"), "{w}");
+        // It stays said after the GPU heals (the job may have been hurt).
+        set(vec![gpu(0), gpu(1)]);
+        mon.snapshot().unwrap();
+        assert_eq!(mon.job_warning("train").as_deref(), Some(w.as_str()));
+
+        // After a restart: a fresh monitor sees GPU 1 out before it learns
+        // that "train" holds it, and notes it then.
+        let mut sick = gpu(1);
+        sick.unhealthy = Some("lost".into());
+        set(vec![gpu(0), sick]);
+        let mon = PoolMonitor::new(Box::new(Shared(fixed.clone())));
+        mon.snapshot().unwrap();
+        assert_eq!(mon.job_warning("train"), None);
+        mon.set_holders(BTreeMap::from([(1, "train".to_owned())]));
+        let w = mon.job_warning("train").unwrap();
+        assert!(
+            w.contains("GPU 1 (GPU-0001) left the pool while this job ran on it: lost"),
+            "{w}"
+        );
+        // A vanished GPU counts too.
+        set(vec![gpu(1)]);
+        mon.snapshot().unwrap();
+        mon.set_holders(BTreeMap::from([(0, "other".to_owned())]));
+        assert!(
+            mon.job_warning("other").unwrap().contains(VANISHED),
+            "noted at set_holders"
+        );
     }
 
     #[test]

@@ -947,6 +947,9 @@ fn status_extras(j: &JobView) -> Vec<String> {
             escape(why)
         ));
     }
+    if let Some(warning) = &j.gpu_warning {
+        lines.push(format!("GPU:       {}", escape(warning)));
+    }
     lines
 }
 
@@ -2244,6 +2247,14 @@ mod table_tests {
             .last()
             .unwrap()
             .starts_with("result:    none: what it wrote was ignored (result.json must"));
+        let warned = JobView {
+            gpu_warning: Some("GPU 1 (GPU-x) left the pool while this job ran on it: lost".into()),
+            ..ignored
+        };
+        assert_eq!(
+            status_extras(&warned).last().unwrap(),
+            "GPU:       GPU 1 (GPU-x) left the pool while this job ran on it: lost"
+        );
     }
 
     #[test]

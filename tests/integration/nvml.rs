@@ -457,8 +457,34 @@ fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
         "{reported}"
     );
     assert_eq!(d.status("hl-hold").unwrap()["status"], "running");
+    // Its owner sees it where they look: the job's status, JSON and text.
+    let said = format!(
+        "GPU 0 ({UUID0}) left the pool while this job ran on it: 2 uncorrected ECC error(s)"
+    );
+    let warning = |who: &str| {
+        let out = d.ptrain(who, &["status", "hl-hold", "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+        s["gpu_warning"].as_str().unwrap_or_default().to_owned()
+    };
+    let w = warning(ALICE);
+    assert!(
+        w.starts_with(&said) && w.contains("ptrain stop hl-hold"),
+        "{w}"
+    );
+    let out = d.ptrain(ALICE, &["status", "hl-hold"]);
+    assert!(
+        text(&out).contains(&format!("GPU:       {said}")),
+        "{}",
+        text(&out)
+    );
     std::fs::write(d.workdir(ALICE).join("hl-hold.go"), "").unwrap();
     assert_eq!(d.wait_ended("hl-hold")["status"], "succeeded");
+    // Still said once it ended (it may be why a job failed)...
+    assert!(warning(ALICE).starts_with(&said));
+    // ...and only of the job that held the GPU: hl-two ran on GPU 1 only
+    // after it was back.
+    assert_eq!(d.status("hl-two").unwrap().get("gpu_warning"), None);
     // A 1-GPU job is placed on the healthy GPU 1, not the lower index.
     drop_job(&d, "hl-one", "1", false);
     assert_eq!(visible_devices(&d, "hl-one"), UUID1);
@@ -532,6 +558,50 @@ fn nvml_topology_and_model_place_jobs() {
     assert_eq!(d.wait_ended("tp-a100")["status"], "succeeded");
     std::fs::write(d.workdir(ALICE).join("tp-pair.go"), "").unwrap();
     assert_eq!(d.wait_ended("tp-pair")["status"], "succeeded");
+}
+
+#[test]
+fn nvml_numa_node_keeps_a_two_gpu_job_together_without_switch_topology() {
+    // Four GPUs alternating between NUMA nodes 0 and 1, every pair joined
+    // only through the system interconnect (NVML level 50): no PCIe switch
+    // to go by, so the NUMA node is what keeps a job together. The two
+    // lowest indices (0, 1) would straddle both nodes.
+    let mut gpus = vec![
+        Gpu::new(0, "NVIDIA H100 80GB HBM3", UUID0, 81559),
+        Gpu::new(1, "NVIDIA H100 80GB HBM3", UUID1, 81559),
+        Gpu::new(2, "NVIDIA H100 80GB HBM3", UUID2, 81559),
+        Gpu::new(3, "NVIDIA H100 80GB HBM3", UUID3, 81559),
+    ];
+    for (i, g) in gpus.iter_mut().enumerate() {
+        let i = u32::try_from(i).unwrap();
+        g.numa = i % 2;
+        g.topo = (i + 1..4).map(|j| (j, 50)).collect();
+    }
+    let d = start("nvmlnuma", &gpus, "");
+    let (_, view) = gpus_view(&d);
+    let nodes: Vec<&Value> = view.iter().map(|g| &g["numa_node"]).collect();
+    assert_eq!(nodes, [0, 1, 0, 1], "{view:#?}");
+    // No two GPUs share a switch: each is its own topology group.
+    let groups: Vec<&Value> = view.iter().map(|g| &g["topology_group"]).collect();
+    assert_eq!(groups, [0, 1, 2, 3], "{view:#?}");
+
+    // Two GPUs on one node: 0 and 2.
+    drop_job(&d, "nm-pair", "2", true);
+    assert_eq!(visible_devices(&d, "nm-pair"), format!("{UUID0},{UUID2}"));
+    d.wait_running("nm-pair");
+    std::fs::write(d.workdir(ALICE).join("nm-pair.go"), "").unwrap();
+    assert_eq!(d.wait_ended("nm-pair")["status"], "succeeded");
+
+    // GPU 0 taken by a 1-GPU job: 1, 2 and 3 are free, and the lowest
+    // pair (1, 2) would straddle the nodes again; node 1's 1 and 3 do not.
+    drop_job(&d, "nm-one", "1", true);
+    assert_eq!(visible_devices(&d, "nm-one"), UUID0);
+    d.wait_running("nm-one");
+    drop_job(&d, "nm-pair3", "2", false);
+    assert_eq!(visible_devices(&d, "nm-pair3"), format!("{UUID1},{UUID3}"));
+    assert_eq!(d.wait_ended("nm-pair3")["status"], "succeeded");
+    std::fs::write(d.workdir(ALICE).join("nm-one.go"), "").unwrap();
+    assert_eq!(d.wait_ended("nm-one")["status"], "succeeded");
 }
 
 #[test]
