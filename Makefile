@@ -8,6 +8,13 @@
 #   make gpu-check              packaging/gpu-check.sh: NVML inventory and a real
 #                               allocation on this machine's NVIDIA GPUs (exits 0
 #                               with a message where there is no driver)
+#   make gpu-e2e                packaging/gpu-e2e.sh (root): on a machine with an NVIDIA
+#                               GPU, ptraind with backend = "nvml" in the systemd
+#                               harness runs a real PyTorch job as an unprivileged
+#                               user, checks CUDA and NVML see what ptraind assigned,
+#                               prints a report (within 8 minutes; exits 0 with a
+#                               message where there is no driver; GPU_E2E_FAKE=1: the
+#                               tests' fake driver, no PyTorch)
 #   make docs                   man pages and bash/zsh/fish completions, generated
 #                               from the built binaries (BINDIR) into GENDIR
 #   make deb                    build, then the Debian package in target/debian/
@@ -45,7 +52,7 @@ DOCDIR  ?= /usr/share/doc/ptrain
 # would make the next plain `cargo build` rebuild ring, rustls and friends.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
 
-.PHONY: all build docs deb test demo gpu-check install clean bench bench-ci
+.PHONY: all build docs deb test demo gpu-check gpu-e2e install clean bench bench-ci
 
 all: build
 
@@ -90,6 +97,9 @@ bench-ci:
 
 gpu-check:
 	packaging/gpu-check.sh
+
+gpu-e2e:
+	packaging/gpu-e2e.sh
 
 # Installs what `make build` built; it does not build (often run as root),
 # only regenerates the man pages and completions from the binaries.

@@ -856,3 +856,93 @@ fn nvml_idle_requires_gpu_idle_stops_a_silent_job_only_once_its_gpu_is_idle() {
     set_state(&d, &gpus);
     assert_eq!(d.wait_ended("id-busy")["status"], "idle-timeout");
 }
+
+/// `make gpu-e2e` (packaging/gpu-e2e.sh), written for a machine with a
+/// real GPU, run where CI can: against the fake driver (GPU_E2E_FAKE=1:
+/// everything but PyTorch), so its harness, ptraind with `backend =
+/// "nvml"`, the unprivileged job, the NVML process check, the waiting
+/// second job and the report are exercised here. Every check it makes must
+/// pass, or it exits 1.
+#[test]
+fn gpu_e2e_script_runs_against_the_fake_driver() {
+    let script = crate::harness::repo_root().join("packaging/gpu-e2e.sh");
+    let out = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bash -n: {}", text(&out));
+    // shellcheck where it is installed (tests/install-deps.sh does not ask
+    // for it); its absence is no failure.
+    if let Ok(out) = std::process::Command::new("shellcheck")
+        .arg(&script)
+        .output()
+    {
+        assert!(out.status.success(), "shellcheck: {}", text(&out));
+    }
+
+    let dir = PathBuf::from(format!("/srv/ptrain-tests/gpue2e-{}", std::process::id()));
+    let bin = std::path::Path::new(crate::daemon::PTRAIN)
+        .parent()
+        .unwrap();
+    let out = std::process::Command::new(&script)
+        .env("GPU_E2E_FAKE", "1")
+        .env("GPU_E2E_BIN", bin)
+        .env("GPU_E2E_DIR", &dir)
+        .env("GPU_E2E_TIMEOUT", "240")
+        .env(
+            "HARNESS_NAME",
+            format!("ptrain-t-gpue2e-{}", std::process::id()),
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let said = text(&out);
+    assert!(out.status.success(), "gpu-e2e.sh failed:\n{said}");
+    let report = &said[said
+        .find("== gpu-e2e report")
+        .unwrap_or_else(|| panic!("no report:\n{said}"))..];
+    for check in [
+        "PASS  ptraind started with backend = \"nvml\"",
+        "PASS  inventory: ptrain gpus lists the driver's 1 GPU(s) by UUID",
+        "PASS  e2e-train runs as ptrain-e2e on GPU 0",
+        "PASS  NVML (ptrain gpus) shows pid ",
+        "PASS  e2e-wait waits for the GPU: waiting for 1 GPU",
+        "PASS  e2e-train succeeded; its result file: final loss 0.125 after 300 steps",
+        "PASS  CUDA saw exactly 1 device, the assigned one",
+        "PASS  e2e-wait ran after e2e-train",
+        "result: ok",
+    ] {
+        assert!(
+            report.contains(check),
+            "the report lacks {check:?}:\n{said}"
+        );
+    }
+    assert!(!report.contains("FAIL"), "{said}");
+}
+
+/// Without a driver (and without GPU_E2E_FAKE) it says so and exits 0, as
+/// `make gpu-check` does, before it asks for root or touches anything.
+#[test]
+fn gpu_e2e_script_without_a_driver_says_so_and_exits_0() {
+    if std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        eprintln!("this machine has an NVIDIA driver: nothing to check here");
+        return;
+    }
+    let script = crate::harness::repo_root().join("packaging/gpu-e2e.sh");
+    let out = std::process::Command::new(&script)
+        .env_remove("GPU_E2E_FAKE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let said = text(&out);
+    if said.contains("libnvidia-ml") && !said.contains("no NVIDIA driver") {
+        eprintln!("a libnvidia-ml.so.1 is in the loader cache: not a driverless machine");
+        return;
+    }
+    assert!(
+        out.status.success() && said.contains("gpu-e2e: no NVIDIA driver on this machine"),
+        "{said}"
+    );
+}
