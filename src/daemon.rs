@@ -1415,6 +1415,7 @@ impl Daemon {
     async fn schedule(&mut self) {
         self.gpu_replan_at = None;
         self.schedule_again = false;
+        self.announce_gpu_warnings();
         self.resolve_dependencies().await;
         if self.queue.is_empty() {
             self.reserved.clear();
@@ -1533,6 +1534,40 @@ impl Daemon {
         }
         if gpu_jobs_wait && self.inventory.backend() == "nvml" {
             self.gpu_replan_at = Some(tokio::time::Instant::now() + GPU_REPLAN_INTERVAL);
+        }
+        // What this plan's own look at the GPUs noticed.
+        self.announce_gpu_warnings();
+    }
+
+    /// Tells the owners of jobs whose GPU left the pool under them
+    /// (`gpu-lost`; once per job, by the intent's key), with what their
+    /// `ptrain status` says. Whichever look at the inventory noticed (a
+    /// plan, `ptrain gpus`, the idle check), the next plan tells.
+    fn announce_gpu_warnings(&mut self) {
+        for (job, warning) in self.inventory.take_new_warnings() {
+            let Some(record) = JobId::parse(&job)
+                .ok()
+                .and_then(|id| self.jobs.get_mut(&id))
+            else {
+                continue;
+            };
+            let mut intents = crate::notifications::intents_for(
+                &self.config.notifications,
+                record,
+                crate::notifications::NotifyEvent::GpuLost,
+                now_micros(),
+            );
+            if intents.is_empty() {
+                continue;
+            }
+            for intent in &mut intents {
+                intent.notice.detail.clone_from(&warning);
+            }
+            record.notifications.extend(intents.iter().cloned());
+            if let Err(e) = self.store.save(record) {
+                error!(job = %job, error = %e, "cannot record the notification that the job lost a GPU");
+            }
+            self.notifier.deliver(intents);
         }
     }
 

@@ -81,6 +81,11 @@ pub trait GpuInventory: Send + Sync {
     fn job_warning(&self, _job: &str) -> Option<String> {
         None
     }
+    /// The jobs whose warning grew since the last call, each with its
+    /// warning now: ptraind tells their owners (`gpu-lost`).
+    fn take_new_warnings(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -707,6 +712,8 @@ const MAX_JOB_WARNINGS: usize = 1024;
 pub struct JobWarnings {
     /// (job, GPU index, sentence), oldest first.
     entries: std::collections::VecDeque<(String, u32, String)>,
+    /// Jobs noted since the last [`JobWarnings::take_new`].
+    fresh: BTreeSet<String>,
 }
 
 impl JobWarnings {
@@ -724,6 +731,18 @@ impl JobWarnings {
             index,
             format!("GPU {index} ({uuid}) left the pool while this job ran on it: {reason}"),
         ));
+        self.fresh.insert(job.to_owned());
+    }
+
+    /// The jobs noted since the last call, with their warnings now.
+    pub fn take_new(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.fresh)
+            .into_iter()
+            .filter_map(|job| {
+                let warning = self.of(&job)?;
+                Some((job, warning))
+            })
+            .collect()
     }
 
     /// The job's warnings in one sentence per GPU, or `None`.
@@ -789,6 +808,10 @@ impl GpuInventory for PoolMonitor {
 
     fn job_warning(&self, job: &str) -> Option<String> {
         lock(&self.warnings).of(job)
+    }
+
+    fn take_new_warnings(&self) -> Vec<(String, String)> {
+        lock(&self.warnings).take_new()
     }
 
     fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
@@ -1672,7 +1695,13 @@ mod tests {
              error(s). It may fail or hang: check its output, and `ptrain stop a` if it no \
              longer makes progress"
         );
+        let new: Vec<String> = w.take_new().into_iter().map(|(j, _)| j).collect();
+        assert_eq!(new, ["a", "b"], "each job once");
+        assert!(w.take_new().is_empty(), "taken");
+        w.note("a", 1, "GPU-0001", "lost");
+        assert!(w.take_new().is_empty(), "the same GPU again is no news");
         w.note("a", 3, "GPU-0003", "lost");
+        assert_eq!(w.take_new(), [("a".to_owned(), w.of("a").unwrap())]);
         assert!(w
             .of("a")
             .unwrap()

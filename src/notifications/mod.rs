@@ -65,10 +65,13 @@ pub enum NotifyEvent {
     /// `after_fail` job whose parents succeeded): not a failure.
     NotNeeded,
     Stopped,
+    /// A GPU the running job holds left the pool (lost, uncorrected ECC
+    /// errors): the job may fail or hang. Not an end; told once per job.
+    GpuLost,
 }
 
 impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 8] = [
+    pub const ALL: [NotifyEvent; 9] = [
         NotifyEvent::Started,
         NotifyEvent::Succeeded,
         NotifyEvent::Failed,
@@ -77,6 +80,7 @@ impl NotifyEvent {
         NotifyEvent::DependencyFailed,
         NotifyEvent::NotNeeded,
         NotifyEvent::Stopped,
+        NotifyEvent::GpuLost,
     ];
 
     /// Every end: what a job hears about when it names no `notify_on`.
@@ -100,6 +104,7 @@ impl NotifyEvent {
             NotifyEvent::DependencyFailed => "dependency-failed",
             NotifyEvent::NotNeeded => "not-needed",
             NotifyEvent::Stopped => "stopped",
+            NotifyEvent::GpuLost => "gpu-lost",
         }
     }
 
@@ -258,7 +263,7 @@ pub struct Notice {
 impl Notice {
     pub fn of(record: &JobRecord, event: NotifyEvent, host: &str) -> Notice {
         let mut view = crate::api::JobView::of(record);
-        if event == NotifyEvent::Started {
+        if matches!(event, NotifyEvent::Started | NotifyEvent::GpuLost) {
             // A start tells of the job as it began, even when ptraind first
             // learns of it at its end (a job that ran before it was seen
             // active): no exit, no end, status running.
@@ -290,7 +295,7 @@ impl Notice {
                 .collect(),
             host: host.to_owned(),
             unit: view.unit,
-            results: (event != NotifyEvent::Started)
+            results: (!matches!(event, NotifyEvent::Started | NotifyEvent::GpuLost))
                 .then(|| record.result.clone())
                 .flatten(),
             invocation_id: record.invocation_id.clone(),
@@ -327,7 +332,9 @@ fn channels_of<'a>(config: &'a NotificationsConfig, record: &'a JobRecord) -> &'
 fn wants(record: &JobRecord, event: NotifyEvent) -> bool {
     match &record.spec.notify_on {
         Some(events) => events.contains(&event),
-        None => NotifyEvent::ENDS.contains(&event),
+        // A GPU failing under a job is news its owner wants as much as
+        // the end it may cause.
+        None => NotifyEvent::ENDS.contains(&event) || event == NotifyEvent::GpuLost,
     }
 }
 
@@ -567,6 +574,41 @@ mod tests {
             ("running", "running", Some(10))
         );
         assert_eq!((n.exit_code, n.ended_at, &n.results), (None, None, &None));
+    }
+
+    #[test]
+    fn a_lost_gpu_is_told_by_default_once_and_as_running() {
+        let c = config();
+        let mut r = record(r#"{"version": 1, "command": ["true"]}"#, "alice");
+        r.started_at = Some(10);
+        r.result = Some(serde_json::json!({"loss": 0.1}));
+        assert!(!NotifyEvent::ENDS.contains(&NotifyEvent::GpuLost));
+        let i = intents_for(&c, &r, NotifyEvent::GpuLost, 30);
+        assert_eq!(keys(&i), ["job1.gpu-lost.ops"]);
+        let n = &i[0].notice;
+        assert_eq!(
+            (n.status.as_str(), n.ended_at, &n.results),
+            ("running", None, &None)
+        );
+        r.notifications = i;
+        assert!(
+            intents_for(&c, &r, NotifyEvent::GpuLost, 31).is_empty(),
+            "once"
+        );
+        // A job that names its events hears of it only if it names it.
+        let r = record(
+            r#"{"version": 1, "command": ["true"], "notify_on": ["failed"]}"#,
+            "alice",
+        );
+        assert!(intents_for(&c, &r, NotifyEvent::GpuLost, 1).is_empty());
+        let r = record(
+            r#"{"version": 1, "command": ["true"], "notify_on": ["gpu-lost"]}"#,
+            "alice",
+        );
+        assert_eq!(
+            keys(&intents_for(&c, &r, NotifyEvent::GpuLost, 1)),
+            ["job1.gpu-lost.ops"]
+        );
     }
 
     #[test]

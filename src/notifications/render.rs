@@ -56,6 +56,7 @@ pub fn outcome_words(n: &Notice) -> String {
         NotifyEvent::DependencyFailed => "did not run: a dependency failed".into(),
         NotifyEvent::NotNeeded => "did not run: not needed".into(),
         NotifyEvent::Stopped => "was stopped".into(),
+        NotifyEvent::GpuLost => "lost a GPU".into(),
         NotifyEvent::Failed => match (n.exit_code, n.signal) {
             (Some(code), _) => format!("failed (exit code {code})"),
             (None, Some(sig)) => format!("failed (killed by {})", signal_name(sig)),
@@ -69,7 +70,7 @@ pub fn outcome_words(n: &Notice) -> String {
 pub fn title(n: &Notice) -> String {
     let mut t = format!("job {} {}", n.job_id, outcome_words(n));
     match (n.event, n.duration_micros()) {
-        (NotifyEvent::Started, _) => t.push_str(&format!(" on {}", n.host)),
+        (NotifyEvent::Started | NotifyEvent::GpuLost, _) => t.push_str(&format!(" on {}", n.host)),
         (_, Some(d)) => t.push_str(&format!(" after {}", duration(d))),
         _ => {}
     }
@@ -413,6 +414,10 @@ mod tests {
         assert_eq!(
             title(&notice(NotifyEvent::Started)),
             "job resnet-lr01 started on gpu01"
+        );
+        assert_eq!(
+            title(&notice(NotifyEvent::GpuLost)),
+            "job resnet-lr01 lost a GPU on gpu01"
         );
         let mut killed = notice(NotifyEvent::Failed);
         killed.exit_code = None;

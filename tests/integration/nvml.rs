@@ -371,8 +371,30 @@ fn nvml_min_free_memory_counts_what_the_driver_says_is_used() {
 
 #[test]
 fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
+    use crate::notifications::{HttpServer, Reply};
     let mut gpus = two_gpus();
-    let d = start("nvmlhealth", &gpus, "");
+    // Every job tells its owner's channel, by the admin's default.
+    let hook = HttpServer::start(vec![], Reply::Status(200, "{}"));
+    let d = TestDaemon::start_with(
+        "nvmlhealth",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(render(&gpus)),
+            extra_config: format!(
+                "[notify]\ninitial_backoff = \"200ms\"\ndefault_channels = [\"hook\"]\n\
+                 [channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\n",
+                hook.url("/h")
+            ),
+            ..Opts::default()
+        },
+    );
+    let gpu_lost = || -> Vec<Value> {
+        hook.requests()
+            .iter()
+            .map(|r| r.json())
+            .filter(|b| b["event"] == "gpu-lost")
+            .collect()
+    };
     let (_, view) = gpus_view(&d);
     assert!(view.iter().all(|g| g["state"] == "free"), "{view:#?}");
     let out_line = |i: u32, uuid: &str| format!("GPU {i} ({uuid}) taken out of the pool");
@@ -485,6 +507,30 @@ fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
     // ...and only of the job that held the GPU: hl-two ran on GPU 1 only
     // after it was back.
     assert_eq!(d.status("hl-two").unwrap().get("gpu_warning"), None);
+    // Its owner's channel heard of it once, with the same words.
+    let posted = wait_for("the gpu-lost notification", crate::daemon::WAIT, || {
+        let posted = gpu_lost();
+        (!posted.is_empty()).then_some(posted)
+    });
+    assert_eq!(posted.len(), 1, "{posted:#?}");
+    assert_eq!(posted[0]["job_id"], "hl-hold", "{:#}", posted[0]);
+    assert_eq!(posted[0]["status"], "running", "{:#}", posted[0]);
+    assert!(
+        posted[0]["detail"].as_str().unwrap().starts_with(&said),
+        "{:#}",
+        posted[0]
+    );
+    let hold_end = wait_for(
+        "the end of hl-hold to be posted",
+        crate::daemon::WAIT,
+        || {
+            hook.requests()
+                .iter()
+                .map(|r| r.json())
+                .find(|b| b["job_id"] == "hl-hold" && b["event"] == "succeeded")
+        },
+    );
+    assert_eq!(hold_end["status"], "succeeded");
     // A 1-GPU job is placed on the healthy GPU 1, not the lower index.
     drop_job(&d, "hl-one", "1", false);
     assert_eq!(visible_devices(&d, "hl-one"), UUID1);
@@ -514,6 +560,8 @@ fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
     );
     assert_eq!(log_count(&d, &back_line(0, UUID0)), 1, "{}", d.daemon_log());
     assert_eq!(log_count(&d, &out_line(1, UUID1)), 1, "{}", d.daemon_log());
+    // However often GPU 0 was looked at since: still one.
+    assert_eq!(gpu_lost().len(), 1, "{:#?}", gpu_lost());
     d.assert_alive();
 }
 
