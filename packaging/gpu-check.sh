@@ -29,4 +29,4 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 ${CARGO:-cargo} build --release --quiet --example gpu_check
-exec target/release/examples/gpu_check "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/examples/gpu_check" "$@"

@@ -156,7 +156,7 @@ fi
 [ -z "$(missing_tools)" ] || die "still missing after unpacking $DEBS: $(missing_tools); add their packages there"
 
 # --- the binaries ---------------------------------------------------------
-BIN_SRC=${GPU_E2E_BIN:-$REPO/target/release}
+BIN_SRC=${GPU_E2E_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release}
 if [ ! -x "$BIN_SRC/ptraind" ] || [ ! -x "$BIN_SRC/ptrain" ]; then
     [ -z "${GPU_E2E_BIN:-}" ] || die "GPU_E2E_BIN=$BIN_SRC holds no ptraind and ptrain; build them (cargo build --release) and point it at them"
     command -v "${CARGO:-cargo}" >/dev/null ||
