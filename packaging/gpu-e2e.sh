@@ -46,6 +46,8 @@
 #                    dbus is missing (default packaging/gpu-e2e-debs, filled
 #                    by `packaging/gpu-e2e.sh --fetch-debs DIR` on a machine
 #                    with apt; about 10 MiB, so it travels with the tree)
+#   GPU_E2E_UNPACK=1 unpack GPU_E2E_DEBS even where systemd and dbus are
+#                    installed (to try that path on a machine that has them)
 #   GPU_E2E_KEEP=1   leave the harness running at the end
 #   HARNESS_NAME     default ptrain-gpu-e2e
 #
@@ -115,9 +117,9 @@ missing_tools() {
     [ -x "${SYSTEMD_BIN:-/lib/systemd/systemd}" ] || out+=(systemd)
     echo "${out[*]}"
 }
-if [ -n "$(missing_tools)" ] && [ -z "${GPU_E2E_IN_SYSROOT:-}" ]; then
+if { [ -n "$(missing_tools)" ] || [ "${GPU_E2E_UNPACK:-0}" = 1 ]; } && [ -z "${GPU_E2E_IN_SYSROOT:-}" ]; then
     miss=$(missing_tools)
-    say "missing for the harness: $miss; unpacking Debian packages from $DEBS"
+    say "missing for the harness: ${miss:-nothing (GPU_E2E_UNPACK=1)}; unpacking Debian packages from $DEBS"
     compgen -G "$DEBS/*.deb" >/dev/null ||
         die "no .deb files in $DEBS: on a Debian 12 machine with apt run '$0 --fetch-debs $DEBS' and bring that directory along, or install systemd, dbus and util-linux"
     command -v unshare >/dev/null || die "unshare (util-linux) is missing; it cannot come from a .deb here, as the overlay needs it"
@@ -147,9 +149,10 @@ if [ -n "$(missing_tools)" ] && [ -z "${GPU_E2E_IN_SYSROOT:-}" ]; then
     # shellcheck disable=SC2016 # expanded by the inner shell
     exec unshare --mount --propagation private -- bash -c '
         set -e
-        mkdir -p "$1/work/usr" "$1/work/etc" "$1/upper/usr" "$1/upper/etc" "$1/sysroot/etc"
-        mount -t overlay overlay -o "lowerdir=$1/sysroot/usr:/usr,upperdir=$1/upper/usr,workdir=$1/work/usr" /usr
-        mount -t overlay overlay -o "lowerdir=$1/sysroot/etc:/etc,upperdir=$1/upper/etc,workdir=$1/work/etc" /etc
+        o=$1/overlay
+        rm -rf "$o" && mkdir -p "$o/work/usr" "$o/work/etc" "$o/upper/usr" "$o/upper/etc" "$1/sysroot/etc"
+        mount -t overlay overlay -o "lowerdir=$1/sysroot/usr:/usr,upperdir=$o/upper/usr,workdir=$o/work/usr" /usr
+        mount -t overlay overlay -o "lowerdir=$1/sysroot/etc:/etc,upperdir=$o/upper/etc,workdir=$o/work/etc" /etc
         ldconfig
         shift; exec env GPU_E2E_IN_SYSROOT=1 "$@"' sh "$W" "$0" "$@"
 fi
