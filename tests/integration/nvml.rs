@@ -955,7 +955,7 @@ fn gpu_e2e_script_runs_against_the_fake_driver() {
         "PASS  ptraind started with backend = \"nvml\"",
         "PASS  inventory: ptrain gpus lists the driver's 1 GPU(s) by UUID",
         "PASS  e2e-train runs as ptrain-e2e on GPU 0",
-        "PASS  NVML (ptrain gpus) shows pid ",
+        "PASS  NVML (ptrain gpus) shows the job's process on GPU 0: held by e2e-train; processes: pid ",
         "PASS  e2e-wait waits for the GPU: waiting for 1 GPU",
         "PASS  e2e-train succeeded; its result file: final loss 0.125 after 300 steps",
         "PASS  CUDA saw exactly 1 device, the assigned one",
