@@ -168,6 +168,8 @@ pub struct Daemon {
     never_checked_against: Option<u64>,
     /// When to plan again although nothing happened; see [`Daemon::schedule`].
     gpu_replan_at: Option<tokio::time::Instant>,
+    /// When the GPUs running jobs hold are next looked at (NVML only).
+    gpu_watch_at: Option<tokio::time::Instant>,
     /// The status line systemd shows, coalesced.
     status: StatusLine,
     /// Spool files seen and not yet claimed, taken in turn by owner.
@@ -361,6 +363,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         never_checked_against: None,
         status: StatusLine::default(),
         gpu_replan_at: None,
+        gpu_watch_at: None,
         groups: BTreeMap::new(),
         blocked: HashSet::new(),
         constrained: HashSet::new(),
@@ -1413,6 +1416,34 @@ impl Daemon {
     /// [`GPU_REPLAN_INTERVAL`] as a safety net; declared GPUs change only
     /// through events.
     async fn schedule(&mut self) {
+        self.plan().await;
+        self.watch_held_gpus();
+    }
+
+    /// GPU health changes without any event ptraind could wait on, and
+    /// only a look at the inventory notices: while jobs hold GPUs on NVML,
+    /// ptraind looks every [`GPU_REPLAN_INTERVAL`] even when nobody asks
+    /// (`ptrain gpus`) and no job waits (a plan), so that a GPU failing
+    /// under a job is logged and its owner told within that time. An idle
+    /// ptraind (no job holds a GPU) does not wake up for it.
+    fn watch_held_gpus(&mut self) {
+        if self.held.is_empty() || self.inventory.backend() != "nvml" {
+            self.gpu_watch_at = None;
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if self.gpu_watch_at.is_none_or(|at| at <= now) {
+            // Errors are logged by the plans that need the inventory.
+            let _ = self.inventory.snapshot();
+            self.gpu_watch_at = Some(now + GPU_REPLAN_INTERVAL);
+        }
+        self.announce_gpu_warnings();
+        let at = self.gpu_watch_at.unwrap_or(now + GPU_REPLAN_INTERVAL);
+        self.gpu_replan_at = Some(self.gpu_replan_at.map_or(at, |r| r.min(at)));
+    }
+
+    /// See [`Daemon::schedule`].
+    async fn plan(&mut self) {
         self.gpu_replan_at = None;
         self.schedule_again = false;
         self.announce_gpu_warnings();

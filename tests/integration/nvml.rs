@@ -566,6 +566,56 @@ fn nvml_lost_or_ecc_gpu_leaves_the_pool_once_and_rejoins_when_healthy() {
 }
 
 #[test]
+fn nvml_a_gpu_failing_under_a_job_is_noticed_with_nobody_asking() {
+    use crate::notifications::{HttpServer, Reply};
+    let mut gpus = two_gpus();
+    let hook = HttpServer::start(vec![], Reply::Status(200, "{}"));
+    let d = TestDaemon::start_with(
+        "nvmlwatch",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(render(&gpus)),
+            extra_config: format!(
+                "[notify]\ninitial_backoff = \"200ms\"\ndefault_channels = [\"hook\"]\n\
+                 [channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\n",
+                hook.url("/h")
+            ),
+            ..Opts::default()
+        },
+    );
+    drop_job(&d, "wt-hold", "1", true);
+    assert_eq!(visible_devices(&d, "wt-hold"), UUID0);
+    d.wait_running("wt-hold");
+    // No job waits and nobody runs `ptrain gpus`: only ptraind's own look
+    // at the GPUs its jobs hold can notice. Nothing here talks to ptraind
+    // until the notification arrives.
+    gpus[0].lost = true;
+    set_state(&d, &gpus);
+    let posted = wait_for(
+        "the gpu-lost notification with nobody asking",
+        REPLAN_WAIT,
+        || {
+            hook.requests()
+                .iter()
+                .map(|r| r.json())
+                .find(|b| b["event"] == "gpu-lost")
+        },
+    );
+    assert_eq!(posted["job_id"], "wt-hold", "{posted:#}");
+    let detail = posted["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!(
+            "GPU 0 ({UUID0}) left the pool while this job ran on it: NVML cannot read"
+        )),
+        "{detail}"
+    );
+    let line = format!("GPU 0 ({UUID0}) taken out of the pool");
+    assert_eq!(log_count(&d, &line), 1, "{}", d.daemon_log());
+    std::fs::write(d.workdir(ALICE).join("wt-hold.go"), "").unwrap();
+    assert_eq!(d.wait_ended("wt-hold")["status"], "succeeded");
+}
+
+#[test]
 fn nvml_topology_and_model_place_jobs() {
     // Four GPUs on one NUMA node; 0 and 2 share a PCIe switch, as do 1 and
     // 3; GPU 3 is the only A100.
