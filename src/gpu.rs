@@ -629,6 +629,10 @@ pub const VANISHED: &str =
     "no longer in the inventory (it fell off the bus, or the driver lost it); \
      check `nvidia-smi` and the kernel log, a reset or reboot brings it back";
 
+/// What a held GPU that NVML does not list at all is marked with.
+pub const UNLISTED: &str = "it is not in the inventory, NVML cannot identify it (it fell off the bus, \
+     or the driver lost it); check `nvidia-smi` and the kernel log, a reset or reboot brings it back";
+
 /// Remembers every GPU seen (by UUID) so that one which vanishes or turns
 /// unhealthy is noticed once and stays visible, marked unhealthy. Pure: the
 /// caller logs the changes.
@@ -849,6 +853,16 @@ impl GpuInventory for PoolMonitor {
                     uuid,
                     "GPU {index} ({uuid}) is healthy again and back in the pool"
                 ),
+            }
+        }
+        // A GPU a job holds that is not listed at all was unreadable
+        // before ptraind ever knew it (lost across a restart of ptraind),
+        // so the tracker could not keep it: its job hears of it all the
+        // same.
+        let holders = lock(&self.holders).clone();
+        for (index, job) in holders {
+            if !snapshot.iter().any(|g| g.index == index) {
+                lock(&self.warnings).note(&job, index, "UUID unreadable", UNLISTED);
             }
         }
         Ok(snapshot)
@@ -1776,6 +1790,16 @@ mod tests {
             mon.job_warning("other").unwrap().contains(VANISHED),
             "noted at set_holders"
         );
+        // Held but never seen (unreadable since before a restart).
+        let mon = PoolMonitor::new(Box::new(Shared(fixed.clone())));
+        mon.set_holders(BTreeMap::from([(0, "blind".to_owned())]));
+        mon.snapshot().unwrap();
+        let w = mon.job_warning("blind").unwrap();
+        assert!(
+            w.starts_with("GPU 0 (UUID unreadable) left the pool"),
+            "{w}"
+        );
+        assert_eq!(mon.take_new_warnings().len(), 1);
     }
 
     #[test]

@@ -602,7 +602,7 @@ fn nvml_a_gpu_failing_under_a_job_is_noticed_with_nobody_asking() {
         },
     );
     assert_eq!(posted["job_id"], "wt-hold", "{posted:#}");
-    let detail = posted["detail"].as_str().unwrap();
+    let detail = posted["detail"].as_str().unwrap().to_owned();
     assert!(
         detail.starts_with(&format!(
             "GPU 0 ({UUID0}) left the pool while this job ran on it: NVML cannot read"
@@ -611,6 +611,48 @@ fn nvml_a_gpu_failing_under_a_job_is_noticed_with_nobody_asking() {
     );
     let line = format!("GPU 0 ({UUID0}) taken out of the pool");
     assert_eq!(log_count(&d, &line), 1, "{}", d.daemon_log());
+
+    // A restart (once the notice is recorded as delivered): the warning is
+    // in memory only, and comes back because GPU 0 is still out under the
+    // job; the notification is in the job's record, and is not sent again.
+    let key = "wt-hold.gpu-lost.hook";
+    wait_for(
+        &format!("{key} to be delivered"),
+        crate::daemon::WAIT,
+        || {
+            let out = d.ptrain("root", &["notifications", "--json"]);
+            let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+            list.iter()
+                .any(|n| n["key"] == key && n["state"] == "delivered")
+                .then_some(())
+        },
+    );
+    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+    assert!(ok, "restart: {out}");
+    let again = wait_for(
+        "wt-hold's GPU warning after the restart",
+        crate::daemon::WAIT,
+        || {
+            let s = d.status("wt-hold")?;
+            s["gpu_warning"].as_str().map(str::to_owned)
+        },
+    );
+    // GPU 0 was unreadable before this ptraind ever saw it: it cannot say
+    // which board, only which index and that NVML cannot identify it.
+    assert!(
+        again.starts_with(
+            "GPU 0 (UUID unreadable) left the pool while this job ran on it: it is not in the inventory"
+        ),
+        "{again}"
+    );
+    assert_eq!(d.status("wt-hold").unwrap()["status"], "running");
+    let lost: Vec<Value> = hook
+        .requests()
+        .iter()
+        .map(|r| r.json())
+        .filter(|b| b["event"] == "gpu-lost")
+        .collect();
+    assert_eq!(lost.len(), 1, "told once, restart or not: {lost:#?}");
     std::fs::write(d.workdir(ALICE).join("wt-hold.go"), "").unwrap();
     assert_eq!(d.wait_ended("wt-hold")["status"], "succeeded");
 }
