@@ -80,6 +80,11 @@ pub struct JobView {
     /// from a namesake's. Only `Status` fills it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SpoolSource>,
+    /// Only what ptraind keeps in memory of an older end: the command,
+    /// result, invocation and timeout are not filled in (`ptrain status
+    /// ID` reads them from the job's record).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub summary: bool,
 }
 
 /// A job's exit code, signal and the sentence that says how it ended (or
@@ -210,6 +215,7 @@ impl JobView {
             priority: record.spec.priority,
             gpu_request: record.spec.gpus.describe(),
             source: None,
+            summary: false,
         }
     }
 }

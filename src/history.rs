@@ -92,6 +92,7 @@ impl EndedJob {
             priority: self.priority,
             gpu_request: String::new(),
             source: None,
+            summary: true,
         }
     }
 }
