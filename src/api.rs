@@ -86,6 +86,11 @@ pub struct JobView {
     /// the GPU is still out then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_warning: Option<String>,
+    /// Only what ptraind keeps in memory of an older end: the command,
+    /// result, invocation and timeout are not filled in (`ptrain status
+    /// ID` reads them from the job's record).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub summary: bool,
 }
 
 /// A job's exit code, signal and the sentence that says how it ended (or
@@ -218,6 +223,7 @@ impl JobView {
             gpu_request: record.spec.gpus.describe(),
             source: None,
             gpu_warning: None,
+            summary: false,
         }
     }
 }

@@ -215,6 +215,10 @@ const MAX_EVENT_BATCH: usize = 256;
 /// must not make another user's `ptrain status` wait for all of them
 /// (`make bench`, `responsive.*`). At least one item is done per pass.
 const PASS_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
+/// How many of the most recent ends a listing shows whole (read from
+/// their records); older ones are the summaries kept in memory, marked
+/// `summary` (`ptrain status ID` reads the rest).
+const FULL_ENDS_LISTED: usize = 50;
 /// Most jobs one `List` reply carries (dbus-daemon's default maximum
 /// message on the system bus is 32 MiB).
 const MAX_LIST_ALL: usize = 20_000;
@@ -2394,7 +2398,19 @@ impl Daemon {
             .into_iter()
             .filter_map(|id| self.jobs.get(id))
             .map(|record| self.view(record))
-            .chain(self.history.newest(ended).map(|summary| summary.view()))
+            .chain(
+                self.history
+                    .newest(ended)
+                    .enumerate()
+                    .map(|(newer, summary)| match newer < FULL_ENDS_LISTED {
+                        // The recent ends whole, as `status` shows them.
+                        true => self
+                            .ended_record(&summary.id)
+                            .map(|record| JobView::of(&record))
+                            .unwrap_or_else(|| summary.view()),
+                        false => summary.view(),
+                    }),
+            )
             .collect();
         views.sort_by(|a, b| (a.submitted_at, &a.id).cmp(&(b.submitted_at, &b.id)));
         views

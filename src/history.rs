@@ -93,6 +93,7 @@ impl EndedJob {
             gpu_request: String::new(),
             source: None,
             gpu_warning: None,
+            summary: true,
         }
     }
 }

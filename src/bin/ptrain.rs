@@ -793,8 +793,17 @@ fn print_table(jobs: &[JobView]) {
                 .map(format_duration)
                 .unwrap_or_else(|| "-".into()),
             // The columns before DETAIL and their separators.
-            last_column(&escape(&j.detail), 24 + 17 + 12 + 8 + 20 + 10 + 6, width)
+            last_column(&list_detail(j), 24 + 17 + 12 + 8 + 20 + 10 + 6, width)
         );
+    }
+}
+
+/// The DETAIL column: the job's `name` first (its people's handle for
+/// it), then how it stands.
+fn list_detail(j: &JobView) -> String {
+    match &j.name {
+        Some(name) => format!("[{}] {}", escape(name), escape(&j.detail)),
+        None => escape(&j.detail).into_owned(),
     }
 }
 
@@ -2216,6 +2225,20 @@ fn render_tree(jobs: &[JobView]) -> String {
 #[cfg(test)]
 mod table_tests {
     use super::*;
+
+    #[test]
+    fn list_names_a_job_before_its_detail() {
+        let mut job: JobView = serde_json::from_value(serde_json::json!({
+            "id": "a", "status": "running", "owner": "alice", "uid": 1000,
+            "unit": "ptrain-job@a.service", "command": ["true"],
+            "gpus": [], "gpu_uuids": [], "submitted_at": 1, "detail": "running",
+            "name": "resnet baseline",
+        }))
+        .unwrap();
+        assert_eq!(list_detail(&job), "[resnet baseline] running");
+        job.name = None;
+        assert_eq!(list_detail(&job), "running");
+    }
 
     #[test]
     fn status_shows_the_sweep_parents_limits_and_result() {

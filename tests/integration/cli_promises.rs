@@ -670,7 +670,11 @@ fn status_and_list_show_a_jobs_name_and_comment() {
         .iter()
         .any(|j| j["id"] == "plain" && j["name"].is_null()));
 
+    let table = text(&d.ptrain(ALICE, &["list"]));
+    assert!(table.contains("[ResNet-50 baseline]"), "{table}");
     // Bob sees neither, as he does not see the command.
+    let table = text(&d.ptrain(BOB, &["list"]));
+    assert!(!table.contains("ResNet"), "{table}");
     let out = d.ptrain(BOB, &["status", "named", "--json"]);
     assert!(!text(&out).contains("ResNet"), "{}", text(&out));
     let out = d.ptrain(BOB, &["list", "--json"]);

@@ -317,6 +317,19 @@ fn retention_compacts_the_oldest_finished_jobs() {
     .unwrap();
     let listed: Vec<&str> = listed.iter().map(|j| j["id"].as_str().unwrap()).collect();
     assert_eq!(listed, ["old5", "last"]);
+    // Its id is free again: Bob's new job of that id runs and is reported
+    // as itself, never as the old unit's end (kept loaded a while, ended).
+    d.drop_job(
+        BOB,
+        "old0.json",
+        r#"{"version": 1, "command": ["/bin/sh", "-c", "exit 3"]}"#,
+    );
+    let again = d.wait_ended("old0");
+    assert_eq!(
+        (again["owner"].as_str(), again["exit_code"].as_i64()),
+        (Some(BOB), Some(3)),
+        "{again}"
+    );
 }
 
 #[test]

@@ -206,6 +206,15 @@ fn exits_are_recorded_success_failure_signal_timeout() {
     assert!(shown.contains("failed with exit code 3"), "{shown}");
     let shown = text(&d.ptrain(ALICE, &["status", "ok"]));
     assert!(shown.contains("status:    succeeded\n"), "{shown}");
+    // `list --json` shows recent ends whole, as `status` does.
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_slice(&d.ptrain(ALICE, &["list", "--json"]).stdout).unwrap();
+    let fail3 = listed.iter().find(|j| j["id"] == "fail3").unwrap();
+    assert_eq!(fail3["command"][2], "exit 3", "{fail3}");
+    assert!(fail3["invocation_id"].is_string(), "{fail3}");
+    assert!(fail3.get("summary").is_none(), "{fail3}");
+    let slow = listed.iter().find(|j| j["id"] == "slow").unwrap();
+    assert_eq!(slow["timeout_secs"], 1, "{slow}");
     let list = text(&d.ptrain(BOB, &["list"]));
     for id in ["ok", "fail3", "segv", "slow"] {
         assert!(list.contains(id), "{list}");
