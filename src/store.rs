@@ -1005,3 +1005,42 @@ mod tests {
         assert!(!saved.contains('/') && !saved.contains('\n'));
     }
 }
+#[cfg(test)]
+mod compat {
+    use super::*;
+
+    /// A job file written by the release of 2026-12-01 (an ended, stopped
+    /// job with GPUs, a result and a notification intent): it loads, and
+    /// written back it is the same bytes, so the record's shape is unchanged.
+    const RECORD_2026_12_01: &[u8] = include_bytes!("../tests/fixtures/record-2026-12-01.json");
+
+    #[test]
+    fn a_record_written_by_the_release_of_2026_12_01_loads_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        std::fs::write(dir.path().join("jobs/resnet-1.json"), RECORD_2026_12_01).unwrap();
+        let all = store.load_all().unwrap();
+        assert_eq!(all.len(), 1);
+        let r = &all[0];
+        assert_eq!(r.id.as_str(), "resnet-1");
+        assert_eq!(r.state, JobState::Ended);
+        assert_eq!(
+            r.outcome,
+            Some(Outcome::Stopped {
+                by_uid: 1000,
+                by_name: Some("alice".into())
+            })
+        );
+        assert_eq!(r.status(), "stopped");
+        assert_eq!(r.spec.notify.as_deref(), Some(&["ops".to_string()][..]));
+        assert_eq!(r.spec.notify_on.as_ref().map(|v| v.len()), Some(3));
+        assert_eq!(
+            r.spec.idle_timeout,
+            Some(std::time::Duration::from_secs(1800))
+        );
+        assert_eq!(r.notifications.len(), 1);
+        assert_eq!(r.notifications[0].notice.detail, "stopped by alice");
+        let descriptor = store.descriptor(&r.id).unwrap();
+        assert_eq!(job_file_bytes(r, &descriptor), RECORD_2026_12_01);
+    }
+}
