@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::gpu::GpuInfo;
+use crate::job::explain_exit_status;
 use crate::store::{JobRecord, JobState, Outcome, RejectRecord, SpoolSource};
-use crate::unit::explain_exit_status;
 
 /// One job as `ptrain status --json` and `ptrain list --json` show it.
 /// Fields are only ever added, never renamed.

@@ -68,6 +68,7 @@ pub mod docgen;
 pub mod fsutil;
 pub mod gpu;
 pub mod history;
+pub mod job;
 pub mod kept_units;
 pub mod logs;
 pub mod metrics;

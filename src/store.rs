@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::job::{signal_name, signal_number, JobState, Outcome};
+
 use crate::fsutil::{ensure_dir, fsync_dir, write_atomic, SpareDir};
 use crate::spec::{JobId, JobSpec};
 use crate::users::Owner;
@@ -44,123 +46,6 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
         path: path.to_owned(),
         source,
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum JobState {
-    Queued,
-    /// Recorded before `StartTransientUnit` is called (write-ahead).
-    Launching,
-    Running,
-    Ended,
-}
-
-/// How a job ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum Outcome {
-    Succeeded,
-    Failed {
-        exit_code: i32,
-    },
-    Killed {
-        signal: i32,
-    },
-    Timeout,
-    /// Stopped by ptraind after writing no output for `idle_secs`
-    /// (its `idle_timeout`).
-    IdleTimeout {
-        idle_secs: u64,
-    },
-    Stopped {
-        by_uid: u32,
-        /// Who that is, as ptraind recorded it (older records have none).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        by_name: Option<String>,
-    },
-    LaunchFailed {
-        reason: String,
-    },
-    /// A dependency can never be satisfied: which parent, and why.
-    DependencyFailed {
-        parent: String,
-        reason: String,
-    },
-    /// Never ran, and that is no failure: its dependencies say it is not
-    /// needed (an `after_fail` parent succeeded). Which parent, and why.
-    NotNeeded {
-        parent: String,
-        reason: String,
-    },
-}
-
-impl Outcome {
-    /// Stopped by `uid`; ptraind adds the name when it records the end.
-    pub fn stopped_by(uid: u32) -> Outcome {
-        Outcome::Stopped {
-            by_uid: uid,
-            by_name: None,
-        }
-    }
-
-    /// The one-word status users see in `ptrain list`.
-    pub fn status(&self) -> &'static str {
-        match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed { .. } => "failed",
-            Outcome::Killed { .. } => "killed",
-            Outcome::Timeout => "timeout",
-            Outcome::IdleTimeout { .. } => "idle-timeout",
-            Outcome::Stopped { .. } => "stopped",
-            Outcome::LaunchFailed { .. } => "launch-failed",
-            Outcome::DependencyFailed { .. } => "dependency-failed",
-            Outcome::NotNeeded { .. } => "not-needed",
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        match self {
-            Outcome::Succeeded => "succeeded".into(),
-            Outcome::Failed { exit_code } => format!("failed with exit code {exit_code}"),
-            Outcome::Killed { signal } => format!("killed by signal {}", signal_name(*signal)),
-            Outcome::Timeout => "timed out (stopped at its timeout)".into(),
-            Outcome::IdleTimeout { idle_secs } => format!(
-                "stopped after {} without output (its idle_timeout)",
-                humantime::format_duration(std::time::Duration::from_secs(*idle_secs))
-            ),
-            Outcome::Stopped {
-                by_name: Some(name),
-                ..
-            } => format!("stopped by {name}"),
-            Outcome::Stopped { by_uid, .. } => format!("stopped by uid {by_uid}"),
-            Outcome::LaunchFailed { reason } => format!("could not be launched: {reason}"),
-            Outcome::DependencyFailed { reason, .. } => format!("never ran: {reason}"),
-            Outcome::NotNeeded { reason, .. } => format!("not needed, never ran: {reason}"),
-        }
-    }
-}
-
-pub fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGXCPU => "SIGXCPU",
-        _ => return signal.to_string(),
-    };
-    name.to_string()
 }
 
 /// Where a job came from, to recognise its own spool file after a crash
@@ -330,12 +215,6 @@ impl ExitRecord {
             .unwrap_or(0);
         (self.service_result.clone(), code, status)
     }
-}
-
-/// A signal's number from its name, with or without "SIG".
-pub fn signal_number(name: &str) -> Option<i32> {
-    let name = name.strip_prefix("SIG").unwrap_or(name);
-    (1..=31).find(|n| signal_name(*n).strip_prefix("SIG") == Some(name))
 }
 
 pub struct Store {

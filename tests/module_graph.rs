@@ -26,7 +26,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("api", "logs"),
     ("api", "notifications"),
     ("api", "store"),
-    ("api", "unit"),
     ("chain", "spec"),
     ("config", "logs"),
     ("config", "metrics"),
@@ -42,21 +41,18 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("notifications", "logs"),
     ("notifications", "store"),
     ("policy", "spec"),
-    ("runtime", "spec"),
     ("spec", "chain"),
     ("spec", "logs"),
     ("spec", "notifications"),
     ("store", "notifications"),
     ("store", "spec"),
-    ("unit", "config"),
-    ("unit", "runtime"),
-    ("unit", "store"),
 ];
 
 /// The pure core: modules that take values and `now` and do no I/O, so
 /// they must not name an I/O module or an I/O item of a mixed one.
 const PURE: &[&str] = &[
     "chain",
+    "job",
     "kept_units",
     "policy",
     "resources",

@@ -36,7 +36,7 @@ use tracing::{error, warn};
 
 use crate::api::{ApiError, ApiRequest, JobView};
 use crate::gpu::GpuInfo;
-use crate::store::{JobRecord, JobState, Outcome};
+use crate::store::{JobRecord, JobState};
 use archive::{ArchiveJob, ArchiverCommand, LogUsage};
 use idle::IdleCommand;
 use journal::Selection;
@@ -180,23 +180,6 @@ pub fn validate_idle_timeout(v: &Value) -> Result<Duration, String> {
         ));
     }
     Ok(d)
-}
-
-/// The end a job gets when ptraind stopped it for silence: whatever
-/// systemd reports for the stop (a signal, an exit code, even success if
-/// the job exits cleanly on SIGTERM) is the idle timeout. A runtime
-/// `timeout` that struck first stays a timeout.
-pub fn idle_outcome(idle_timeout_hit: Option<u64>, outcome: Outcome) -> Outcome {
-    match (idle_timeout_hit, &outcome) {
-        (
-            Some(idle_secs),
-            Outcome::Succeeded
-            | Outcome::Failed { .. }
-            | Outcome::Killed { .. }
-            | Outcome::Stopped { .. },
-        ) => Outcome::IdleTimeout { idle_secs },
-        _ => outcome,
-    }
 }
 
 /// The job's GPUs that are busy (utilization above [`GPU_BUSY_PCT`]);
@@ -692,26 +675,6 @@ mod tests {
         let back: crate::spec::JobSpec =
             serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
         assert_eq!(back, spec);
-    }
-
-    #[test]
-    fn idle_stop_becomes_the_outcome_unless_a_timeout_came_first() {
-        let idle = Outcome::IdleTimeout { idle_secs: 60 };
-        for o in [
-            Outcome::Killed { signal: 15 },
-            Outcome::Failed { exit_code: 143 },
-            Outcome::Succeeded,
-            Outcome::Stopped {
-                by_uid: 0,
-                by_name: None,
-            },
-        ] {
-            assert_eq!(idle_outcome(Some(60), o), idle);
-        }
-        assert_eq!(idle_outcome(Some(60), Outcome::Timeout), Outcome::Timeout);
-        assert_eq!(idle_outcome(None, Outcome::Succeeded), Outcome::Succeeded);
-        assert_eq!(idle.status(), "idle-timeout");
-        assert!(idle.describe().contains("1m"), "{}", idle.describe());
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub mod transport;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{JobRecord, Outcome};
+pub use crate::job::NotifyEvent;
+use crate::store::JobRecord;
 
 pub use config::{ChannelKind, NotificationsConfig};
 pub use outbox::{Delivery, DeliveryState, DeliveryView};
@@ -50,84 +51,6 @@ pub use sender::{Notifier, NotifyError, RetryTarget};
 pub const MAX_JOB_CHANNELS: usize = 16;
 /// Longest channel name.
 pub const MAX_CHANNEL_NAME: usize = 64;
-
-/// What happened to a job that a channel can be told about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NotifyEvent {
-    Started,
-    Succeeded,
-    Failed,
-    Timeout,
-    IdleTimeout,
-    DependencyFailed,
-    /// Never ran because its dependencies made it unnecessary (an
-    /// `after_fail` job whose parents succeeded): not a failure.
-    NotNeeded,
-    Stopped,
-}
-
-impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 8] = [
-        NotifyEvent::Started,
-        NotifyEvent::Succeeded,
-        NotifyEvent::Failed,
-        NotifyEvent::Timeout,
-        NotifyEvent::IdleTimeout,
-        NotifyEvent::DependencyFailed,
-        NotifyEvent::NotNeeded,
-        NotifyEvent::Stopped,
-    ];
-
-    /// Every end: what a job hears about when it names no `notify_on`.
-    pub const ENDS: [NotifyEvent; 7] = [
-        NotifyEvent::Succeeded,
-        NotifyEvent::Failed,
-        NotifyEvent::Timeout,
-        NotifyEvent::IdleTimeout,
-        NotifyEvent::DependencyFailed,
-        NotifyEvent::NotNeeded,
-        NotifyEvent::Stopped,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NotifyEvent::Started => "started",
-            NotifyEvent::Succeeded => "succeeded",
-            NotifyEvent::Failed => "failed",
-            NotifyEvent::Timeout => "timeout",
-            NotifyEvent::IdleTimeout => "idle-timeout",
-            NotifyEvent::DependencyFailed => "dependency-failed",
-            NotifyEvent::NotNeeded => "not-needed",
-            NotifyEvent::Stopped => "stopped",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<NotifyEvent> {
-        NotifyEvent::ALL.into_iter().find(|e| e.as_str() == s)
-    }
-
-    /// The event a job's end is announced as. Goes through the outcome's
-    /// status word, so an outcome added later (idle timeout, a failed
-    /// dependency) maps by its name and anything unknown counts as a failure.
-    pub fn of_outcome(outcome: &Outcome) -> NotifyEvent {
-        match outcome.status() {
-            "succeeded" => NotifyEvent::Succeeded,
-            "timeout" => NotifyEvent::Timeout,
-            "idle-timeout" => NotifyEvent::IdleTimeout,
-            "dependency-failed" => NotifyEvent::DependencyFailed,
-            "not-needed" => NotifyEvent::NotNeeded,
-            "stopped" => NotifyEvent::Stopped,
-            _ => NotifyEvent::Failed,
-        }
-    }
-}
-
-impl std::fmt::Display for NotifyEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// `^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`: safe in a file name and in a key,
 /// and without dots, so the key `JOB.EVENT.CHANNEL` splits one way only.
@@ -412,47 +335,7 @@ pub fn check_job(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn events_round_trip_and_map_outcomes() {
-        for e in NotifyEvent::ALL {
-            assert_eq!(NotifyEvent::parse(e.as_str()), Some(e));
-            let json = serde_json::to_string(&e).unwrap();
-            assert_eq!(json, format!("\"{}\"", e.as_str()));
-        }
-        assert_eq!(NotifyEvent::parse("ended"), None);
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Succeeded),
-            NotifyEvent::Succeeded
-        );
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Killed { signal: 9 }),
-            NotifyEvent::Failed
-        );
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::LaunchFailed { reason: "x".into() }),
-            NotifyEvent::Failed
-        );
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Timeout),
-            NotifyEvent::Timeout
-        );
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Stopped {
-                by_uid: 0,
-                by_name: None,
-            }),
-            NotifyEvent::Stopped
-        );
-        // Not needed is its own event, not a failure, and an end.
-        let skipped = Outcome::NotNeeded {
-            parent: "train".into(),
-            reason: "after_fail: train succeeded, so this job is not needed".into(),
-        };
-        assert_eq!(NotifyEvent::of_outcome(&skipped), NotifyEvent::NotNeeded);
-        assert!(NotifyEvent::ENDS.contains(&NotifyEvent::NotNeeded));
-        assert!(!NotifyEvent::ENDS.contains(&NotifyEvent::Started));
-    }
+    use crate::job::Outcome;
 
     fn config() -> NotificationsConfig {
         let text = r#"
