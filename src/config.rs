@@ -66,7 +66,7 @@ pub struct Privacy {
 #[serde(deny_unknown_fields)]
 struct RawJobs {
     read_write_paths: Option<Vec<PathBuf>>,
-    /// "30m" or seconds; checked by [`crate::logs::validate_idle_timeout`].
+    /// "30m" or seconds; checked by [`crate::spec::validate_idle_timeout`].
     idle_timeout: Option<serde_json::Value>,
     idle_requires_gpu_idle: Option<bool>,
     stop_grace: Option<String>,
@@ -329,7 +329,7 @@ impl Config {
             .as_ref()
             .and_then(|j| j.idle_timeout.as_ref())
             .map(|v| {
-                crate::logs::validate_idle_timeout(v).map_err(|m| invalid("jobs.idle_timeout", m))
+                crate::spec::validate_idle_timeout(v).map_err(|m| invalid("jobs.idle_timeout", m))
             })
             .transpose()?;
         let idle_requires_gpu_idle = raw

@@ -18,7 +18,10 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 mod gpu_request;
+mod idle_timeout;
+pub mod notify;
 pub use gpu_request::{GpuRequest, GpuSelector, GPUS_FIELDS, MAX_GPU_INDEX};
+pub use idle_timeout::{validate_idle_timeout, MAX_IDLE_TIMEOUT};
 
 /// The descriptor format version this daemon understands.
 pub const SPEC_VERSION: u64 = 1;
@@ -286,7 +289,7 @@ pub struct JobSpec {
     pub notify: Option<Vec<String>>,
     /// Events to notify about; `None`: every end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub notify_on: Option<Vec<crate::notifications::NotifyEvent>>,
+    pub notify_on: Option<Vec<crate::job::NotifyEvent>>,
     /// Secrets by name: files the owner names, read as the owner when the
     /// job starts and handed to it as systemd credentials (files in
     /// `$CREDENTIALS_DIRECTORY`), never through the environment.
@@ -946,7 +949,7 @@ impl RawSpec {
         let timeout = self.timeout.map(|v| validate_timeout(&v)).transpose()?;
         let idle_timeout = self
             .idle_timeout
-            .map(|v| crate::logs::validate_idle_timeout(&v).map_err(SpecError::IdleTimeout))
+            .map(|v| validate_idle_timeout(&v).map_err(SpecError::IdleTimeout))
             .transpose()?;
         let user = self.user.map(validate_user).transpose()?;
         let name = self
@@ -995,11 +998,11 @@ impl RawSpec {
             };
         let notify = self
             .notify
-            .map(|v| crate::notifications::parse_notify(&v).map_err(SpecError::Notify))
+            .map(|v| notify::parse_notify(&v).map_err(SpecError::Notify))
             .transpose()?;
         let notify_on = self
             .notify_on
-            .map(|v| crate::notifications::parse_notify_on(&v).map_err(SpecError::Notify))
+            .map(|v| notify::parse_notify_on(&v).map_err(SpecError::Notify))
             .transpose()?;
         Ok(JobSpec {
             id,

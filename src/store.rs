@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::job::NotifyEvent;
 pub use crate::job::{signal_name, signal_number, JobState, Outcome};
 
 use crate::fsutil::{ensure_dir, fsync_dir, write_atomic, SpareDir};
@@ -117,7 +118,7 @@ pub struct JobRecord {
     /// The outbox: notification intents, written in the same save as the
     /// transition they announce. Delivery status is in `STATE/outbox/`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub notifications: Vec<crate::notifications::Intent>,
+    pub notifications: Vec<Intent>,
 }
 
 impl JobRecord {
@@ -159,6 +160,63 @@ impl JobRecord {
             (JobState::Running, _) => "running",
         }
     }
+}
+
+/// A notification of the job's outbox, recorded with the transition it
+/// announces (the notifications deliver it; see [`crate::notifications`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    /// `JOB.EVENT.CHANNEL`, see [`crate::notifications::key_of`].
+    pub key: String,
+    pub channel: String,
+    /// Microseconds since the epoch; the retry lifetime counts from here.
+    pub created_at: u64,
+    pub notice: Notice,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticeGpu {
+    pub index: u32,
+    pub uuid: String,
+}
+
+/// The facts of one event, frozen when the intent is recorded, so a
+/// message re-sent after a restart is byte-for-byte the same one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    pub job_id: String,
+    pub owner: String,
+    pub uid: u32,
+    pub event: NotifyEvent,
+    /// The job's status word (`succeeded`, `failed`, `running`...).
+    pub status: String,
+    /// A sentence: what happened and, on failure, why.
+    pub detail: String,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub signal: Option<i32>,
+    pub submitted_at: u64,
+    #[serde(default)]
+    pub started_at: Option<u64>,
+    #[serde(default)]
+    pub ended_at: Option<u64>,
+    #[serde(default)]
+    pub gpus: Vec<NoticeGpu>,
+    pub host: String,
+    pub unit: String,
+    /// What the job wrote to its result file, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<serde_json::Value>,
+    /// The run's systemd invocation, to tell its output from another run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
+    /// The last lines of the job's output
+    /// ([`crate::notifications::tail`]): None until the sender
+    /// reads them, once, before the first attempt; then kept in the outbox
+    /// copy so every attempt and a restart send the same bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<Vec<String>>,
 }
 
 /// Why a spool file was refused, kept in quarantine for its owner.

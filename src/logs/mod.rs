@@ -30,7 +30,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
 use tracing::{error, warn};
 
@@ -42,8 +41,6 @@ use idle::IdleCommand;
 use journal::Selection;
 use retention::{MinFree, RetentionPolicy};
 
-/// Longest accepted `idle_timeout` (as for `timeout`).
-pub const MAX_IDLE_TIMEOUT: Duration = crate::spec::MAX_TIMEOUT;
 /// `ptrain logs` readers one user may have open at once, and all users.
 const MAX_READERS_PER_USER: usize = 16;
 const MAX_READERS: usize = 256;
@@ -149,37 +146,6 @@ impl RawLogsConfig {
             },
         })
     }
-}
-
-/// Parses an `idle_timeout` (descriptor or `[jobs]`): a duration string
-/// or whole seconds, more than 0 and at most [`MAX_IDLE_TIMEOUT`]. The
-/// message says what is wrong and how to write it.
-pub fn validate_idle_timeout(v: &Value) -> Result<Duration, String> {
-    let d = match v {
-        Value::String(s) => humantime::parse_duration(s.trim()).map_err(|e| {
-            format!("{s:?} is not a duration ({e}); write e.g. \"30m\", \"2h\" or a whole number of seconds")
-        })?,
-        Value::Number(n) => n.as_u64().map(Duration::from_secs).ok_or_else(|| {
-            format!("{n} is not a whole, non-negative number of seconds; write e.g. \"30m\" or 1800")
-        })?,
-        other => {
-            return Err(format!(
-                "must be a duration string or a number of seconds, not {}; write e.g. \"30m\"",
-                match other {
-                    Value::Bool(_) => "a boolean",
-                    Value::Array(_) => "an array",
-                    Value::Object(_) => "an object",
-                    _ => "null",
-                }
-            ))
-        }
-    };
-    if d.is_zero() || d > MAX_IDLE_TIMEOUT {
-        return Err(format!(
-            "must be more than 0 and at most 365 days, not {v}; pick a duration in that range or omit the field"
-        ));
-    }
-    Ok(d)
 }
 
 /// The job's GPUs that are busy (utilization above [`GPU_BUSY_PCT`]);
@@ -629,30 +595,6 @@ mod tests {
             assert!(m.contains("write") || m.contains("use"), "{m}");
         }
         assert!(toml::from_str::<RawLogsConfig>("max_ages = 1").is_err());
-    }
-
-    #[test]
-    fn idle_timeout_values() {
-        assert_eq!(
-            validate_idle_timeout(&json!("30m")),
-            Ok(Duration::from_secs(1800))
-        );
-        assert_eq!(
-            validate_idle_timeout(&json!(90)),
-            Ok(Duration::from_secs(90))
-        );
-        for bad in [
-            json!("0s"),
-            json!(0),
-            json!("400d"),
-            json!(-1),
-            json!(1.5),
-            json!("soon"),
-            json!(true),
-        ] {
-            let e = validate_idle_timeout(&bad).unwrap_err();
-            assert!(e.contains("write") || e.contains("pick"), "{bad}: {e}");
-        }
     }
 
     #[test]
