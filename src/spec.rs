@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+pub mod dependencies;
 mod gpu_request;
 mod idle_timeout;
 pub mod notify;
@@ -279,10 +280,10 @@ pub struct JobSpec {
     pub resources: crate::resources::ResourceRequest,
     /// Jobs (or sweeps) this one waits for.
     #[serde(default, flatten)]
-    pub after: crate::chain::Dependencies,
+    pub after: dependencies::Dependencies,
     /// Present only in a descriptor; the stored members have it expanded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sweep: Option<crate::chain::Sweep>,
+    pub sweep: Option<dependencies::Sweep>,
     /// Channels to notify (admin-configured names); `None`: the admin's
     /// default channels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -971,11 +972,11 @@ impl RawSpec {
             .transpose()?
             .unwrap_or_default();
         let ids = |field: &str, v: Option<Value>| {
-            v.map(|v| crate::chain::parse_id_list(field, &v).map_err(SpecError::Chain))
+            v.map(|v| dependencies::parse_id_list(field, &v).map_err(SpecError::Chain))
                 .transpose()
                 .map(Option::unwrap_or_default)
         };
-        let after = crate::chain::Dependencies {
+        let after = dependencies::Dependencies {
             after_ok: ids("after_ok", self.after_ok)?,
             after_fail: ids("after_fail", self.after_fail)?,
             after_any: ids("after_any", self.after_any)?,
@@ -993,7 +994,7 @@ impl RawSpec {
                         .into(),
                 )),
                 (Some(s), mp) => {
-                    Some(crate::chain::parse_sweep(&s, mp.as_ref()).map_err(SpecError::Chain)?)
+                    Some(dependencies::parse_sweep(&s, mp.as_ref()).map_err(SpecError::Chain)?)
                 }
             };
         let notify = self

@@ -25,7 +25,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("api", "config"),
     ("api", "logs"),
     ("api", "notifications"),
-    ("chain", "spec"),
     ("config", "logs"),
     ("config", "metrics"),
     ("config", "notifications"),
@@ -35,7 +34,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("metrics", "notifications"),
     ("notifications", "api"),
     ("notifications", "logs"),
-    ("spec", "chain"),
 ];
 
 /// The pure core: modules that take values and `now` and do no I/O, so
