@@ -416,6 +416,23 @@ impl Config {
     }
 }
 
+/// The policy as the system's group database resolves it: the lookup is
+/// in the config's floor, so [`crate::policy`] stays pure.
+impl crate::policy::Policy {
+    /// [`crate::policy::Policy::resolve`] against the system's group database, warning
+    /// once about groups it does not know.
+    pub fn from_system(cfg: &crate::policy::PolicyConfig) -> crate::policy::Policy {
+        let (policy, unknown) = crate::policy::Policy::resolve(cfg, crate::users::gid_of_group);
+        for name in unknown {
+            tracing::warn!(
+                "config key `policy.groups.{name}`: there is no group {name:?}, so this rule applies to nobody; \
+                 create the group or fix the name, then restart ptraind"
+            );
+        }
+        policy
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -80,6 +80,7 @@ const IO: &[&str] = &[
     "store::Store",
     "store::record_exit",
     "systemd",
+    "users::gid_of_group",
     "users::owner_of_uid",
 ];
 
