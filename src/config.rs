@@ -51,16 +51,7 @@ struct RawConfig {
     privacy: Option<Privacy>,
 }
 
-/// `[privacy]` (Slurm's `PrivateData` is the anchor): what a user sees of
-/// other users' jobs. By default only their id, owner, state and GPUs; the
-/// command, workdir, result, exit and detail only with the admin's consent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Privacy {
-    /// Show every job's details to every user.
-    #[serde(default)]
-    pub show_all_jobs: bool,
-}
+pub use crate::api::Privacy;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -413,6 +404,17 @@ impl Config {
             metrics,
             privacy: raw.privacy.unwrap_or_default(),
         })
+    }
+}
+
+impl From<&Config> for crate::logs::LogSettings {
+    fn from(c: &Config) -> Self {
+        crate::logs::LogSettings {
+            log_dir: c.log_dir.clone(),
+            logs: c.logs.clone(),
+            slice: c.slice.clone(),
+            idle_timeout: c.idle_timeout,
+        }
     }
 }
 

@@ -86,12 +86,14 @@
 //! [`logs`], [`metrics`], [`fsutil`], and [`history`] (in memory, but built
 //! on [`api`]'s views).
 //!
-//! One import cycle is left, among the service wings [`api`], [`config`],
-//! [`logs`], [`metrics`] and [`notifications`]: `api` (the JSON views, the
-//! state task's requests and the D-Bus object, in one module) is imported
-//! by the other three and imports `logs` and `notifications` back; `config`
-//! holds their settings sections and is imported by `api` (privacy) and
-//! `logs` (the whole `Config`). `tests/module_graph.rs` lists its edges.
+//! One import cycle is left, among three service wings: [`api`] (the JSON
+//! views, the state task's requests and the D-Bus object, in one module)
+//! is imported by [`logs`] and [`notifications`] (for the views, the
+//! requests and `ApiError`) and imports both back (to serve output and
+//! deliveries); [`notifications`] also reads [`logs`]' journal for a job's
+//! last lines. `tests/module_graph.rs` lists its edges. Each wing owns its
+//! settings section ([`logs::LogsConfig`], [`api::Privacy`], ...), which
+//! [`config`] loads; [`logs`] takes only its own ([`logs::LogSettings`]).
 
 pub mod api;
 pub mod chain;

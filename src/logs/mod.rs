@@ -322,14 +322,27 @@ fn prepare_log_dir(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// What [`Logs::start`] takes of the config: the logs' own settings only
+/// (`From<&Config>` is the config's).
+#[derive(Clone, Debug)]
+pub struct LogSettings {
+    pub log_dir: PathBuf,
+    pub logs: LogsConfig,
+    /// The slice the job units run in, which the idle watchdog watches.
+    pub slice: String,
+    /// `[jobs] idle_timeout`: the default for jobs that set none.
+    pub idle_timeout: Option<Duration>,
+}
+
 impl Logs {
     /// Prepares the log directory and starts the archiver thread and the
     /// idle-output watchdog; `on_idle` gets the unit of each job silent
     /// for its whole `idle_timeout`. Must run inside the tokio runtime.
     pub fn start(
-        config: &crate::config::Config,
+        settings: impl Into<LogSettings>,
         on_idle: impl Fn(String) + Send + 'static,
     ) -> Logs {
+        let config = settings.into();
         let archiver = match prepare_log_dir(&config.log_dir) {
             Ok(()) => Some(archive::spawn_archiver(
                 config.log_dir.clone(),
