@@ -9,11 +9,22 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::gpu::GpuInfo;
+use crate::job::explain_exit_status;
 use crate::store::{JobRecord, JobState, Outcome, RejectRecord, SpoolSource};
-use crate::unit::explain_exit_status;
 
 /// One job as `ptrain status --json` and `ptrain list --json` show it.
 /// Fields are only ever added, never renamed.
+/// `[privacy]` (Slurm's `PrivateData` is the anchor): what a user sees of
+/// other users' jobs. By default only their id, owner, state and GPUs; the
+/// command, workdir, result, exit and detail only with the admin's consent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Privacy {
+    /// Show every job's details to every user.
+    #[serde(default)]
+    pub show_all_jobs: bool,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobView {
     pub id: String,
@@ -122,7 +133,7 @@ impl JobView {
     /// The view as `caller_uid` may see it: whole for its owner and root
     /// (and for everyone under `[privacy] show_all_jobs`), else only the
     /// id, owner, state, GPUs and times.
-    pub fn as_seen_by(self, caller_uid: u32, privacy: crate::config::Privacy) -> JobView {
+    pub fn as_seen_by(self, caller_uid: u32, privacy: Privacy) -> JobView {
         if privacy.show_all_jobs || caller_uid == 0 || caller_uid == self.uid {
             return self;
         }
@@ -312,7 +323,7 @@ pub enum ApiRequest {
 pub struct DaemonApi {
     pub requests: mpsc::UnboundedSender<ApiRequest>,
     /// `[privacy]`: what callers see of others' jobs.
-    pub privacy: crate::config::Privacy,
+    pub privacy: Privacy,
     /// Serves job output ([`crate::logs`]).
     pub logs: crate::logs::Logs,
     /// The spool directory ptraind watches, for `ptrain submit` when the
@@ -657,7 +668,7 @@ mod tests {
         let mut record = JobRecord::new(spec, owner, source, 0);
         record.result = Some(serde_json::json!({"acc": 1}));
         let view = JobView::of(&record);
-        let private = crate::config::Privacy::default();
+        let private = Privacy::default();
         let shown = serde_json::to_string(&view.clone().as_seen_by(2000, private)).unwrap();
         for secret in [
             "s3cret",
@@ -680,7 +691,7 @@ mod tests {
             (0, private),
             (
                 2000,
-                crate::config::Privacy {
+                Privacy {
                     show_all_jobs: true,
                 },
             ),

@@ -51,22 +51,13 @@ struct RawConfig {
     privacy: Option<Privacy>,
 }
 
-/// `[privacy]` (Slurm's `PrivateData` is the anchor): what a user sees of
-/// other users' jobs. By default only their id, owner, state and GPUs; the
-/// command, workdir, result, exit and detail only with the admin's consent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Privacy {
-    /// Show every job's details to every user.
-    #[serde(default)]
-    pub show_all_jobs: bool,
-}
+pub use crate::api::Privacy;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawJobs {
     read_write_paths: Option<Vec<PathBuf>>,
-    /// "30m" or seconds; checked by [`crate::logs::validate_idle_timeout`].
+    /// "30m" or seconds; checked by [`crate::spec::validate_idle_timeout`].
     idle_timeout: Option<serde_json::Value>,
     idle_requires_gpu_idle: Option<bool>,
     stop_grace: Option<String>,
@@ -329,7 +320,7 @@ impl Config {
             .as_ref()
             .and_then(|j| j.idle_timeout.as_ref())
             .map(|v| {
-                crate::logs::validate_idle_timeout(v).map_err(|m| invalid("jobs.idle_timeout", m))
+                crate::spec::validate_idle_timeout(v).map_err(|m| invalid("jobs.idle_timeout", m))
             })
             .transpose()?;
         let idle_requires_gpu_idle = raw
@@ -413,6 +404,34 @@ impl Config {
             metrics,
             privacy: raw.privacy.unwrap_or_default(),
         })
+    }
+}
+
+impl From<&Config> for crate::logs::LogSettings {
+    fn from(c: &Config) -> Self {
+        crate::logs::LogSettings {
+            log_dir: c.log_dir.clone(),
+            logs: c.logs.clone(),
+            slice: c.slice.clone(),
+            idle_timeout: c.idle_timeout,
+        }
+    }
+}
+
+/// The policy as the system's group database resolves it: the lookup is
+/// in the config's floor, so [`crate::policy`] stays pure.
+impl crate::policy::Policy {
+    /// [`crate::policy::Policy::resolve`] against the system's group database, warning
+    /// once about groups it does not know.
+    pub fn from_system(cfg: &crate::policy::PolicyConfig) -> crate::policy::Policy {
+        let (policy, unknown) = crate::policy::Policy::resolve(cfg, crate::users::gid_of_group);
+        for name in unknown {
+            tracing::warn!(
+                "config key `policy.groups.{name}`: there is no group {name:?}, so this rule applies to nobody; \
+                 create the group or fix the name, then restart ptraind"
+            );
+        }
+        policy
     }
 }
 

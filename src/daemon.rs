@@ -557,7 +557,7 @@ impl Daemon {
     }
 
     /// A running job wrote nothing for its idle timeout: stop it, and it
-    /// ends as `idle-timeout` (see [`crate::logs::idle_outcome`]). With
+    /// ends as `idle-timeout` (see [`crate::job::idle_outcome`]). With
     /// `idle_requires_gpu_idle`, a job whose GPUs still work is left alone
     /// for another window.
     async fn on_idle(&mut self, unit: &str) {
@@ -820,7 +820,7 @@ impl Daemon {
             exec_main_exit: exit.recorded_at,
             ..UnitState::default()
         };
-        let outcome = scheduler::outcome_of_unit(&result, code, status, record.stop_requested_by);
+        let outcome = crate::job::outcome_of_unit(&result, code, status, record.stop_requested_by);
         self.finish(id, outcome, Some(&unit_state)).await;
         true
     }
@@ -2009,7 +2009,7 @@ impl Daemon {
         };
         if state.has_ended() {
             let stop_requested_by = self.jobs[&id].stop_requested_by;
-            let mut outcome = scheduler::outcome_of_unit(
+            let mut outcome = crate::job::outcome_of_unit(
                 &state.result,
                 state.exec_main_code,
                 state.exec_main_status,
@@ -2093,7 +2093,7 @@ impl Daemon {
             return;
         };
         self.stopping_outside.remove(id);
-        let mut outcome = crate::logs::idle_outcome(current.idle_timeout_hit, outcome);
+        let mut outcome = crate::job::idle_outcome(current.idle_timeout_hit, outcome);
         if let Outcome::Stopped {
             by_uid,
             by_name: by_name @ None,

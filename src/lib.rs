@@ -11,7 +11,9 @@
 //!    file relative to the spool's fd without following links and decides
 //!    everything from `fstat` of the open fd (owner, type, link count, size).
 //! 2. [`spec`]: the bytes are parsed into a validated [`spec::JobSpec`]
-//!    (strict, bounded, versioned). Pure: no I/O.
+//!    (strict, bounded, versioned). The descriptor owns its fields' types
+//!    and parsers ([`spec::notify`], [`spec::dependencies`], the
+//!    `idle_timeout` check). Pure: no I/O.
 //! 3. [`store`]: the job is claimed durably into the root-only state
 //!    directory (one file per job, its record and the submitted bytes,
 //!    written whole through the directory's one spare and fsynced,
@@ -34,7 +36,11 @@
 //!    fall short) before the unit is released for garbage collection. A
 //!    job that ends while ptraind is down is recorded by its unit's
 //!    `OnSuccess=`/`OnFailure=` recorder (`ptrain-exit@.service`, `ptraind
-//!    record-exit`) from the facts systemd hands it. An ended unit stays
+//!    record-exit`) from the facts systemd hands it. What the end means is
+//!    [`job`]'s: its state and [`job::Outcome`] (from the unit's end,
+//!    [`job::outcome_of_unit`], relabelled by the idle watchdog,
+//!    [`job::idle_outcome`]), the outcome's status word and sentence, and
+//!    the notification event it raises. Pure. An ended unit stays
 //!    loaded a while for `systemctl status` ([`kept_units`], pure: which to
 //!    release when).
 //! 7. [`daemon`]: the one task that owns the state, receives every event
@@ -58,6 +64,36 @@
 //! [`metrics`] is the optional Prometheus endpoint the state task feeds;
 //! [`docgen`] writes the man pages and shell completions (`make docs`);
 //! [`display`] escapes user-controlled text for human-readable output.
+//!
+//! # Floors
+//!
+//! The pure core takes values (and `now`) and does no I/O: [`spec`],
+//! [`job`], [`chain`], [`scheduler`], [`policy`], [`resources`],
+//! [`kept_units`] and [`unit`](mod@unit). `tests/module_graph.rs` checks
+//! that none of them names an I/O module or an I/O item of a mixed one, and
+//! that no import cycle appears beyond the ones it lists.
+//!
+//! Mixed floors keep pure values beside their I/O, and the core imports
+//! only the values: [`store`] (the record and its outbox intents; `Store`
+//! reads and writes the state directory), [`gpu`] (the snapshot and the
+//! choice of GPUs; NVML), [`runtime`] (the launch file; preparing it writes
+//! files), [`users`] (`Owner`; the passwd and group lookups), [`config`]
+//! (the validated settings; loading the file) and [`notifications`]
+//! (render, retry and pacing are pure; the sender, transports, outbox and
+//! output tail are not).
+//!
+//! The rest is I/O: [`daemon`], [`systemd`], [`api`], [`spool`],
+//! [`logs`], [`metrics`], [`fsutil`], and [`history`] (in memory, but built
+//! on [`api`]'s views).
+//!
+//! One import cycle is left, among three service wings: [`api`] (the JSON
+//! views, the state task's requests and the D-Bus object, in one module)
+//! is imported by [`logs`] and [`notifications`] (for the views, the
+//! requests and `ApiError`) and imports both back (to serve output and
+//! deliveries); [`notifications`] also reads [`logs`]' journal for a job's
+//! last lines. `tests/module_graph.rs` lists its edges. Each wing owns its
+//! settings section ([`logs::LogsConfig`], [`api::Privacy`], ...), which
+//! [`config`] loads; [`logs`] takes only its own ([`logs::LogSettings`]).
 
 pub mod api;
 pub mod chain;
@@ -68,6 +104,7 @@ pub mod docgen;
 pub mod fsutil;
 pub mod gpu;
 pub mod history;
+pub mod job;
 pub mod kept_units;
 pub mod logs;
 pub mod metrics;

@@ -97,17 +97,7 @@ const ACTIVE_STATUSES: [&str; 3] = ["queued", "launching", "running"];
 
 /// Outcomes always in `ptrain_jobs_finished_total`, 0 until a job ends so,
 /// so that a series does not appear out of nowhere.
-pub const OUTCOMES: &[&str] = &[
-    "succeeded",
-    "failed",
-    "killed",
-    "timeout",
-    "idle-timeout",
-    "stopped",
-    "launch-failed",
-    "dependency-failed",
-    "not-needed",
-];
+pub const OUTCOMES: &[&str] = &crate::job::Outcome::STATUSES;
 
 /// A Prometheus histogram of durations, lock-free.
 pub struct Histogram {

@@ -23,9 +23,12 @@
 //! reserves no GPU meanwhile, but its share of the cap is kept: a job
 //! behind it under the same cap counts it as held, so her later small jobs
 //! cannot starve her big one (see [`crate::scheduler`]).
+//!
+//! Pure: group names are resolved to gids by a lookup the caller passes
+//! ([`Policy::resolve`]); the system's is `Policy::from_system`, in
+//! [`crate::config`], over [`crate::users::gid_of_group`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
 
 use serde::Deserialize;
 
@@ -208,19 +211,6 @@ impl Policy {
         (policy, unknown)
     }
 
-    /// [`Policy::resolve`] against the system's group database, warning
-    /// once about groups it does not know.
-    pub fn from_system(cfg: &PolicyConfig) -> Policy {
-        let (policy, unknown) = Policy::resolve(cfg, gid_of_group);
-        for name in unknown {
-            tracing::warn!(
-                "config key `policy.groups.{name}`: there is no group {name:?}, so this rule applies to nobody; \
-                 create the group or fix the name, then restart ptraind"
-            );
-        }
-        policy
-    }
-
     pub fn is_empty(&self) -> bool {
         self.default.is_none() && self.users.is_empty() && self.groups.is_empty()
     }
@@ -252,32 +242,6 @@ impl Policy {
             }
         }
         rules
-    }
-}
-
-/// `getgrnam_r`, the one lookup the policy needs.
-pub(crate) fn gid_of_group(name: &str) -> Option<u32> {
-    let c = CString::new(name).ok()?;
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        // SAFETY: group is plain data; getgrnam_r writes into grp and buf only.
-        let mut grp: libc::group = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::group = std::ptr::null_mut();
-        let rc = unsafe {
-            libc::getgrnam_r(
-                c.as_ptr(),
-                &mut grp,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut result,
-            )
-        };
-        if rc == libc::ERANGE && buf.len() < (1 << 22) {
-            // Large groups list many members; give the lookup more room.
-            buf.resize(buf.len() * 4, 0);
-            continue;
-        }
-        return (rc == 0 && !result.is_null()).then_some(grp.gr_gid);
     }
 }
 
@@ -404,12 +368,5 @@ mod tests {
         assert!(Scope::Group(100).covers(&o));
         assert!(Scope::Group(9).covers(&o));
         assert!(!Scope::Group(8).covers(&o));
-    }
-
-    #[test]
-    fn system_group_lookup() {
-        assert_eq!(gid_of_group("root"), Some(0));
-        assert_eq!(gid_of_group("no-such-group-ptrain-test"), None);
-        assert_eq!(gid_of_group("bad\0name"), None);
     }
 }

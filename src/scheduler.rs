@@ -43,7 +43,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::gpu::{free_memory_mib, is_usable, pick_near, GpuInfo};
 use crate::policy::{Policy, Rule, Scope};
 use crate::spec::{GpuRequest, GpuSelector, JobId};
-use crate::store::Outcome;
 use crate::users::Owner;
 
 /// A queued job as the planner sees it. The queue is given in arrival order.
@@ -635,44 +634,6 @@ pub fn inventory_fingerprint(snapshot: &[GpuInfo]) -> u64 {
         (g.index, &g.uuid, &g.name, g.memory_total_mib).hash(&mut hasher);
     }
     hasher.finish()
-}
-
-/// CLD_* codes systemd reports in ExecMainCode.
-const CLD_EXITED: i32 = 1;
-const CLD_KILLED: i32 = 2;
-const CLD_DUMPED: i32 = 3;
-
-/// What a unit's end means for the job. `stop_requested_by` is set when a
-/// user asked to stop it (systemd then reports a clean SIGTERM).
-pub fn outcome_of_unit(
-    result: &str,
-    exec_main_code: i32,
-    exec_main_status: i32,
-    stop_requested_by: Option<u32>,
-) -> Outcome {
-    // A stop asked for first is the end, even when the job ignored its
-    // SIGTERM and systemd's stop timed out (Result=timeout) into SIGKILL.
-    if let Some(by_uid) = stop_requested_by {
-        return Outcome::Stopped {
-            by_uid,
-            by_name: None,
-        };
-    }
-    if result == "timeout" {
-        return Outcome::Timeout;
-    }
-    match exec_main_code {
-        CLD_EXITED if exec_main_status == 0 && result == "success" => Outcome::Succeeded,
-        CLD_EXITED => Outcome::Failed {
-            exit_code: exec_main_status,
-        },
-        CLD_KILLED | CLD_DUMPED => Outcome::Killed {
-            signal: exec_main_status,
-        },
-        _ => Outcome::LaunchFailed {
-            reason: format!("systemd reports result {result:?} before the command ran"),
-        },
-    }
 }
 
 #[cfg(test)]
@@ -1428,39 +1389,5 @@ mod tests {
         // A single GPU goes where it breaks no pair up.
         let p = run(&[job("one", 1), job("pair", 2)], &snap, &[(0, &h)]);
         assert_eq!(placed(&p), [("one", vec![1]), ("pair", vec![2, 3])]);
-    }
-
-    #[test]
-    fn outcomes() {
-        assert_eq!(outcome_of_unit("success", 1, 0, None), Outcome::Succeeded);
-        assert_eq!(
-            outcome_of_unit("exit-code", 1, 3, None),
-            Outcome::Failed { exit_code: 3 }
-        );
-        assert_eq!(
-            outcome_of_unit("signal", 2, 9, None),
-            Outcome::Killed { signal: 9 }
-        );
-        assert_eq!(
-            outcome_of_unit("core-dump", 3, 11, None),
-            Outcome::Killed { signal: 11 }
-        );
-        assert_eq!(outcome_of_unit("timeout", 2, 15, None), Outcome::Timeout);
-        assert_eq!(
-            outcome_of_unit("success", 2, 15, Some(7)),
-            Outcome::Stopped {
-                by_uid: 7,
-                by_name: None
-            }
-        );
-        assert!(matches!(
-            outcome_of_unit("resources", 0, 0, None),
-            Outcome::LaunchFailed { .. }
-        ));
-        // A stop whose SIGTERM was ignored ends in Result=timeout: stopped.
-        assert_eq!(
-            outcome_of_unit("timeout", 2, 9, Some(7)),
-            Outcome::stopped_by(7)
-        );
     }
 }

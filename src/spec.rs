@@ -17,8 +17,12 @@ use std::time::Duration;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+pub mod dependencies;
 mod gpu_request;
+mod idle_timeout;
+pub mod notify;
 pub use gpu_request::{GpuRequest, GpuSelector, GPUS_FIELDS, MAX_GPU_INDEX};
+pub use idle_timeout::{validate_idle_timeout, MAX_IDLE_TIMEOUT};
 
 /// The descriptor format version this daemon understands.
 pub const SPEC_VERSION: u64 = 1;
@@ -276,17 +280,17 @@ pub struct JobSpec {
     pub resources: crate::resources::ResourceRequest,
     /// Jobs (or sweeps) this one waits for.
     #[serde(default, flatten)]
-    pub after: crate::chain::Dependencies,
+    pub after: dependencies::Dependencies,
     /// Present only in a descriptor; the stored members have it expanded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sweep: Option<crate::chain::Sweep>,
+    pub sweep: Option<dependencies::Sweep>,
     /// Channels to notify (admin-configured names); `None`: the admin's
     /// default channels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<Vec<String>>,
     /// Events to notify about; `None`: every end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub notify_on: Option<Vec<crate::notifications::NotifyEvent>>,
+    pub notify_on: Option<Vec<crate::job::NotifyEvent>>,
     /// Secrets by name: files the owner names, read as the owner when the
     /// job starts and handed to it as systemd credentials (files in
     /// `$CREDENTIALS_DIRECTORY`), never through the environment.
@@ -946,7 +950,7 @@ impl RawSpec {
         let timeout = self.timeout.map(|v| validate_timeout(&v)).transpose()?;
         let idle_timeout = self
             .idle_timeout
-            .map(|v| crate::logs::validate_idle_timeout(&v).map_err(SpecError::IdleTimeout))
+            .map(|v| validate_idle_timeout(&v).map_err(SpecError::IdleTimeout))
             .transpose()?;
         let user = self.user.map(validate_user).transpose()?;
         let name = self
@@ -968,11 +972,11 @@ impl RawSpec {
             .transpose()?
             .unwrap_or_default();
         let ids = |field: &str, v: Option<Value>| {
-            v.map(|v| crate::chain::parse_id_list(field, &v).map_err(SpecError::Chain))
+            v.map(|v| dependencies::parse_id_list(field, &v).map_err(SpecError::Chain))
                 .transpose()
                 .map(Option::unwrap_or_default)
         };
-        let after = crate::chain::Dependencies {
+        let after = dependencies::Dependencies {
             after_ok: ids("after_ok", self.after_ok)?,
             after_fail: ids("after_fail", self.after_fail)?,
             after_any: ids("after_any", self.after_any)?,
@@ -990,16 +994,16 @@ impl RawSpec {
                         .into(),
                 )),
                 (Some(s), mp) => {
-                    Some(crate::chain::parse_sweep(&s, mp.as_ref()).map_err(SpecError::Chain)?)
+                    Some(dependencies::parse_sweep(&s, mp.as_ref()).map_err(SpecError::Chain)?)
                 }
             };
         let notify = self
             .notify
-            .map(|v| crate::notifications::parse_notify(&v).map_err(SpecError::Notify))
+            .map(|v| notify::parse_notify(&v).map_err(SpecError::Notify))
             .transpose()?;
         let notify_on = self
             .notify_on
-            .map(|v| crate::notifications::parse_notify_on(&v).map_err(SpecError::Notify))
+            .map(|v| notify::parse_notify_on(&v).map_err(SpecError::Notify))
             .transpose()?;
         Ok(JobSpec {
             id,

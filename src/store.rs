@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::job::NotifyEvent;
+pub use crate::job::{signal_name, signal_number, JobState, Outcome};
+
 use crate::fsutil::{ensure_dir, fsync_dir, write_atomic, SpareDir};
 use crate::spec::{JobId, JobSpec};
 use crate::users::Owner;
@@ -44,123 +47,6 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
         path: path.to_owned(),
         source,
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum JobState {
-    Queued,
-    /// Recorded before `StartTransientUnit` is called (write-ahead).
-    Launching,
-    Running,
-    Ended,
-}
-
-/// How a job ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum Outcome {
-    Succeeded,
-    Failed {
-        exit_code: i32,
-    },
-    Killed {
-        signal: i32,
-    },
-    Timeout,
-    /// Stopped by ptraind after writing no output for `idle_secs`
-    /// (its `idle_timeout`).
-    IdleTimeout {
-        idle_secs: u64,
-    },
-    Stopped {
-        by_uid: u32,
-        /// Who that is, as ptraind recorded it (older records have none).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        by_name: Option<String>,
-    },
-    LaunchFailed {
-        reason: String,
-    },
-    /// A dependency can never be satisfied: which parent, and why.
-    DependencyFailed {
-        parent: String,
-        reason: String,
-    },
-    /// Never ran, and that is no failure: its dependencies say it is not
-    /// needed (an `after_fail` parent succeeded). Which parent, and why.
-    NotNeeded {
-        parent: String,
-        reason: String,
-    },
-}
-
-impl Outcome {
-    /// Stopped by `uid`; ptraind adds the name when it records the end.
-    pub fn stopped_by(uid: u32) -> Outcome {
-        Outcome::Stopped {
-            by_uid: uid,
-            by_name: None,
-        }
-    }
-
-    /// The one-word status users see in `ptrain list`.
-    pub fn status(&self) -> &'static str {
-        match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed { .. } => "failed",
-            Outcome::Killed { .. } => "killed",
-            Outcome::Timeout => "timeout",
-            Outcome::IdleTimeout { .. } => "idle-timeout",
-            Outcome::Stopped { .. } => "stopped",
-            Outcome::LaunchFailed { .. } => "launch-failed",
-            Outcome::DependencyFailed { .. } => "dependency-failed",
-            Outcome::NotNeeded { .. } => "not-needed",
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        match self {
-            Outcome::Succeeded => "succeeded".into(),
-            Outcome::Failed { exit_code } => format!("failed with exit code {exit_code}"),
-            Outcome::Killed { signal } => format!("killed by signal {}", signal_name(*signal)),
-            Outcome::Timeout => "timed out (stopped at its timeout)".into(),
-            Outcome::IdleTimeout { idle_secs } => format!(
-                "stopped after {} without output (its idle_timeout)",
-                humantime::format_duration(std::time::Duration::from_secs(*idle_secs))
-            ),
-            Outcome::Stopped {
-                by_name: Some(name),
-                ..
-            } => format!("stopped by {name}"),
-            Outcome::Stopped { by_uid, .. } => format!("stopped by uid {by_uid}"),
-            Outcome::LaunchFailed { reason } => format!("could not be launched: {reason}"),
-            Outcome::DependencyFailed { reason, .. } => format!("never ran: {reason}"),
-            Outcome::NotNeeded { reason, .. } => format!("not needed, never ran: {reason}"),
-        }
-    }
-}
-
-pub fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGXCPU => "SIGXCPU",
-        _ => return signal.to_string(),
-    };
-    name.to_string()
 }
 
 /// Where a job came from, to recognise its own spool file after a crash
@@ -232,7 +118,7 @@ pub struct JobRecord {
     /// The outbox: notification intents, written in the same save as the
     /// transition they announce. Delivery status is in `STATE/outbox/`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub notifications: Vec<crate::notifications::Intent>,
+    pub notifications: Vec<Intent>,
 }
 
 impl JobRecord {
@@ -274,6 +160,63 @@ impl JobRecord {
             (JobState::Running, _) => "running",
         }
     }
+}
+
+/// A notification of the job's outbox, recorded with the transition it
+/// announces (the notifications deliver it; see [`crate::notifications`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    /// `JOB.EVENT.CHANNEL`, see [`crate::notifications::key_of`].
+    pub key: String,
+    pub channel: String,
+    /// Microseconds since the epoch; the retry lifetime counts from here.
+    pub created_at: u64,
+    pub notice: Notice,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticeGpu {
+    pub index: u32,
+    pub uuid: String,
+}
+
+/// The facts of one event, frozen when the intent is recorded, so a
+/// message re-sent after a restart is byte-for-byte the same one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    pub job_id: String,
+    pub owner: String,
+    pub uid: u32,
+    pub event: NotifyEvent,
+    /// The job's status word (`succeeded`, `failed`, `running`...).
+    pub status: String,
+    /// A sentence: what happened and, on failure, why.
+    pub detail: String,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub signal: Option<i32>,
+    pub submitted_at: u64,
+    #[serde(default)]
+    pub started_at: Option<u64>,
+    #[serde(default)]
+    pub ended_at: Option<u64>,
+    #[serde(default)]
+    pub gpus: Vec<NoticeGpu>,
+    pub host: String,
+    pub unit: String,
+    /// What the job wrote to its result file, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<serde_json::Value>,
+    /// The run's systemd invocation, to tell its output from another run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
+    /// The last lines of the job's output
+    /// ([`crate::notifications::tail`]): None until the sender
+    /// reads them, once, before the first attempt; then kept in the outbox
+    /// copy so every attempt and a restart send the same bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<Vec<String>>,
 }
 
 /// Why a spool file was refused, kept in quarantine for its owner.
@@ -330,12 +273,6 @@ impl ExitRecord {
             .unwrap_or(0);
         (self.service_result.clone(), code, status)
     }
-}
-
-/// A signal's number from its name, with or without "SIG".
-pub fn signal_number(name: &str) -> Option<i32> {
-    let name = name.strip_prefix("SIG").unwrap_or(name);
-    (1..=31).find(|n| signal_name(*n).strip_prefix("SIG") == Some(name))
 }
 
 pub struct Store {
@@ -1003,5 +940,44 @@ mod tests {
         assert_eq!(listed[0].reason, "bad");
         let saved = listed[0].saved_as.as_ref().unwrap();
         assert!(!saved.contains('/') && !saved.contains('\n'));
+    }
+}
+#[cfg(test)]
+mod compat {
+    use super::*;
+
+    /// A job file written by the release of 2026-12-01 (an ended, stopped
+    /// job with GPUs, a result and a notification intent): it loads, and
+    /// written back it is the same bytes, so the record's shape is unchanged.
+    const RECORD_2026_12_01: &[u8] = include_bytes!("../tests/fixtures/record-2026-12-01.json");
+
+    #[test]
+    fn a_record_written_by_the_release_of_2026_12_01_loads_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        std::fs::write(dir.path().join("jobs/resnet-1.json"), RECORD_2026_12_01).unwrap();
+        let all = store.load_all().unwrap();
+        assert_eq!(all.len(), 1);
+        let r = &all[0];
+        assert_eq!(r.id.as_str(), "resnet-1");
+        assert_eq!(r.state, JobState::Ended);
+        assert_eq!(
+            r.outcome,
+            Some(Outcome::Stopped {
+                by_uid: 1000,
+                by_name: Some("alice".into())
+            })
+        );
+        assert_eq!(r.status(), "stopped");
+        assert_eq!(r.spec.notify.as_deref(), Some(&["ops".to_string()][..]));
+        assert_eq!(r.spec.notify_on.as_ref().map(|v| v.len()), Some(3));
+        assert_eq!(
+            r.spec.idle_timeout,
+            Some(std::time::Duration::from_secs(1800))
+        );
+        assert_eq!(r.notifications.len(), 1);
+        assert_eq!(r.notifications[0].notice.detail, "stopped by alice");
+        let descriptor = store.descriptor(&r.id).unwrap();
+        assert_eq!(job_file_bytes(r, &descriptor), RECORD_2026_12_01);
     }
 }

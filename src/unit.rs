@@ -272,19 +272,6 @@ pub fn job_unit_properties(
     props
 }
 
-/// What systemd's special exit statuses (set when it fails to set up the
-/// process, before the command runs) mean for a user.
-pub fn explain_exit_status(status: i32) -> Option<&'static str> {
-    Some(match status {
-        200 => "the working directory does not exist or is not accessible to the job's user",
-        203 => "the command was not found or is not executable by the job's user",
-        216 => "the job's group could not be set",
-        217 => "the job's user could not be set",
-        226 => "a path in ReadWritePaths (the workdir) does not exist",
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

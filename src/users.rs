@@ -137,6 +137,32 @@ impl OwnerCache {
     }
 }
 
+/// `getgrnam_r`, the one lookup the policy needs.
+pub fn gid_of_group(name: &str) -> Option<u32> {
+    let c = CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // SAFETY: group is plain data; getgrnam_r writes into grp and buf only.
+        let mut grp: libc::group = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::group = std::ptr::null_mut();
+        let rc = unsafe {
+            libc::getgrnam_r(
+                c.as_ptr(),
+                &mut grp,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut result,
+            )
+        };
+        if rc == libc::ERANGE && buf.len() < (1 << 22) {
+            // Large groups list many members; give the lookup more room.
+            buf.resize(buf.len() * 4, 0);
+            continue;
+        }
+        return (rc == 0 && !result.is_null()).then_some(grp.gr_gid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +199,12 @@ mod tests {
         assert_eq!(root.name, "root");
         assert_eq!(uid_of_name("root"), Some(0));
         assert!(owner_of_uid(3_999_999_999).is_none());
+    }
+
+    #[test]
+    fn system_group_lookup() {
+        assert_eq!(gid_of_group("root"), Some(0));
+        assert_eq!(gid_of_group("no-such-group-ptrain-test"), None);
+        assert_eq!(gid_of_group("bad\0name"), None);
     }
 }

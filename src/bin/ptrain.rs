@@ -2408,6 +2408,11 @@ mod table_tests {
     }
 
     #[test]
+    fn the_status_words_hold_every_outcome_of_the_job_model() {
+        assert_eq!(STATUS_WORDS[3..12], ptrain::job::Outcome::STATUSES);
+    }
+
+    #[test]
     fn every_status_word_is_known_to_the_filter() {
         use clap::CommandFactory;
         let err = Cli::command()

@@ -105,7 +105,7 @@ impl Host {
             cgroup_root: PathBuf::from(CGROUP_ROOT),
             inventory: read_inventory(&config.gpus),
             user_exists: |name| crate::users::uid_of_name(name).is_some(),
-            group_exists: |name| crate::policy::gid_of_group(name).is_some(),
+            group_exists: |name| crate::users::gid_of_group(name).is_some(),
         }
     }
 }

@@ -30,20 +30,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
 use tracing::{error, warn};
 
 use crate::api::{ApiError, ApiRequest, JobView};
 use crate::gpu::GpuInfo;
-use crate::store::{JobRecord, JobState, Outcome};
+use crate::store::{JobRecord, JobState};
 use archive::{ArchiveJob, ArchiverCommand, LogUsage};
 use idle::IdleCommand;
 use journal::Selection;
 use retention::{MinFree, RetentionPolicy};
 
-/// Longest accepted `idle_timeout` (as for `timeout`).
-pub const MAX_IDLE_TIMEOUT: Duration = crate::spec::MAX_TIMEOUT;
 /// `ptrain logs` readers one user may have open at once, and all users.
 const MAX_READERS_PER_USER: usize = 16;
 const MAX_READERS: usize = 256;
@@ -148,54 +145,6 @@ impl RawLogsConfig {
                 min_free,
             },
         })
-    }
-}
-
-/// Parses an `idle_timeout` (descriptor or `[jobs]`): a duration string
-/// or whole seconds, more than 0 and at most [`MAX_IDLE_TIMEOUT`]. The
-/// message says what is wrong and how to write it.
-pub fn validate_idle_timeout(v: &Value) -> Result<Duration, String> {
-    let d = match v {
-        Value::String(s) => humantime::parse_duration(s.trim()).map_err(|e| {
-            format!("{s:?} is not a duration ({e}); write e.g. \"30m\", \"2h\" or a whole number of seconds")
-        })?,
-        Value::Number(n) => n.as_u64().map(Duration::from_secs).ok_or_else(|| {
-            format!("{n} is not a whole, non-negative number of seconds; write e.g. \"30m\" or 1800")
-        })?,
-        other => {
-            return Err(format!(
-                "must be a duration string or a number of seconds, not {}; write e.g. \"30m\"",
-                match other {
-                    Value::Bool(_) => "a boolean",
-                    Value::Array(_) => "an array",
-                    Value::Object(_) => "an object",
-                    _ => "null",
-                }
-            ))
-        }
-    };
-    if d.is_zero() || d > MAX_IDLE_TIMEOUT {
-        return Err(format!(
-            "must be more than 0 and at most 365 days, not {v}; pick a duration in that range or omit the field"
-        ));
-    }
-    Ok(d)
-}
-
-/// The end a job gets when ptraind stopped it for silence: whatever
-/// systemd reports for the stop (a signal, an exit code, even success if
-/// the job exits cleanly on SIGTERM) is the idle timeout. A runtime
-/// `timeout` that struck first stays a timeout.
-pub fn idle_outcome(idle_timeout_hit: Option<u64>, outcome: Outcome) -> Outcome {
-    match (idle_timeout_hit, &outcome) {
-        (
-            Some(idle_secs),
-            Outcome::Succeeded
-            | Outcome::Failed { .. }
-            | Outcome::Killed { .. }
-            | Outcome::Stopped { .. },
-        ) => Outcome::IdleTimeout { idle_secs },
-        _ => outcome,
     }
 }
 
@@ -373,14 +322,27 @@ fn prepare_log_dir(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// What [`Logs::start`] takes of the config: the logs' own settings only
+/// (`From<&Config>` is the config's).
+#[derive(Clone, Debug)]
+pub struct LogSettings {
+    pub log_dir: PathBuf,
+    pub logs: LogsConfig,
+    /// The slice the job units run in, which the idle watchdog watches.
+    pub slice: String,
+    /// `[jobs] idle_timeout`: the default for jobs that set none.
+    pub idle_timeout: Option<Duration>,
+}
+
 impl Logs {
     /// Prepares the log directory and starts the archiver thread and the
     /// idle-output watchdog; `on_idle` gets the unit of each job silent
     /// for its whole `idle_timeout`. Must run inside the tokio runtime.
     pub fn start(
-        config: &crate::config::Config,
+        settings: impl Into<LogSettings>,
         on_idle: impl Fn(String) + Send + 'static,
     ) -> Logs {
+        let config = settings.into();
         let archiver = match prepare_log_dir(&config.log_dir) {
             Ok(()) => Some(archive::spawn_archiver(
                 config.log_dir.clone(),
@@ -649,30 +611,6 @@ mod tests {
     }
 
     #[test]
-    fn idle_timeout_values() {
-        assert_eq!(
-            validate_idle_timeout(&json!("30m")),
-            Ok(Duration::from_secs(1800))
-        );
-        assert_eq!(
-            validate_idle_timeout(&json!(90)),
-            Ok(Duration::from_secs(90))
-        );
-        for bad in [
-            json!("0s"),
-            json!(0),
-            json!("400d"),
-            json!(-1),
-            json!(1.5),
-            json!("soon"),
-            json!(true),
-        ] {
-            let e = validate_idle_timeout(&bad).unwrap_err();
-            assert!(e.contains("write") || e.contains("pick"), "{bad}: {e}");
-        }
-    }
-
-    #[test]
     fn descriptor_accepts_idle_timeout() {
         let spec = crate::spec::parse_spec(
             br#"{"version": 1, "command": ["x"], "idle_timeout": "2s"}"#,
@@ -692,26 +630,6 @@ mod tests {
         let back: crate::spec::JobSpec =
             serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
         assert_eq!(back, spec);
-    }
-
-    #[test]
-    fn idle_stop_becomes_the_outcome_unless_a_timeout_came_first() {
-        let idle = Outcome::IdleTimeout { idle_secs: 60 };
-        for o in [
-            Outcome::Killed { signal: 15 },
-            Outcome::Failed { exit_code: 143 },
-            Outcome::Succeeded,
-            Outcome::Stopped {
-                by_uid: 0,
-                by_name: None,
-            },
-        ] {
-            assert_eq!(idle_outcome(Some(60), o), idle);
-        }
-        assert_eq!(idle_outcome(Some(60), Outcome::Timeout), Outcome::Timeout);
-        assert_eq!(idle_outcome(None, Outcome::Succeeded), Outcome::Succeeded);
-        assert_eq!(idle.status(), "idle-timeout");
-        assert!(idle.describe().contains("1m"), "{}", idle.describe());
     }
 
     #[test]

@@ -38,177 +38,15 @@ pub mod sender;
 pub mod tail;
 pub mod transport;
 
-use serde::{Deserialize, Serialize};
-
-use crate::store::{JobRecord, Outcome};
+pub use crate::job::NotifyEvent;
+use crate::store::JobRecord;
+pub use crate::store::{Intent, Notice, NoticeGpu};
 
 pub use config::{ChannelKind, NotificationsConfig};
 pub use outbox::{Delivery, DeliveryState, DeliveryView};
 pub use sender::{Notifier, NotifyError, RetryTarget};
 
-/// Most channels one job may name in `notify`.
-pub const MAX_JOB_CHANNELS: usize = 16;
-/// Longest channel name.
-pub const MAX_CHANNEL_NAME: usize = 64;
-
-/// What happened to a job that a channel can be told about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NotifyEvent {
-    Started,
-    Succeeded,
-    Failed,
-    Timeout,
-    IdleTimeout,
-    DependencyFailed,
-    /// Never ran because its dependencies made it unnecessary (an
-    /// `after_fail` job whose parents succeeded): not a failure.
-    NotNeeded,
-    Stopped,
-    /// A GPU the running job holds left the pool (lost, uncorrected ECC
-    /// errors): the job may fail or hang. Not an end; told once per job.
-    GpuLost,
-}
-
-impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 9] = [
-        NotifyEvent::Started,
-        NotifyEvent::Succeeded,
-        NotifyEvent::Failed,
-        NotifyEvent::Timeout,
-        NotifyEvent::IdleTimeout,
-        NotifyEvent::DependencyFailed,
-        NotifyEvent::NotNeeded,
-        NotifyEvent::Stopped,
-        NotifyEvent::GpuLost,
-    ];
-
-    /// Every end: what a job hears about when it names no `notify_on`.
-    pub const ENDS: [NotifyEvent; 7] = [
-        NotifyEvent::Succeeded,
-        NotifyEvent::Failed,
-        NotifyEvent::Timeout,
-        NotifyEvent::IdleTimeout,
-        NotifyEvent::DependencyFailed,
-        NotifyEvent::NotNeeded,
-        NotifyEvent::Stopped,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NotifyEvent::Started => "started",
-            NotifyEvent::Succeeded => "succeeded",
-            NotifyEvent::Failed => "failed",
-            NotifyEvent::Timeout => "timeout",
-            NotifyEvent::IdleTimeout => "idle-timeout",
-            NotifyEvent::DependencyFailed => "dependency-failed",
-            NotifyEvent::NotNeeded => "not-needed",
-            NotifyEvent::Stopped => "stopped",
-            NotifyEvent::GpuLost => "gpu-lost",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<NotifyEvent> {
-        NotifyEvent::ALL.into_iter().find(|e| e.as_str() == s)
-    }
-
-    /// The event a job's end is announced as. Goes through the outcome's
-    /// status word, so an outcome added later (idle timeout, a failed
-    /// dependency) maps by its name and anything unknown counts as a failure.
-    pub fn of_outcome(outcome: &Outcome) -> NotifyEvent {
-        match outcome.status() {
-            "succeeded" => NotifyEvent::Succeeded,
-            "timeout" => NotifyEvent::Timeout,
-            "idle-timeout" => NotifyEvent::IdleTimeout,
-            "dependency-failed" => NotifyEvent::DependencyFailed,
-            "not-needed" => NotifyEvent::NotNeeded,
-            "stopped" => NotifyEvent::Stopped,
-            _ => NotifyEvent::Failed,
-        }
-    }
-}
-
-impl std::fmt::Display for NotifyEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// `^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`: safe in a file name and in a key,
-/// and without dots, so the key `JOB.EVENT.CHANNEL` splits one way only.
-pub fn is_valid_channel_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= MAX_CHANNEL_NAME
-        && b[0].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
-}
-
-/// Descriptor field `notify`: channel names the admin configured. Whether
-/// they exist is checked at ingestion ([`check_job`]); here only the form.
-pub fn parse_notify(v: &serde_json::Value) -> Result<Vec<String>, String> {
-    const HINT: &str = "write e.g. \"notify\": [\"ops-wecom\", \"alice-mail\"]";
-    let Some(items) = v.as_array() else {
-        return Err(format!(
-            "field `notify` must be an array of channel names; {HINT}"
-        ));
-    };
-    if items.len() > MAX_JOB_CHANNELS {
-        return Err(format!(
-            "field `notify` names {} channels, more than the limit of {MAX_JOB_CHANNELS}; name fewer",
-            items.len()
-        ));
-    }
-    let mut names: Vec<String> = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let Some(name) = item.as_str() else {
-            return Err(format!("field `notify[{i}]` must be a string; {HINT}"));
-        };
-        if !is_valid_channel_name(name) {
-            let shown: String = name.chars().take(MAX_CHANNEL_NAME).collect();
-            return Err(format!(
-                "field `notify[{i}]` {shown:?} is not a channel name (1 to {MAX_CHANNEL_NAME} of A-Z a-z 0-9 _ -); \
-                 name a channel the admin configured, never a URL or an address"
-            ));
-        }
-        if names.iter().any(|n| n == name) {
-            return Err(format!(
-                "field `notify` names channel {name:?} twice; list it once"
-            ));
-        }
-        names.push(name.to_owned());
-    }
-    Ok(names)
-}
-
-/// Descriptor field `notify_on`: the events to be told about.
-pub fn parse_notify_on(v: &serde_json::Value) -> Result<Vec<NotifyEvent>, String> {
-    let known = NotifyEvent::ALL
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let Some(items) = v.as_array() else {
-        return Err(format!(
-            "field `notify_on` must be an array of events ({known}); write e.g. \"notify_on\": [\"failed\", \"timeout\"]"
-        ));
-    };
-    let mut events = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let event = item
-            .as_str()
-            .and_then(NotifyEvent::parse)
-            .ok_or_else(|| format!("field `notify_on[{i}]` must be one of {known}"))?;
-        if events.contains(&event) {
-            return Err(format!(
-                "field `notify_on` lists \"{event}\" twice; list it once"
-            ));
-        }
-        events.push(event);
-    }
-    Ok(events)
-}
+pub use crate::spec::notify::{is_valid_channel_name, MAX_CHANNEL_NAME, MAX_JOB_CHANNELS};
 
 /// The idempotency key of one notification.
 pub fn key_of(job_id: &str, event: NotifyEvent, channel: &str) -> String {
@@ -216,50 +54,6 @@ pub fn key_of(job_id: &str, event: NotifyEvent, channel: &str) -> String {
 }
 
 /// A GPU as notifications show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NoticeGpu {
-    pub index: u32,
-    pub uuid: String,
-}
-
-/// The facts of one event, frozen when the intent is recorded, so a
-/// message re-sent after a restart is byte-for-byte the same one.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Notice {
-    pub job_id: String,
-    pub owner: String,
-    pub uid: u32,
-    pub event: NotifyEvent,
-    /// The job's status word (`succeeded`, `failed`, `running`...).
-    pub status: String,
-    /// A sentence: what happened and, on failure, why.
-    pub detail: String,
-    #[serde(default)]
-    pub exit_code: Option<i32>,
-    #[serde(default)]
-    pub signal: Option<i32>,
-    pub submitted_at: u64,
-    #[serde(default)]
-    pub started_at: Option<u64>,
-    #[serde(default)]
-    pub ended_at: Option<u64>,
-    #[serde(default)]
-    pub gpus: Vec<NoticeGpu>,
-    pub host: String,
-    pub unit: String,
-    /// What the job wrote to its result file, if anything.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub results: Option<serde_json::Value>,
-    /// The run's systemd invocation, to tell its output from another run's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub invocation_id: Option<String>,
-    /// The last lines of the job's output ([`tail`]): None until the sender
-    /// reads them, once, before the first attempt; then kept in the outbox
-    /// copy so every attempt and a restart send the same bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_tail: Option<Vec<String>>,
-}
-
 impl Notice {
     pub fn of(record: &JobRecord, event: NotifyEvent, host: &str) -> Notice {
         let mut view = crate::api::JobView::of(record);
@@ -307,17 +101,6 @@ impl Notice {
     pub fn duration_micros(&self) -> Option<u64> {
         Some(self.ended_at?.saturating_sub(self.started_at?))
     }
-}
-
-/// One notification to deliver: part of the job's durable record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Intent {
-    /// `JOB.EVENT.CHANNEL`, see [`key_of`].
-    pub key: String,
-    pub channel: String,
-    /// Microseconds since the epoch; the retry lifetime counts from here.
-    pub created_at: u64,
-    pub notice: Notice,
 }
 
 /// The channels a job's notifications go to: its own `notify`, or the
@@ -419,47 +202,7 @@ pub fn check_job(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn events_round_trip_and_map_outcomes() {
-        for e in NotifyEvent::ALL {
-            assert_eq!(NotifyEvent::parse(e.as_str()), Some(e));
-            let json = serde_json::to_string(&e).unwrap();
-            assert_eq!(json, format!("\"{}\"", e.as_str()));
-        }
-        assert_eq!(NotifyEvent::parse("ended"), None);
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Succeeded),
-            NotifyEvent::Succeeded
-        );
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Killed { signal: 9 }),
-            NotifyEvent::Failed
-        );
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::LaunchFailed { reason: "x".into() }),
-            NotifyEvent::Failed
-        );
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Timeout),
-            NotifyEvent::Timeout
-        );
-        assert_eq!(
-            NotifyEvent::of_outcome(&Outcome::Stopped {
-                by_uid: 0,
-                by_name: None,
-            }),
-            NotifyEvent::Stopped
-        );
-        // Not needed is its own event, not a failure, and an end.
-        let skipped = Outcome::NotNeeded {
-            parent: "train".into(),
-            reason: "after_fail: train succeeded, so this job is not needed".into(),
-        };
-        assert_eq!(NotifyEvent::of_outcome(&skipped), NotifyEvent::NotNeeded);
-        assert!(NotifyEvent::ENDS.contains(&NotifyEvent::NotNeeded));
-        assert!(!NotifyEvent::ENDS.contains(&NotifyEvent::Started));
-    }
+    use crate::job::Outcome;
 
     fn config() -> NotificationsConfig {
         let text = r#"

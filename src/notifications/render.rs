@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::{Intent, Notice, NotifyEvent};
 use crate::display::escape;
-use crate::store::signal_name;
+use crate::job::signal_name;
 
 /// Longest piece of free text (the outcome's detail) put in a message.
 const MAX_DETAIL: usize = 160;
