@@ -899,17 +899,8 @@ impl Daemon {
                 self.strays.note(name, Some(entry.uid), now);
                 continue;
             }
-            if let SpoolRead::Refused {
-                name,
-                reason,
-                identity,
-                bytes,
-                is_dir,
-                held: _held,
-            } = spool::read_stray(&self.spool_fd, &name)
-            {
-                self.reject(&name, &reason, identity, bytes.as_deref(), is_dir);
-            }
+            // A refusal (or nothing, if it went meanwhile), never a job.
+            self.take(spool::read_stray(&self.spool_fd, &name));
         }
     }
 
@@ -961,7 +952,12 @@ impl Daemon {
 
     /// Claims one spool file: validate, record durably, then remove it.
     async fn ingest(&mut self, name: &str) {
-        match spool::read_spool_file(&self.spool_fd, name) {
+        self.take(spool::read_spool_file(&self.spool_fd, name));
+    }
+
+    /// Acts on what a spool entry read as: a job to claim or a refusal.
+    fn take(&mut self, read: SpoolRead) {
+        match read {
             SpoolRead::Ignored => {}
             SpoolRead::Refused {
                 name,

@@ -79,7 +79,7 @@ pub fn read_stray(spool: &OwnedFd, name: &str) -> SpoolRead {
             return refusal(name, reason, identity, None, is_dir);
         }
     };
-    let read = match check_open(name, "", &mut file) {
+    let mut read = match check_open(name, "", &mut file) {
         SpoolRead::File {
             identity, bytes, ..
         } => refusal(name, reason, Some(identity), Some(bytes), false),
@@ -88,24 +88,10 @@ pub fn read_stray(spool: &OwnedFd, name: &str) -> SpoolRead {
         } => refusal(name, reason, identity, None, is_dir),
         SpoolRead::Ignored => SpoolRead::Ignored,
     };
-    match read {
-        SpoolRead::Refused {
-            name,
-            reason,
-            identity,
-            bytes,
-            is_dir,
-            ..
-        } => SpoolRead::Refused {
-            name,
-            reason,
-            identity,
-            bytes,
-            is_dir,
-            held: Some(file),
-        },
-        other => other,
+    if let SpoolRead::Refused { held, .. } = &mut read {
+        *held = Some(file);
     }
+    read
 }
 
 /// Opens and reads one spool entry safely.
