@@ -1619,17 +1619,7 @@ impl Restarts {
 /// characters other than tab and newline are written as `\xNN`.
 fn copy_output(input: &mut impl Read, escape: bool) -> std::io::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match input.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        show(&mut stdout, &buf[..n], escape)?;
-    }
-    Ok(())
+    each_chunk(input, |chunk| show(&mut stdout, chunk, escape))
 }
 
 /// [`copy_output`] for a follower: what is printed is noted in `printed`,
@@ -1642,30 +1632,40 @@ fn copy_following(
     overlap: &mut Option<ptrain::logs::resume::Overlap>,
 ) -> std::io::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match input.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
+    each_chunk(input, |chunk| {
         // Taken before printing: journald stamped these lines earlier.
         let received = ptrain::now_micros();
         let new: std::borrow::Cow<'_, [u8]> = match overlap {
-            None => buf[..n].into(),
-            Some(o) => match o.push(&buf[..n]) {
+            None => chunk.into(),
+            Some(o) => match o.push(chunk) {
                 Some(rest) => {
                     *overlap = None;
                     rest.into()
                 }
-                None => continue,
+                None => return Ok(()),
             },
         };
         show(&mut stdout, &new, escape)?;
         printed.record(&new, received);
+        Ok(())
+    })
+}
+
+/// Reads `input` to its end, handing each chunk as it arrives to `each`.
+fn each_chunk(
+    input: &mut impl Read,
+    mut each: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        each(&buf[..n])?;
     }
-    Ok(())
 }
 
 /// Writes output bytes to stdout, escaped if asked, and flushes:
