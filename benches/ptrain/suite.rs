@@ -294,8 +294,12 @@ impl Bench<'_> {
 
     fn throughput_daemon(&mut self, part: Part) {
         let endpoint = SlowEndpoint::start(SLOW_ENDPOINT_DELAY);
+        // Ended units are released at once ([jobs] keep_ended_units =
+        // "0s"): each loop waits for its job's unit to be gone from
+        // systemd, as the bare floor loop does, before the next drop.
         let extra = format!(
             "max_queued_per_user = 1000000\n\
+             [jobs]\nkeep_ended_units = \"0s\"\n\
              [channels.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n",
             endpoint.port
         );
