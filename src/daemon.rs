@@ -215,9 +215,11 @@ const MAX_EVENT_BATCH: usize = 256;
 /// must not make another user's `ptrain status` wait for all of them
 /// (`make bench`, `responsive.*`). At least one item is done per pass.
 const PASS_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
-/// How many of the most recent ends a listing shows whole (read from
-/// their records); older ones are the summaries kept in memory, marked
-/// `summary` (`ptrain status ID` reads the rest).
+/// How many of the most recent ends `ListRecent` (`ptrain list`) shows
+/// whole, read from their records; older ones, and `List` (`--all`, up
+/// to 20,000, whose reply must not cost a read per job), are the
+/// summaries kept in memory, marked `summary` (`ptrain status ID` reads
+/// the rest).
 const FULL_ENDS_LISTED: usize = 50;
 /// Most jobs one `List` reply carries (dbus-daemon's default maximum
 /// message on the system bus is 32 MiB).
@@ -2211,13 +2213,13 @@ impl Daemon {
     async fn on_api(&mut self, request: ApiRequest) {
         match request {
             ApiRequest::ListRecent(limit, reply) => {
-                let _ = reply.send(self.listing(limit as usize));
+                let _ = reply.send(self.listing(limit as usize, FULL_ENDS_LISTED));
             }
             ApiRequest::List(reply) => {
                 // At most MAX_LIST_ALL, newest first, so the reply stays
                 // under the system bus's message size limit.
                 let room = MAX_LIST_ALL.saturating_sub(self.queue.len() + self.by_unit.len());
-                let _ = reply.send(self.listing(room));
+                let _ = reply.send(self.listing(room, 0));
             }
             ApiRequest::Status(id, reply) => {
                 let view = JobId::parse(&id)
@@ -2381,7 +2383,7 @@ impl Daemon {
     /// Queued and running jobs and the `ended` most recently finished, in
     /// submission order. From memory only: a finished job's summary has
     /// what a listing shows (`ptrain status ID` reads its full record).
-    fn listing(&self, ended: usize) -> Vec<JobView> {
+    fn listing(&self, ended: usize, whole: usize) -> Vec<JobView> {
         let mut live: Vec<&JobId> = self
             .queue
             .iter()
@@ -2398,7 +2400,7 @@ impl Daemon {
                 self.history
                     .newest(ended)
                     .enumerate()
-                    .map(|(newer, summary)| match newer < FULL_ENDS_LISTED {
+                    .map(|(newer, summary)| match newer < whole {
                         // The recent ends whole, as `status` shows them.
                         true => self
                             .ended_record(&summary.id)

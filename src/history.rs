@@ -23,9 +23,6 @@ pub struct EndedJob {
     pub owner_uid: u32,
     /// Shared by every job of the same owner.
     pub owner_name: Arc<str>,
-    /// The descriptor's `name`, for `ptrain list --json` (the comment is
-    /// left on disk for `ptrain status`).
-    pub name: Option<Box<str>>,
     pub submitted_at: u64,
     pub started_at: Option<u64>,
     pub ended_at: u64,
@@ -59,7 +56,9 @@ impl EndedJob {
         let ids = |v: &[JobId]| v.iter().map(|i| i.to_string()).collect();
         JobView {
             id: self.id.to_string(),
-            name: self.name.as_deref().map(str::to_owned),
+            // On disk with the rest (`summary`): listings show the newest
+            // ends whole, `ptrain status` any.
+            name: None,
             comment: None,
             status: self.status().to_string(),
             owner: self.owner_name.to_string(),
@@ -129,7 +128,6 @@ impl History {
             id: record.id.clone(),
             owner_uid: record.owner.uid,
             owner_name,
-            name: record.spec.name.as_deref().map(Box::from),
             submitted_at: record.submitted_at,
             started_at: record.started_at,
             ended_at,
