@@ -1718,6 +1718,9 @@ async fn du(json: bool) -> Result<u8, Failure> {
         match p.min_free {
             ptrain::logs::retention::MinFree::Bytes(b) => size(b),
             ptrain::logs::retention::MinFree::Percent(pct) => format!("{pct}%"),
+            ptrain::logs::retention::MinFree::PercentAtMost(pct, cap) => {
+                format!("{pct}% (at most {})", size(cap))
+            }
         }
     );
     outln!("archives:    {} using {}", usage.count, size(usage.bytes));

@@ -616,13 +616,19 @@ impl Archiver {
         {
             return;
         }
-        let budget = retention::write_budget(&self.policy, disk_of(&self.log_dir));
+        let disk = disk_of(&self.log_dir);
+        let budget = retention::write_budget(&self.policy, disk);
         if budget < MIN_BUDGET {
+            let (avail, floor) = disk.map_or((0, 0), |d| {
+                (d.avail_bytes, self.policy.min_free.bytes_of(&d))
+            });
             warn!(
                 job = %job.id,
                 PTRAIN_JOB = %job.id,
                 log_dir = %self.log_dir.display(),
-                "not archiving the job's output: the log directory's file system is at its min_free floor (or a [logs] size limit is tiny)"
+                avail_bytes = avail,
+                floor_bytes = floor,
+                "not archiving the job's output: the log directory's file system has {avail} bytes free against a min_free floor of {floor} (or a [logs] size limit is tiny); free space or lower [logs] min_free"
             );
             return;
         }

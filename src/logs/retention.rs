@@ -32,13 +32,21 @@ pub enum MinFree {
     Bytes(u64),
     /// Percent of the file system's size.
     Percent(u8),
+    /// Percent of the file system's size, but never more than the bytes:
+    /// the default (journald's `SystemKeepFree=` rule), so a big, busy
+    /// disk is not held to tens of gigabytes it will never need for logs.
+    PercentAtMost(u8, u64),
 }
+
+/// The default floor: 10% of the log directory's file system, at most 4 GiB.
+pub const DEFAULT_MIN_FREE: MinFree = MinFree::PercentAtMost(10, 4 << 30);
 
 impl MinFree {
     pub fn bytes_of(self, disk: &Disk) -> u64 {
         match self {
             MinFree::Bytes(b) => b,
             MinFree::Percent(p) => disk.total_bytes / 100 * u64::from(p),
+            MinFree::PercentAtMost(p, cap) => MinFree::Percent(p).bytes_of(disk).min(cap),
         }
     }
 }
@@ -62,7 +70,7 @@ impl Default for RetentionPolicy {
             max_count: None,
             user_max_total_bytes: None,
             user_max_count: None,
-            min_free: MinFree::Percent(10),
+            min_free: DEFAULT_MIN_FREE,
         }
     }
 }
@@ -526,6 +534,21 @@ mod tests {
         );
         // Even removing everything cannot reach the floor: all go.
         assert_eq!(to_delete(10, &list, &policy, Some(disk(0))).len(), 3);
+    }
+
+    #[test]
+    fn the_default_floor_is_a_tenth_of_the_disk_but_never_over_4_gib() {
+        let disk = |total_bytes| Disk {
+            avail_bytes: 0,
+            total_bytes,
+        };
+        assert_eq!(
+            DEFAULT_MIN_FREE.bytes_of(&disk(10 << 30)),
+            (10 << 30) / 100 * 10
+        );
+        assert_eq!(DEFAULT_MIN_FREE.bytes_of(&disk(250 << 30)), 4 << 30);
+        // Written as a percentage, it is that percentage, however big.
+        assert_eq!(MinFree::Percent(10).bytes_of(&disk(250 << 30)), 25 << 30);
     }
 
     #[test]

@@ -240,9 +240,10 @@ fn retention_compacts_the_oldest_finished_jobs() {
         "retention",
         Opts {
             extra_config: format!(
-                "[retention]\nmax_ended_jobs = 3\n\
+                "{}[retention]\nmax_ended_jobs = 3\n\
                  [notify]\ndefault_channels = [\"hook\"]\n\
                  [channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\n",
+                crate::logs::LOW_FLOOR,
                 hook.url("/h")
             ),
             ..Opts::default()
