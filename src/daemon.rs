@@ -172,6 +172,15 @@ pub struct Daemon {
     gpu_watch_at: Option<tokio::time::Instant>,
     /// The status line systemd shows, coalesced.
     status: StatusLine,
+    /// Cancelled when systemd's signals are lost for good: the loop exits
+    /// so that systemd restarts ptraind, which re-attaches to every job;
+    /// `lost_stream` names what was lost.
+    signals_lost: CancellationToken,
+    lost_stream: std::sync::Arc<std::sync::Mutex<Option<&'static str>>>,
+    /// Callers' requests (the D-Bus API's), taken by the loop.
+    requests: mpsc::UnboundedReceiver<ApiRequest>,
+    /// Where the status line and watchdog pings go, off the state task.
+    notify_socket: crate::notify_socket::NotifySocket,
     /// Spool files seen and not yet claimed, taken in turn by owner.
     intake: spool::FairIntake,
     /// A plan stopped at [`PASS_BUDGET`] with launches left: plan again
@@ -215,6 +224,16 @@ const MAX_EVENT_BATCH: usize = 256;
 /// must not make another user's `ptrain status` wait for all of them
 /// (`make bench`, `responsive.*`). At least one item is done per pass.
 const PASS_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
+/// The waits between tries to subscribe to systemd's signals again after
+/// it came back on the bus; after the last, ptraind exits to be restarted.
+const RESUBSCRIBE_BACKOFF: [std::time::Duration; 5] = [
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(2),
+    std::time::Duration::from_secs(4),
+    std::time::Duration::from_secs(8),
+    std::time::Duration::from_secs(15),
+];
+
 /// How many of the most recent ends `ListRecent` (`ptrain list`) shows
 /// whole, read from their records; older ones, and `List` (`--all`, up
 /// to 20,000, whose reply must not cost a read per job), are the
@@ -337,6 +356,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         &config.state_dir.join("outbox"),
     ))?;
     let job_signals = spawn_job_signals(systemd.connection().clone());
+    // Callers' requests: the loop takes them first, and a pass under way
+    // yields to them between its steps ([`Daemon::callers_waiting`]).
+    let (api_tx, api_rx) = mpsc::unbounded_channel();
     let mut daemon = Daemon {
         logs,
         job_signals,
@@ -368,6 +390,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         waits: BTreeMap::new(),
         never_checked_against: None,
         status: StatusLine::default(),
+        notify_socket: crate::notify_socket::NotifySocket::start(),
         gpu_replan_at: None,
         gpu_watch_at: None,
         groups: BTreeMap::new(),
@@ -380,6 +403,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         stopping_outside: HashSet::new(),
         strays: Default::default(),
         slow_workdirs: HashMap::new(),
+        requests: api_rx,
+        signals_lost: signals_lost.clone(),
+        lost_stream: lost_stream.clone(),
     };
     daemon.kept = crate::kept_units::KeptUnits::new(daemon.config.kept_units);
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
@@ -389,7 +415,6 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
 
     // The API comes up after the state is restored, so no caller ever sees
     // a half-loaded daemon.
-    let (api_tx, mut api_rx) = mpsc::unbounded_channel();
     let conn = daemon.systemd.connection().clone();
     let metrics_api = api_tx.clone();
     conn.object_server()
@@ -459,16 +484,16 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 return Err(DaemonError::SignalsLost(stream));
             }
             _ = watchdog_tick.tick(), if watchdog.is_some() => {
-                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                daemon.notify_socket.watchdog();
             }
             // Callers first: a request waits at most for the pass under
             // way ([`PASS_BUDGET`]), never behind a queue of unit events.
-            request = api_rx.recv() => {
+            request = daemon.requests.recv() => {
                 let Some(request) = request else { break };
                 let pass = std::time::Instant::now();
                 daemon.handle(Event::Api(request)).await;
                 while pass.elapsed() < PASS_BUDGET {
-                    let Ok(request) = api_rx.try_recv() else { break };
+                    let Ok(request) = daemon.requests.try_recv() else { break };
                     daemon.handle(Event::Api(request)).await;
                 }
                 daemon.schedule().await;
@@ -479,7 +504,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 let pass = std::time::Instant::now();
                 daemon.handle(event).await;
                 for _ in 0..MAX_EVENT_BATCH {
-                    if pass.elapsed() >= PASS_BUDGET {
+                    if pass.elapsed() >= PASS_BUDGET || daemon.callers_waiting() {
                         break;
                     }
                     let Ok(event) = rx.try_recv() else { break };
@@ -490,10 +515,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 while let Ok(event) = spool_rx.try_recv() {
                     daemon.handle(event).await;
                 }
-                daemon.claim_a_pass().await;
-                daemon.schedule().await;
-                daemon.prune_history();
-                daemon.notify_status();
+                daemon.claim_and_plan().await;
             }
             _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if retry_at.is_some() => {
                 daemon.retry_after_store_failure().await;
@@ -521,10 +543,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 while let Ok(event) = spool_rx.try_recv() {
                     daemon.handle(event).await;
                 }
-                daemon.claim_a_pass().await;
-                daemon.schedule().await;
-                daemon.prune_history();
-                daemon.notify_status();
+                daemon.claim_and_plan().await;
             }
             _ = std::future::ready(()), if !daemon.intake.is_empty() => {
                 daemon.claim_a_pass().await;
@@ -543,7 +562,46 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     Ok(())
 }
 
+/// A unit's state, or NoAnswer when systemd does not answer in time (zbus
+/// would wait forever).
+async fn timed_look(systemd: &Systemd, unit: &str) -> Result<UnitState, SystemdError> {
+    match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, systemd.unit_state(unit)).await {
+        Ok(state) => state,
+        Err(_) => Err(SystemdError::NoAnswer {
+            call: "GetUnit",
+            unit: unit.to_string(),
+            secs: LAUNCH_CALL_TIMEOUT.as_secs(),
+        }),
+    }
+}
+
 impl Daemon {
+    /// A caller waits: a pass stops after its current step (one state
+    /// write, a few ms; tens under a burst's load) and lets the loop
+    /// answer first, so a request waits for one step, not a whole pass.
+    fn callers_waiting(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// After a pass of events: a pass of claims and a plan, unless a
+    /// caller waits. Then both come after the answer: the files stay in the
+    /// intake (the loop claims while it is not empty) and the plan is due
+    /// (`schedule_again`).
+    async fn claim_and_plan(&mut self) {
+        if self.callers_waiting() {
+            self.schedule_again = true;
+        } else {
+            self.claim_a_pass().await;
+            if self.callers_waiting() {
+                self.schedule_again = true;
+            } else {
+                self.schedule().await;
+            }
+        }
+        self.prune_history();
+        self.notify_status();
+    }
+
     async fn handle(&mut self, event: Event) {
         match event {
             Event::Spool(SpoolEvent::File(name)) => self.note_spool_file(name),
@@ -659,7 +717,7 @@ impl Daemon {
                 return;
             }
         }
-        let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);
+        self.notify_socket.status(status.clone());
         *line = StatusLine {
             sent: status,
             sent_at: Some(now),
@@ -735,7 +793,7 @@ impl Daemon {
         match self.systemd.ref_unit(&unit).await {
             Ok(()) => {
                 info!(job = %id, unit, "re-attached to its unit");
-                self.check_unit(&unit).await;
+                self.check_unit(&unit);
                 return;
             }
             Err(SystemdError::NoSuchUnit(_)) => {}
@@ -946,7 +1004,7 @@ impl Daemon {
         for _ in 0..MAX_SPOOL_BATCH {
             let Some(name) = self.intake.pop() else { break };
             self.ingest(&name).await;
-            if pass.elapsed() >= PASS_BUDGET {
+            if pass.elapsed() >= PASS_BUDGET || self.callers_waiting() {
                 break;
             }
         }
@@ -1552,13 +1610,15 @@ impl Daemon {
         // Jobs with and without GPUs start in one planning order.
         placements.sort_by_key(|p| self.queue.position(&p.id));
         let pass = std::time::Instant::now();
-        for placement in placements {
+        for (n, placement) in placements.into_iter().enumerate() {
             if self.tracked_units() >= MAX_TRACKED_UNITS {
                 // The rest start as these end (each end plans again).
                 gpu_jobs_wait = true;
                 break;
             }
-            if pass.elapsed() >= PASS_BUDGET {
+            // At least one launch a pass: callers that never stop coming
+            // must not hold every launch back.
+            if n > 0 && (pass.elapsed() >= PASS_BUDGET || self.callers_waiting()) {
                 // The rest in a pass of their own, after the API's turn.
                 self.schedule_again = true;
                 break;
@@ -1774,7 +1834,7 @@ impl Daemon {
                 if let Err(e) = self.systemd.ref_unit(unit).await {
                     warn!(job = %id, unit, error = %e, "cannot reference existing unit");
                 }
-                self.check_unit(unit).await;
+                self.check_unit(unit);
             }
             Err(e) if e.is_transient() => {
                 // Whether systemd made the unit is unknown: ask again in a
@@ -1845,7 +1905,7 @@ impl Daemon {
         self.rescan().await;
         let units: Vec<String> = self.by_unit.keys().cloned().collect();
         for unit in units {
-            self.check_unit(&unit).await;
+            self.check_unit(&unit);
         }
     }
 
@@ -1913,7 +1973,7 @@ impl Daemon {
             // failed, timed out or was cancelled is looked at.
             UnitSignal::JobRemoved { result, .. }
                 if job_state != JobState::Launching || result == "done" => {}
-            signal => self.check_unit(signal.unit()).await,
+            signal => self.check_unit(signal.unit()),
         }
     }
 
@@ -1934,13 +1994,29 @@ impl Daemon {
         }
     }
 
-    /// Looks at a unit and moves its job on: launching → running → ended.
-    async fn check_unit(&mut self, unit: &str) {
+    /// Looks at a unit and moves its job on (launching → running →
+    /// ended) when the answer comes back ([`Event::Looked`]): off the state
+    /// task, since a busy systemd answers a GetUnit in hundreds of ms
+    /// (`make bench`: one look held the API for 0.4 s in a 500-job burst).
+    fn check_unit(&self, unit: &str) {
+        self.look_at(unit, None);
+    }
+
+    /// [`Daemon::check_unit`], after a while when `after` says so.
+    fn look_at(&self, unit: &str, after: Option<std::time::Duration>) {
         if !self.by_unit.contains_key(unit) {
             return;
         }
-        let state = self.systemd.unit_state(unit).await;
-        self.on_looked(unit, state).await;
+        let systemd = self.systemd.clone();
+        let events = self.events.clone();
+        let unit = unit.to_string();
+        tokio::spawn(async move {
+            if let Some(after) = after {
+                tokio::time::sleep(after).await;
+            }
+            let state = timed_look(&systemd, &unit).await;
+            let _ = events.send(Event::Looked { unit, state });
+        });
     }
 
     /// Moves a job on from what its unit looked like.
@@ -1955,7 +2031,10 @@ impl Daemon {
             // lost bus connection), or never loaded.
             Err(SystemdError::NoSuchUnit(_)) => self.unit_gone(&id).await,
             Err(e) => {
-                warn!(job = %id, unit, error = %e, "cannot read unit state; will look again at its next signal");
+                // Its next signal may never come (it ended while systemd
+                // was off the bus): look again in a while.
+                warn!(job = %id, unit, error = %e, "cannot read unit state; looking again in {LAUNCH_RETRY:?}");
+                self.look_at(unit, Some(LAUNCH_RETRY));
             }
         }
     }
@@ -1970,24 +2049,31 @@ impl Daemon {
         let units: Vec<String> = self.by_unit.keys().cloned().collect();
         let systemd = self.systemd.clone();
         let events = self.events.clone();
+        let lost = self.signals_lost.clone();
+        let lost_stream = self.lost_stream.clone();
         tokio::spawn(async move {
             use futures_util::StreamExt;
-            if let Err(e) = systemd.resubscribe().await {
-                warn!(error = %e, "cannot subscribe to systemd's signals again");
+            // A busy systemd may not answer at first (`make bench`: once in
+            // a 500-job burst); without a subscription no unit's end would
+            // ever be seen, so after the last try ptraind starts afresh.
+            let mut tries = RESUBSCRIBE_BACKOFF.iter();
+            while let Err(e) = systemd.resubscribe().await {
+                let Some(wait) = tries.next() else {
+                    error!(error = %e, "cannot subscribe to systemd's signals again");
+                    if let Ok(mut name) = lost_stream.lock() {
+                        name.get_or_insert("Subscribe");
+                    }
+                    lost.cancel();
+                    return;
+                };
+                warn!(error = %e, "cannot subscribe to systemd's signals again; trying again in {wait:?}");
+                tokio::time::sleep(*wait).await;
             }
             let mut looks = futures_util::stream::iter(units)
                 .map(|unit| {
                     let systemd = systemd.clone();
                     async move {
-                        let look = systemd.unit_state(&unit);
-                        let state = match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, look).await {
-                            Ok(state) => state,
-                            Err(_) => Err(SystemdError::NoAnswer {
-                                call: "GetUnit",
-                                unit: unit.clone(),
-                                secs: LAUNCH_CALL_TIMEOUT.as_secs(),
-                            }),
-                        };
+                        let state = timed_look(&systemd, &unit).await;
                         (unit, state)
                     }
                 })

@@ -63,7 +63,9 @@
 //! the durable-write and safe-open primitives; [`users`] resolves uids;
 //! [`metrics`] is the optional Prometheus endpoint the state task feeds;
 //! [`docgen`] writes the man pages and shell completions (`make docs`);
-//! [`display`] escapes user-controlled text for human-readable output.
+//! [`display`] escapes user-controlled text for human-readable output;
+//! [`notify_socket`] sends the status line and watchdog pings to systemd from
+//! a thread of its own (a full notify socket blocks the sender).
 //!
 //! # Floors
 //!
@@ -109,6 +111,7 @@ pub mod kept_units;
 pub mod logs;
 pub mod metrics;
 pub mod notifications;
+pub mod notify_socket;
 pub mod policy;
 pub mod resources;
 pub mod runtime;
