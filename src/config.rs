@@ -51,7 +51,7 @@ struct RawConfig {
     privacy: Option<Privacy>,
 }
 
-pub use crate::api::Privacy;
+pub use crate::views::Privacy;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -11,10 +11,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::api::JobView;
 use crate::chain::Dependencies;
 use crate::spec::JobId;
 use crate::store::{JobRecord, Outcome, SpoolSource};
+use crate::views::JobView;
 
 /// What memory keeps of a finished job.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,7 +51,7 @@ impl EndedJob {
     /// What `ptrain list` shows; `ptrain status ID` reads the full record.
     pub fn view(&self) -> JobView {
         let (exit_code, signal, detail) =
-            crate::api::outcome_fields(self.outcome.as_ref(), self.status());
+            crate::views::outcome_fields(self.outcome.as_ref(), self.status());
         let after = self.after.as_deref().cloned().unwrap_or_default();
         let ids = |v: &[JobId]| v.iter().map(|i| i.to_string()).collect();
         JobView {

@@ -110,6 +110,7 @@ pub mod logs;
 pub mod metrics;
 pub mod notifications;
 pub mod policy;
+pub mod requests;
 pub mod resources;
 pub mod runtime;
 pub mod scheduler;
@@ -119,6 +120,7 @@ pub mod store;
 pub mod systemd;
 pub mod unit;
 pub mod users;
+pub mod views;
 
 /// The well-known bus name, object path and interface of ptraind's API.
 pub const DBUS_NAME: &str = "org.ptrain.Daemon1";

@@ -26,8 +26,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ApiRequest, GpusView};
 use crate::notifications::{DeliveryState, DeliveryView, Notifier};
+use crate::requests::ApiRequest;
+use crate::views::GpusView;
 
 /// `[metrics]` as written in the config file.
 #[derive(Debug, Default, Deserialize)]
@@ -653,8 +654,8 @@ async fn scrape(m: &Metrics, sources: &Sources) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::GpuView;
     use crate::gpu::GpuInfo;
+    use crate::views::GpuView;
 
     fn config(text: &str) -> Result<MetricsConfig, (String, String)> {
         #[derive(Deserialize)]

@@ -22,11 +22,10 @@ use std::path::Path;
 /// of one cycle (one strongly connected component) must be listed here;
 /// an edge listed here that no longer lies on a cycle must be removed.
 const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
-    ("api", "logs"),
-    ("api", "notifications"),
-    ("logs", "api"),
-    ("notifications", "api"),
+    ("logs", "requests"),
     ("notifications", "logs"),
+    ("notifications", "requests"),
+    ("requests", "notifications"),
 ];
 
 /// The pure core: modules that take values and `now` and do no I/O, so

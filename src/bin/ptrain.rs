@@ -10,11 +10,12 @@ use clap::{Parser, Subcommand};
 use futures_util::StreamExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use ptrain::api::{Daemon1Proxy, GpusView, JobView};
+use ptrain::api::Daemon1Proxy;
 use ptrain::config::{Config, DEFAULT_CONFIG_PATH};
 use ptrain::display::escape;
 use ptrain::spec::{parse_spec, spool_file_stem, MAX_SPEC_BYTES};
 use ptrain::store::{signal_name, RejectRecord};
+use ptrain::views::{GpusView, JobView};
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_USAGE: u8 = 2;

@@ -33,9 +33,10 @@ use serde::Deserialize;
 use tokio::sync::{broadcast, mpsc};
 use tracing::{error, warn};
 
-use crate::api::{ApiError, ApiRequest, JobView};
 use crate::gpu::GpuInfo;
+use crate::requests::{ApiError, ApiRequest};
 use crate::store::{JobRecord, JobState};
+use crate::views::JobView;
 use archive::{ArchiveJob, ArchiverCommand, LogUsage};
 use idle::IdleCommand;
 use journal::Selection;

@@ -16,7 +16,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::journal::{self, EntryStream, RunFilter, Start};
 use super::{archive, JobOutput, ReadOptions, Tail};
-use crate::api::{ApiRequest, JobView};
+use crate::requests::ApiRequest;
+use crate::views::JobView;
 
 /// How often a live `journalctl --follow` that exited on its own is
 /// started again before the reader gives up.

@@ -56,7 +56,7 @@ pub fn key_of(job_id: &str, event: NotifyEvent, channel: &str) -> String {
 /// A GPU as notifications show it.
 impl Notice {
     pub fn of(record: &JobRecord, event: NotifyEvent, host: &str) -> Notice {
-        let mut view = crate::api::JobView::of(record);
+        let mut view = crate::views::JobView::of(record);
         if matches!(event, NotifyEvent::Started | NotifyEvent::GpuLost) {
             // A start tells of the job as it began, even when ptraind first
             // learns of it at its end (a job that ran before it was seen

@@ -23,8 +23,8 @@ use super::retry::{jitter, RetryPolicy, Verdict};
 use super::tail::{self, TailReader};
 use super::transport::{self, Transport};
 use super::{Intent, Notice, NotificationsConfig, NotifyEvent};
-use crate::api::ApiError;
 use crate::now_micros;
+use crate::requests::ApiError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
