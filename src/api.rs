@@ -1,13 +1,20 @@
-//! ptraind's D-Bus API (`org.ptrain.Daemon1` on the system bus), and the
-//! stable JSON shapes the CLI prints with `--json`.
+//! ptraind's D-Bus API (`org.ptrain.Daemon1` on the system bus): the
+//! object the daemon serves and the proxy the CLI calls. It answers with
+//! [`crate::views`]' JSON, asks the state task through
+//! [`crate::requests`], and serves output through [`crate::logs`]; each
+//! wing's error becomes a D-Bus error here.
 //!
 //! Callers are identified by the uid the bus daemon vouches for; a user may
 //! stop only their own jobs (root any). Reads are open to every local user,
 //! as `squeue` and `systemctl list-units` are.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::logs::{JobLookup, JobOutput, Logs, LogsError, ReadOptions};
+use crate::notifications::{DeliveriesError, RetryTarget};
 use crate::requests::{ApiError, ApiRequest};
 use crate::views::{JobView, Privacy};
 
@@ -24,13 +31,28 @@ impl From<ApiError> for zbus::fdo::Error {
     }
 }
 
+impl From<LogsError> for zbus::fdo::Error {
+    fn from(e: LogsError) -> Self {
+        zbus::fdo::Error::Failed(e.to_string())
+    }
+}
+
+impl From<DeliveriesError> for zbus::fdo::Error {
+    fn from(e: DeliveriesError) -> Self {
+        match e {
+            DeliveriesError::NotAKey(_) => zbus::fdo::Error::FileNotFound(e.to_string()),
+            _ => zbus::fdo::Error::Failed(e.to_string()),
+        }
+    }
+}
+
 /// The object served at [`crate::DBUS_PATH`].
 pub struct DaemonApi {
     pub requests: mpsc::UnboundedSender<ApiRequest>,
     /// `[privacy]`: what callers see of others' jobs.
     pub privacy: Privacy,
     /// Serves job output ([`crate::logs`]).
-    pub logs: crate::logs::Logs,
+    pub logs: Logs,
     /// The spool directory ptraind watches, for `ptrain submit` when the
     /// config is not readable to its user.
     pub spool_dir: std::path::PathBuf,
@@ -45,11 +67,7 @@ impl DaemonApi {
     }
 
     /// The job whose output `caller_uid` asks for: theirs, or any for root.
-    async fn output_of(
-        &self,
-        id: String,
-        caller_uid: u32,
-    ) -> zbus::fdo::Result<crate::logs::JobOutput> {
+    async fn output_of(&self, id: String, caller_uid: u32) -> zbus::fdo::Result<JobOutput> {
         let job = match self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await? {
             Ok(job) => job,
             Err(ApiError::NotFound(_)) => {
@@ -68,14 +86,35 @@ impl DaemonApi {
             }
             .into());
         }
-        Ok(crate::logs::JobOutput::of_view(&job))
+        Ok(JobOutput::of_view(&job))
     }
 
     /// The output of a job `[retention]` compacted, known now by its
     /// archive only: for its owner and root; to others it is no job.
-    async fn compacted(&self, id: &str, caller_uid: u32) -> Option<crate::logs::JobOutput> {
+    async fn compacted(&self, id: &str, caller_uid: u32) -> Option<JobOutput> {
         let output = self.logs.archived_output(id).await?;
         (caller_uid == 0 || caller_uid == output.uid).then_some(output)
+    }
+
+    /// How a log follower that fell behind asks the state task where its
+    /// job stands.
+    fn lookup(&self) -> JobLookup {
+        let requests = self.requests.clone();
+        Arc::new(move |id| {
+            let requests = requests.clone();
+            Box::pin(async move {
+                let gone = || std::io::Error::other("ptraind is shutting down");
+                let (tx, rx) = oneshot::channel();
+                requests
+                    .send(ApiRequest::Status(id, tx))
+                    .map_err(|_| gone())?;
+                let view = rx
+                    .await
+                    .map_err(|_| gone())?
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                Ok(JobOutput::of_view(&view))
+            })
+        })
     }
 
     async fn ask<T>(
@@ -210,7 +249,7 @@ impl DaemonApi {
         let job = self.output_of(id, caller_uid).await?;
         Ok(self
             .logs
-            .read_to_string(job, caller_uid, lines, self.requests.clone())
+            .read_to_string(job, caller_uid, lines, self.lookup())
             .await?)
     }
 
@@ -235,14 +274,14 @@ impl DaemonApi {
         // between.
         let changes = self.logs.subscribe();
         let job = self.output_of(id, caller_uid).await?;
-        let opts = crate::logs::ReadOptions {
+        let opts = ReadOptions {
             lines,
             since_us: since_usec,
             follow,
         };
         let fd = self
             .logs
-            .open(job, caller_uid, opts, changes, self.requests.clone())?;
+            .open(job, caller_uid, opts, changes, self.lookup())?;
         Ok(fd.into())
     }
 
@@ -289,9 +328,9 @@ impl DaemonApi {
             return Err(ApiError::RootOnly("re-send notifications").into());
         }
         let target = if all_dead {
-            crate::notifications::RetryTarget::AllDead
+            RetryTarget::AllDead
         } else {
-            crate::notifications::RetryTarget::Key(key)
+            RetryTarget::Key(key)
         };
         Ok(self
             .ask(|reply| ApiRequest::RetryNotifications(target, reply))

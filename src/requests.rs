@@ -4,6 +4,7 @@
 
 use tokio::sync::oneshot;
 
+use crate::notifications::{DeliveriesError, DeliveryView, RetryTarget};
 use crate::store::RejectRecord;
 use crate::views::{GpusView, JobView};
 
@@ -43,9 +44,9 @@ pub enum ApiRequest {
     },
     Gpus(oneshot::Sender<Result<GpusView, ApiError>>),
     /// Notification deliveries (root only; checked by the API).
-    Notifications(oneshot::Sender<Result<Vec<crate::notifications::DeliveryView>, ApiError>>),
+    Notifications(oneshot::Sender<Result<Vec<DeliveryView>, DeliveriesError>>),
     RetryNotifications(
-        crate::notifications::RetryTarget,
-        oneshot::Sender<Result<String, ApiError>>,
+        RetryTarget,
+        oneshot::Sender<Result<String, DeliveriesError>>,
     ),
 }

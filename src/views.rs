@@ -9,8 +9,6 @@ use crate::gpu::GpuInfo;
 use crate::job::explain_exit_status;
 use crate::store::{JobRecord, JobState, Outcome, SpoolSource};
 
-/// One job as `ptrain status --json` and `ptrain list --json` show it.
-/// Fields are only ever added, never renamed.
 /// `[privacy]` (Slurm's `PrivateData` is the anchor): what a user sees of
 /// other users' jobs. By default only their id, owner, state and GPUs; the
 /// command, workdir, result, exit and detail only with the admin's consent.
@@ -22,6 +20,8 @@ pub struct Privacy {
     pub show_all_jobs: bool,
 }
 
+/// One job as `ptrain status --json` and `ptrain list --json` show it.
+/// Fields are only ever added, never renamed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobView {
     pub id: String,

@@ -44,7 +44,7 @@ pub use crate::store::{Intent, Notice, NoticeGpu};
 
 pub use config::{ChannelKind, NotificationsConfig};
 pub use outbox::{Delivery, DeliveryState, DeliveryView};
-pub use sender::{Notifier, NotifyError, RetryTarget};
+pub use sender::{DeliveriesError, Notifier, NotifyError, RetryTarget};
 
 pub use crate::spec::notify::{is_valid_channel_name, MAX_CHANNEL_NAME, MAX_JOB_CHANNELS};
 
