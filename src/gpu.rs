@@ -95,9 +95,6 @@ pub enum GpuError {
 
     #[error("cannot count GPUs through NVML: {0}; check `nvidia-smi`, the driver may be wedged or mid-upgrade")]
     Enumerate(#[source] NvmlError),
-
-    #[error("invalid [gpus] configuration: {0}")]
-    Config(String),
 }
 
 /// Which inventory backend to use.
@@ -871,8 +868,9 @@ impl GpuInventory for PoolMonitor {
 
 /// Builds the inventory `cfg` asks for. `auto` tries NVML and falls back to
 /// the declared list (possibly empty: a CPU-only machine) with one warning.
+/// `cfg` is a loaded [`crate::config::Config`]'s, which
+/// [`GpuConfig::validate`] checked once, when it loaded.
 pub fn open_inventory(cfg: &GpuConfig) -> Result<Box<dyn GpuInventory>, GpuError> {
-    cfg.validate().map_err(GpuError::Config)?;
     let declared =
         || -> Box<dyn GpuInventory> { Box::new(DeclaredInventory::new(cfg.declared.clone())) };
     let inner: Box<dyn GpuInventory> = match cfg.backend {
@@ -1337,14 +1335,13 @@ mod tests {
     }
 
     #[test]
-    fn open_rejects_invalid_config() {
-        let cfg = GpuConfig {
-            backend: GpuBackend::Declared,
-            declared: vec![declared(0), declared(0)],
-            ..GpuConfig::default()
-        };
-        let e = open_inventory(&cfg).err().unwrap();
-        assert!(matches!(e, GpuError::Config(_)));
+    fn an_invalid_gpus_section_is_refused_when_the_config_loads() {
+        let text = "[gpus]\nbackend = \"declared\"\n\
+                    [[gpus.declared]]\nindex = 0\nuuid = \"GPU-a\"\nname = \"A100\"\nmemory_mib = 1\ndevice = \"/dev/nvidia0\"\n\
+                    [[gpus.declared]]\nindex = 0\nuuid = \"GPU-b\"\nname = \"A100\"\nmemory_mib = 1\ndevice = \"/dev/nvidia1\"\n";
+        let e = crate::config::Config::from_toml(Path::new("/etc/ptrain/ptrain.toml"), text)
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("gpus.declared[1].index"), "{e}");
     }
 

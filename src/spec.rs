@@ -156,7 +156,9 @@ impl JobId {
 
     /// Inverse of [`JobId::unit_name`]; `None` for any other unit.
     pub fn from_unit_name(unit: &str) -> Option<JobId> {
-        let id = unit.strip_prefix(JOB_UNIT_PREFIX)?.strip_suffix(UNIT_SUFFIX)?;
+        let id = unit
+            .strip_prefix(JOB_UNIT_PREFIX)?
+            .strip_suffix(UNIT_SUFFIX)?;
         JobId::parse(id).ok()
     }
 
