@@ -20,6 +20,8 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
 use serde::{Deserialize, Serialize};
 
+use crate::setting::InvalidSetting;
+
 const MIB: u64 = 1024 * 1024;
 /// Largest NUMA node number accepted in the config (Linux's MAX_NUMNODES).
 const MAX_NUMA_NODE: u32 = 1023;
@@ -148,7 +150,12 @@ pub struct DeclaredGpu {
 impl GpuConfig {
     /// Checks what serde cannot. The message names the key
     /// (`gpus.declared[i].field`) and says how to fix it.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        self.check()
+            .map_err(|message| InvalidSetting::new("gpus".into(), message))
+    }
+
+    fn check(&self) -> Result<(), String> {
         if self.foreign_memory_threshold_mib == 0 {
             return Err(
                 "`gpus.foreign_memory_threshold_mib` is 0, so no GPU could ever be \
@@ -1205,7 +1212,7 @@ mod tests {
         let check = |cfg: GpuConfig, needles: &[&str]| {
             let msg = cfg.validate().unwrap_err();
             for n in needles {
-                assert!(msg.contains(n), "{msg:?} should contain {n:?}");
+                assert!(msg.message.contains(n), "{msg:?} should contain {n:?}");
             }
         };
         let with = |gs: Vec<DeclaredGpu>| GpuConfig {
@@ -1552,7 +1559,10 @@ mod tests {
         }
         .validate()
         .unwrap_err();
-        assert!(msg.contains("`gpus.declared[0].numa_node`"), "{msg}");
+        assert!(
+            msg.message.contains("`gpus.declared[0].numa_node`"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -62,7 +62,9 @@
 //!     and per-job cost stay flat over a long history; `[retention]`
 //!     compacts the oldest into `STATE/history.jsonl`.
 //!
-//! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
+//! [`config`] loads and validates `/etc/ptrain/ptrain.toml` (each section
+//! checks its own values and answers a [`setting::InvalidSetting`]: the
+//! dotted key and the fix); [`fsutil`] holds
 //! the durable-write and safe-open primitives; [`users`] resolves uids;
 //! [`metrics`] is the optional Prometheus endpoint the state task feeds;
 //! [`docgen`] writes the man pages and shell completions (`make docs`);
@@ -72,7 +74,7 @@
 //!
 //! The pure core takes values (and `now`) and does no I/O: [`spec`],
 //! [`job`], [`chain`], [`scheduler`], [`policy`], [`resources`],
-//! [`kept_units`], [`unit`](mod@unit) and [`views`]. `tests/module_graph.rs` checks
+//! [`kept_units`], [`unit`](mod@unit), [`views`] and [`setting`]. `tests/module_graph.rs` checks
 //! that none of them names an I/O module or an I/O item of a mixed one, and
 //! that no import cycle appears beyond the ones it lists.
 //!
@@ -120,6 +122,7 @@ pub mod requests;
 pub mod resources;
 pub mod runtime;
 pub mod scheduler;
+pub mod setting;
 pub mod spec;
 pub mod spool;
 pub mod store;

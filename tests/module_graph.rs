@@ -32,6 +32,7 @@ const PURE: &[&str] = &[
     "policy",
     "resources",
     "scheduler",
+    "setting",
     "spec",
     "unit",
     "views",

@@ -35,6 +35,7 @@ use tokio::sync::{broadcast, mpsc};
 use tracing::{error, warn};
 
 use crate::gpu::GpuInfo;
+use crate::setting::InvalidSetting;
 use crate::store::{JobRecord, JobState};
 use crate::views::JobView;
 use archive::{ArchiveJob, ArchiverCommand, LogUsage};
@@ -113,9 +114,9 @@ impl Default for LogsConfig {
 
 impl RawLogsConfig {
     /// Errors are (key, message with the fix).
-    pub fn validate(self) -> Result<LogsConfig, (String, String)> {
-        let bad = |key: &str, message: String| (format!("logs.{key}"), message);
-        let size = |key: &str, v: Option<SizeValue>| -> Result<Option<u64>, (String, String)> {
+    pub fn validate(self) -> Result<LogsConfig, InvalidSetting> {
+        let bad = |key: &str, message: String| InvalidSetting::new(format!("logs.{key}"), message);
+        let size = |key: &str, v: Option<SizeValue>| -> Result<Option<u64>, InvalidSetting> {
             match v {
                 None => Ok(None),
                 Some(SizeValue::Bytes(b)) => Ok(Some(b)),
@@ -581,7 +582,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn raw(text: &str) -> Result<LogsConfig, (String, String)> {
+    fn raw(text: &str) -> Result<LogsConfig, InvalidSetting> {
         toml::from_str::<RawLogsConfig>(text).unwrap().validate()
     }
 
@@ -619,7 +620,7 @@ mod tests {
             ("min_free = \"95%\"", "logs.min_free"),
             ("max_total_size = \"10Q\"", "logs.max_total_size"),
         ] {
-            let (k, m) = raw(text).unwrap_err();
+            let InvalidSetting { key: k, message: m } = raw(text).unwrap_err();
             assert_eq!(k, key, "{m}");
             assert!(m.contains("write") || m.contains("use"), "{m}");
         }
