@@ -25,7 +25,11 @@ impl From<ApiError> for zbus::fdo::Error {
                 zbus::fdo::Error::FileNotFound(e.to_string())
             }
             ApiError::NotYours { .. } => zbus::fdo::Error::AccessDenied(e.to_string()),
-            ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
+            ApiError::Rejected(_)
+            | ApiError::Gpus(_)
+            | ApiError::RecordStop(_)
+            | ApiError::StopUnit(_)
+            | ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
         }
     }

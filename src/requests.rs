@@ -4,8 +4,10 @@
 
 use tokio::sync::oneshot;
 
+use crate::gpu::GpuError;
 use crate::notifications::{DeliveriesError, DeliveryView, RetryTarget};
-use crate::store::RejectRecord;
+use crate::store::{RejectRecord, StoreError};
+use crate::systemd::SystemdError;
 use crate::views::{GpusView, JobView};
 
 /// Why an API call failed; becomes a D-Bus error the CLI maps to an exit code.
@@ -21,6 +23,20 @@ pub enum ApiError {
     },
     #[error("job {0:?} is no longer in ptraind's records ([retention] compacted it; its summary is a line of STATE/history.jsonl); its output is still archived: `ptrain logs {0}`")]
     Compacted(String),
+    /// `ptrain rejected`: the quarantine could not be read.
+    #[error("{0}")]
+    Rejected(StoreError),
+    /// `ptrain gpus`: the inventory could not be read.
+    #[error("{0}")]
+    Gpus(GpuError),
+    /// `ptrain stop`: the stop request could not be made durable.
+    #[error("cannot record the stop request: {0}")]
+    RecordStop(StoreError),
+    /// `ptrain stop`: systemd refused to stop the job's unit.
+    #[error("{0}")]
+    StopUnit(SystemdError),
+    /// What has no variant of its own yet. The daemon's answers move to
+    /// the variants above (issue 19), after which this goes.
     #[error("{0}")]
     Failed(String),
     #[error("only root may {0}; run it with sudo")]
