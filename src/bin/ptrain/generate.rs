@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use ptrain::config::DEFAULT_CONFIG_PATH;
 use ptrain::views::JobView;
 
-use crate::{fail, Cli, Failure, EXIT_FAILURE};
+use crate::{fail, from_bus, parse, proxy, Cli, Failure, EXIT_FAILURE};
 
 /// How many recent ends `ptrain __complete-ids` offers besides the active
 /// jobs: what `ptrain list` shows by default.
@@ -131,6 +131,22 @@ pub(crate) fn generate(man: Option<PathBuf>, completions: Option<PathBuf>) -> Re
             add_job_id_completion(&path).map_err(|e| io("completions", dir, e))?;
             outln!("{}", path.display());
         }
+    }
+    Ok(0)
+}
+
+/// The hidden `ptrain __complete-ids`: the ids a job-id argument
+/// completes to, one a line.
+pub(crate) async fn complete_ids() -> Result<u8, Failure> {
+    let jobs: Vec<JobView> = parse(
+        &proxy()
+            .await?
+            .list_recent(COMPLETE_RECENT)
+            .await
+            .map_err(from_bus)?,
+    )?;
+    for id in completion_ids(&jobs) {
+        outln!("{id}");
     }
     Ok(0)
 }

@@ -11,7 +11,7 @@ use crate::human::{
     duration_of, format_duration, format_time, last_column, terminal_width, truncate,
 };
 use crate::wait::is_final;
-use crate::{fail, from_bus, parse, Failure, EXIT_USAGE};
+use crate::{fail, from_bus, parse, print_json, proxy, Failure, EXIT_USAGE};
 
 /// Every status word a job shows (`JobView::status`), in the order a job
 /// passes through them: the live ones, every outcome's (the job model's
@@ -262,6 +262,26 @@ pub(crate) fn render_tree(jobs: &[JobView]) -> String {
         tree.walk(root, 0);
     }
     tree.out
+}
+
+/// `ptrain list`: the jobs the filter keeps, as a table, a tree or JSON.
+pub(crate) async fn list(
+    filter: &ListFilter,
+    all: bool,
+    recent: u32,
+    json: bool,
+    tree: bool,
+) -> Result<u8, Failure> {
+    let proxy = proxy().await?;
+    let jobs = list_jobs(&proxy, all, recent, filter).await?;
+    if json {
+        print_json(&jobs);
+    } else if tree {
+        out!("{}", render_tree(&jobs));
+    } else {
+        print_table(&jobs);
+    }
+    Ok(0)
 }
 
 #[cfg(test)]

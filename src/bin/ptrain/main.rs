@@ -10,8 +10,6 @@ use clap::{Parser, Subcommand};
 use ptrain::api::Daemon1Proxy;
 use ptrain::config::DEFAULT_CONFIG_PATH;
 use ptrain::display::escape;
-use ptrain::store::RejectRecord;
-use ptrain::views::{GpusView, JobView};
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -64,25 +62,28 @@ macro_rules! errln {
 
 mod du;
 mod generate;
+mod gpus;
 mod human;
 mod list;
 mod logs;
 mod notifications;
+mod rejected;
 mod status;
 mod stop;
 mod submit;
 mod wait;
 
 use du::du;
-use generate::{completion_ids, generate, COMPLETE_RECENT};
-use human::{format_time, human_mib, truncate};
-use list::{list_jobs, print_table, render_tree, status_words, uid_of_user, ListFilter};
+use generate::{complete_ids, generate};
+use gpus::gpus;
+use list::{list, status_words, uid_of_user, ListFilter};
 use logs::logs;
 use notifications::notifications;
-use status::{print_status, print_sweep};
+use rejected::rejected;
+use status::status;
 use stop::stop;
 use submit::{submit, Export};
-use wait::{follow, wait_for_jobs};
+use wait::wait;
 
 #[derive(Parser)]
 #[command(
@@ -350,27 +351,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             let export = export.as_deref().map(Export::parse).transpose()?.flatten();
             submit(&cli.config, &file, id, no_confirm, wait, export).await
         }
-        Command::Wait { ids } => {
-            let proxy = proxy().await?;
-            // Subscribed before the first look, so no change falls in between.
-            let hints = follow(&proxy, true).await?;
-            // A sweep id stands for all of its members.
-            let jobs: Vec<JobView> = parse(&proxy.list().await.map_err(from_bus)?)?;
-            let mut expanded = Vec::new();
-            for id in ids {
-                let members: Vec<String> = jobs
-                    .iter()
-                    .filter(|j| j.group.as_deref() == Some(id.as_str()))
-                    .map(|j| j.id.clone())
-                    .collect();
-                if members.is_empty() {
-                    expanded.push(id);
-                } else {
-                    expanded.extend(members);
-                }
-            }
-            wait_for_jobs(&proxy, hints, &expanded).await
-        }
+        Command::Wait { ids } => wait(ids).await,
         Command::List {
             json,
             all,
@@ -390,52 +371,9 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 },
                 statuses: status.into_iter().collect(),
             };
-            let proxy = proxy().await?;
-            let jobs = list_jobs(&proxy, all, recent, &filter).await?;
-            if json {
-                print_json(&jobs);
-            } else if tree {
-                out!("{}", render_tree(&jobs));
-            } else {
-                print_table(&jobs);
-            }
-            Ok(0)
+            list(&filter, all, recent, json, tree).await
         }
-        Command::Status { id, json } => {
-            let proxy = proxy().await?;
-            let failure = match proxy.status(&id).await {
-                Ok(job) => {
-                    let job: JobView = parse(&job)?;
-                    if json {
-                        print_json(&job);
-                    } else {
-                        print_status(&job);
-                    }
-                    return Ok(0);
-                }
-                Err(e) => from_bus(e),
-            };
-            // Not a job: a sweep id stands for its members (as for `wait`
-            // and `stop`).
-            if failure.code != EXIT_FAILURE {
-                return Err(failure);
-            }
-            let jobs: Vec<JobView> = parse(&proxy.list().await.map_err(from_bus)?)?;
-            let mut members: Vec<JobView> = jobs
-                .into_iter()
-                .filter(|j| j.group.as_deref() == Some(id.as_str()))
-                .collect();
-            if members.is_empty() {
-                return Err(failure);
-            }
-            members.sort_by(|a, b| a.id.cmp(&b.id));
-            if json {
-                print_json(&members);
-            } else {
-                print_sweep(&id, &members);
-            }
-            Ok(0)
-        }
+        Command::Status { id, json } => status(id, json).await,
         Command::Stop { ids, user } => stop(ids, user).await,
         Command::Logs {
             id,
@@ -444,80 +382,11 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             since,
         } => logs(&id, follow, lines, since.as_deref()).await,
         Command::Du { json } => du(json).await,
-        Command::Rejected { json } => {
-            let list: Vec<RejectRecord> =
-                parse(&proxy().await?.rejected().await.map_err(from_bus)?)?;
-            if json {
-                print_json(&list);
-            } else if list.is_empty() {
-                outln!("no rejected job files");
-            } else {
-                for r in &list {
-                    outln!(
-                        "{}  {}  {}: {}",
-                        format_time(r.rejected_at),
-                        escape(r.owner.as_deref().unwrap_or("?")),
-                        escape(&r.file),
-                        escape(&r.reason)
-                    );
-                }
-            }
-            Ok(0)
-        }
-        Command::Gpus { json } => {
-            let view: GpusView = parse(&proxy().await?.gpus().await.map_err(from_bus)?)?;
-            if json {
-                print_json(&view);
-            } else {
-                outln!("backend: {}", view.backend);
-                outln!(
-                    "{:<5} {:<24} {:>9} {:>9} {:<12} {:<16} UUID",
-                    "INDEX",
-                    "NAME",
-                    "MEMORY",
-                    "USED",
-                    "STATE",
-                    "JOB"
-                );
-                for g in &view.gpus {
-                    outln!(
-                        "{:<5} {:<24} {:>9} {:>9} {:<12} {:<16} {}",
-                        g.gpu.index,
-                        truncate(&g.gpu.name, 24),
-                        human_mib(g.gpu.memory_total_mib),
-                        g.gpu.memory_used_mib.map(human_mib).unwrap_or("-".into()),
-                        if g.state.is_empty() { "-" } else { &g.state },
-                        g.held_by
-                            .as_deref()
-                            .or(g.reserved_for.as_deref())
-                            .unwrap_or("-"),
-                        g.gpu.uuid
-                    );
-                }
-                // What the STATE column cannot hold: why a GPU is out.
-                for g in &view.gpus {
-                    if matches!(g.state.as_str(), "unhealthy" | "busy-foreign") {
-                        outln!("GPU {}: {}", g.gpu.index, escape(&g.detail));
-                    }
-                }
-            }
-            Ok(0)
-        }
+        Command::Rejected { json } => rejected(json).await,
+        Command::Gpus { json } => gpus(json).await,
         Command::Notifications { json, action } => notifications(json, action).await,
         Command::Generate { man, completions } => generate(man, completions),
-        Command::CompleteIds => {
-            let jobs: Vec<JobView> = parse(
-                &proxy()
-                    .await?
-                    .list_recent(COMPLETE_RECENT)
-                    .await
-                    .map_err(from_bus)?,
-            )?;
-            for id in completion_ids(&jobs) {
-                outln!("{id}");
-            }
-            Ok(0)
-        }
+        Command::CompleteIds => complete_ids().await,
     }
 }
 

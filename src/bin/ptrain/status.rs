@@ -7,6 +7,7 @@ use ptrain::store::signal_name;
 use ptrain::views::JobView;
 
 use crate::human::{duration_of, format_duration, format_time};
+use crate::{from_bus, parse, print_json, proxy, Failure, EXIT_FAILURE};
 
 /// A sweep for people: how many of its jobs are in each state, then each
 /// job with what it ran with and how it ended.
@@ -161,6 +162,43 @@ fn status_extras(j: &JobView) -> Vec<String> {
         lines.push(format!("GPU:       {}", escape(warning)));
     }
     lines
+}
+
+/// `ptrain status ID`: one job, or a sweep's members.
+pub(crate) async fn status(id: String, json: bool) -> Result<u8, Failure> {
+    let proxy = proxy().await?;
+    let failure = match proxy.status(&id).await {
+        Ok(job) => {
+            let job: JobView = parse(&job)?;
+            if json {
+                print_json(&job);
+            } else {
+                print_status(&job);
+            }
+            return Ok(0);
+        }
+        Err(e) => from_bus(e),
+    };
+    // Not a job: a sweep id stands for its members (as for `wait`
+    // and `stop`).
+    if failure.code != EXIT_FAILURE {
+        return Err(failure);
+    }
+    let jobs: Vec<JobView> = parse(&proxy.list().await.map_err(from_bus)?)?;
+    let mut members: Vec<JobView> = jobs
+        .into_iter()
+        .filter(|j| j.group.as_deref() == Some(id.as_str()))
+        .collect();
+    if members.is_empty() {
+        return Err(failure);
+    }
+    members.sort_by(|a, b| a.id.cmp(&b.id));
+    if json {
+        print_json(&members);
+    } else {
+        print_sweep(&id, &members);
+    }
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use ptrain::api::Daemon1Proxy;
 use ptrain::display::escape;
 use ptrain::views::JobView;
 
-use crate::{fail, from_bus, parse, Failure, EXIT_NO_DAEMON};
+use crate::{fail, from_bus, parse, proxy, Failure, EXIT_NO_DAEMON};
 
 const EXIT_JOB_FAILED: u8 = 4;
 const EXIT_JOB_TIMEOUT: u8 = 5;
@@ -196,4 +196,27 @@ pub(crate) async fn wait_for_jobs(
     } else {
         EXIT_JOB_DEPENDENCY
     })
+}
+
+/// `ptrain wait ID…`: a sweep id stands for its members.
+pub(crate) async fn wait(ids: Vec<String>) -> Result<u8, Failure> {
+    let proxy = proxy().await?;
+    // Subscribed before the first look, so no change falls in between.
+    let hints = follow(&proxy, true).await?;
+    // A sweep id stands for all of its members.
+    let jobs: Vec<JobView> = parse(&proxy.list().await.map_err(from_bus)?)?;
+    let mut expanded = Vec::new();
+    for id in ids {
+        let members: Vec<String> = jobs
+            .iter()
+            .filter(|j| j.group.as_deref() == Some(id.as_str()))
+            .map(|j| j.id.clone())
+            .collect();
+        if members.is_empty() {
+            expanded.push(id);
+        } else {
+            expanded.extend(members);
+        }
+    }
+    wait_for_jobs(&proxy, hints, &expanded).await
 }
