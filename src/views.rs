@@ -263,29 +263,16 @@ pub struct GpusView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::test_kit;
 
     #[test]
     fn others_see_only_id_owner_state_and_gpus_unless_the_admin_shows_all() {
-        let spec = crate::spec::parse_spec(
-            br#"{"version":1,"command":["python3","train.py","--key","s3cret"],"workdir":"/home/alice/p","name":"project-x","comment":"for the grant"}"#,
+        let mut record = test_kit::record(
+            r#"{"version":1,"command":["python3","train.py","--key","s3cret"],"workdir":"/home/alice/p","name":"project-x","comment":"for the grant"}"#,
             "j",
-        )
-        .unwrap();
-        let owner = crate::users::Owner {
-            uid: 1000,
-            gid: 1000,
-            name: "alice".into(),
-            home: "/home/alice".into(),
-            groups: vec![],
-        };
-        let source = crate::store::SpoolSource {
-            file: "j.json".into(),
-            dev: 0,
-            ino: 0,
-            ctime_ns: 0,
-            size: 0,
-        };
-        let mut record = JobRecord::new(spec, owner, source, 0);
+            test_kit::owner(1000, "alice"),
+            0,
+        );
         record.result = Some(serde_json::json!({"acc": 1}));
         let view = JobView::of(&record);
         let private = Privacy::default();

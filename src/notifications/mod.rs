@@ -228,22 +228,7 @@ mod tests {
     }
 
     fn record(json: &str, owner: &str) -> JobRecord {
-        let spec = crate::spec::parse_spec(json.as_bytes(), "job1").unwrap();
-        let owner = crate::users::Owner {
-            uid: 1000,
-            gid: 1000,
-            name: owner.into(),
-            home: "/home/x".into(),
-            groups: Vec::new(),
-        };
-        let source = crate::store::SpoolSource {
-            file: "job1.json".into(),
-            dev: 0,
-            ino: 0,
-            ctime_ns: 0,
-            size: 0,
-        };
-        JobRecord::new(spec, owner, source, 1)
+        crate::store::test_kit::record(json, "job1", crate::store::test_kit::owner(1000, owner), 1)
     }
 
     fn keys(intents: &[Intent]) -> Vec<&str> {
