@@ -28,7 +28,6 @@ impl From<ApiError> for zbus::fdo::Error {
             ApiError::Rejected(_)
             | ApiError::Gpus(_)
             | ApiError::RecordStop(_)
-            | ApiError::StopUnit(_)
             | ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
         }

@@ -7,7 +7,6 @@ use tokio::sync::oneshot;
 use crate::gpu::GpuError;
 use crate::notifications::{DeliveriesError, DeliveryView, RetryTarget};
 use crate::store::{RejectRecord, StoreError};
-use crate::systemd::SystemdError;
 use crate::views::{GpusView, JobView};
 
 /// Why an API call failed; becomes a D-Bus error the CLI maps to an exit code.
@@ -32,11 +31,10 @@ pub enum ApiError {
     /// `ptrain stop`: the stop request could not be made durable.
     #[error("cannot record the stop request: {0}")]
     RecordStop(StoreError),
-    /// `ptrain stop`: systemd refused to stop the job's unit.
-    #[error("{0}")]
-    StopUnit(SystemdError),
-    /// What has no variant of its own yet. The daemon's answers move to
-    /// the variants above (issue 19), after which this goes.
+    /// What has no variant of its own yet (systemd refusing to stop a
+    /// unit: a variant holding `SystemdError` here would close an import
+    /// cycle through `unit` and `config`). The daemon's other answers move
+    /// to the variants above (issue 19).
     #[error("{0}")]
     Failed(String),
     #[error("only root may {0}; run it with sudo")]
