@@ -1,286 +1,22 @@
-//! ptraind's D-Bus API (`org.ptrain.Daemon1` on the system bus), and the
-//! stable JSON shapes the CLI prints with `--json`.
+//! ptraind's D-Bus API (`org.ptrain.Daemon1` on the system bus): the
+//! object the daemon serves and the proxy the CLI calls. It answers with
+//! [`crate::views`]' JSON, asks the state task through
+//! [`crate::requests`], and serves output through [`crate::logs`]; each
+//! wing's error becomes a D-Bus error here.
 //!
 //! Callers are identified by the uid the bus daemon vouches for; a user may
 //! stop only their own jobs (root any). Reads are open to every local user,
 //! as `squeue` and `systemctl list-units` are.
 
-use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::gpu::GpuInfo;
-use crate::job::explain_exit_status;
-use crate::store::{JobRecord, JobState, Outcome, RejectRecord, SpoolSource};
-
-/// One job as `ptrain status --json` and `ptrain list --json` show it.
-/// Fields are only ever added, never renamed.
-/// `[privacy]` (Slurm's `PrivateData` is the anchor): what a user sees of
-/// other users' jobs. By default only their id, owner, state and GPUs; the
-/// command, workdir, result, exit and detail only with the admin's consent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Privacy {
-    /// Show every job's details to every user.
-    #[serde(default)]
-    pub show_all_jobs: bool,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct JobView {
-    pub id: String,
-    /// The descriptor's `name` and `comment`: text for people, the
-    /// owner's (hidden from others like the command, [`JobView::as_seen_by`]).
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub comment: Option<String>,
-    pub status: String,
-    pub owner: String,
-    pub uid: u32,
-    pub unit: String,
-    pub command: Vec<String>,
-    pub workdir: Option<String>,
-    pub gpus: Vec<u32>,
-    pub gpu_uuids: Vec<String>,
-    pub submitted_at: u64,
-    pub started_at: Option<u64>,
-    pub ended_at: Option<u64>,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub outcome: Option<Outcome>,
-    /// A sentence for people: what happened and, on failure, why.
-    pub detail: String,
-    pub invocation_id: Option<String>,
-    pub systemd_result: Option<String>,
-    pub timeout_secs: Option<u64>,
-    /// The sweep this job belongs to and its parameter values.
-    #[serde(default)]
-    pub group: Option<String>,
-    #[serde(default)]
-    pub params: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    pub after_ok: Vec<String>,
-    #[serde(default)]
-    pub after_fail: Vec<String>,
-    #[serde(default)]
-    pub after_any: Vec<String>,
-    /// Jobs a queued job still waits for.
-    #[serde(default)]
-    pub waiting_for: Vec<String>,
-    /// What the job wrote to $PTRAIN_RESULT_FILE.
-    #[serde(default)]
-    pub result: Option<serde_json::Value>,
-    /// Why what it wrote there was not taken as its result.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result_error: Option<String>,
-    /// Its memory, CPU and task limits in words ("4 CPUs, 12.0 GiB of
-    /// memory"); empty when it has none.
-    #[serde(default)]
-    pub resources: String,
-    /// The details are the owner's ([`JobView::as_seen_by`]).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub private: bool,
-    /// Queue priority (higher first; 0 by default).
-    #[serde(default)]
-    pub priority: i32,
-    /// What the job asked of its GPUs, in words ("2 GPUs (model \"A100\")").
-    #[serde(default)]
-    pub gpu_request: String,
-    /// The spool file the job was made of, as ptraind read it (its
-    /// fstat): how `ptrain submit` tells the job of the file it published
-    /// from a namesake's. Only `Status` fills it in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<SpoolSource>,
-    /// A GPU the job held left the pool under it (lost, or uncorrected
-    /// ECC errors): which, and why. Only `Status` fills it in, from
-    /// ptraind's memory (`PoolMonitor`), so a restart forgets it unless
-    /// the GPU is still out then.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_warning: Option<String>,
-    /// Only what ptraind keeps in memory of an older end: the command,
-    /// result, invocation and timeout are not filled in (`ptrain status
-    /// ID` reads them from the job's record).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub summary: bool,
-}
-
-/// A job's exit code, signal and the sentence that says how it ended (or
-/// its status word while it has no outcome).
-pub fn outcome_fields(
-    outcome: Option<&Outcome>,
-    status: &str,
-) -> (Option<i32>, Option<i32>, String) {
-    let (exit_code, signal) = match outcome {
-        Some(Outcome::Failed { exit_code }) => (Some(*exit_code), None),
-        Some(Outcome::Succeeded) => (Some(0), None),
-        Some(Outcome::Killed { signal }) => (None, Some(*signal)),
-        _ => (None, None),
-    };
-    let detail = match outcome {
-        Some(outcome) => {
-            let mut s = outcome.describe();
-            if let Some(why) = exit_code.and_then(explain_exit_status) {
-                s.push_str(&format!(" ({why})"));
-            }
-            s
-        }
-        None => status.to_string(),
-    };
-    (exit_code, signal, detail)
-}
-
-impl JobView {
-    /// The view as `caller_uid` may see it: whole for its owner and root
-    /// (and for everyone under `[privacy] show_all_jobs`), else only the
-    /// id, owner, state, GPUs and times.
-    pub fn as_seen_by(self, caller_uid: u32, privacy: Privacy) -> JobView {
-        if privacy.show_all_jobs || caller_uid == 0 || caller_uid == self.uid {
-            return self;
-        }
-        JobView {
-            name: None,
-            comment: None,
-            command: Vec::new(),
-            workdir: None,
-            exit_code: None,
-            signal: None,
-            outcome: None,
-            detail: String::new(),
-            systemd_result: None,
-            params: Default::default(),
-            result: None,
-            result_error: None,
-            resources: String::new(),
-            invocation_id: None,
-            timeout_secs: None,
-            after_ok: Vec::new(),
-            after_fail: Vec::new(),
-            after_any: Vec::new(),
-            waiting_for: Vec::new(),
-            // The sweep's id stays: it names jobs, as their ids do, and
-            // `ptrain wait SWEEP` by others needs it.
-            priority: 0,
-            gpu_request: String::new(),
-            gpu_warning: None,
-            private: true,
-            ..self
-        }
-    }
-
-    pub fn of(record: &JobRecord) -> JobView {
-        let (exit_code, signal, mut detail) =
-            outcome_fields(record.outcome.as_ref(), record.status());
-        if record.outcome.is_none()
-            && record.state == JobState::Queued
-            && record.spec.gpus.count() > 0
-        {
-            detail = format!("waiting for {}", record.spec.gpus.describe());
-        }
-        JobView {
-            id: record.id.to_string(),
-            name: record.spec.name.clone(),
-            comment: record.spec.comment.clone(),
-            status: record.status().to_string(),
-            owner: record.owner.name.clone(),
-            uid: record.owner.uid,
-            unit: record.unit.clone(),
-            command: record.spec.command.clone(),
-            workdir: record
-                .spec
-                .workdir
-                .as_ref()
-                .map(|p| p.display().to_string()),
-            gpus: record.gpus.iter().map(|g| g.index).collect(),
-            gpu_uuids: record.gpus.iter().map(|g| g.uuid.clone()).collect(),
-            submitted_at: record.submitted_at,
-            started_at: record.started_at,
-            ended_at: record.ended_at,
-            exit_code,
-            signal,
-            outcome: record.outcome.clone(),
-            detail,
-            invocation_id: record.invocation_id.clone(),
-            systemd_result: record.systemd_result.clone(),
-            timeout_secs: record.spec.timeout.map(|t| t.as_secs()),
-            group: record.group.as_ref().map(|g| g.to_string()),
-            params: record.params.clone(),
-            after_ok: record
-                .spec
-                .after
-                .after_ok
-                .iter()
-                .map(|i| i.to_string())
-                .collect(),
-            after_fail: record
-                .spec
-                .after
-                .after_fail
-                .iter()
-                .map(|i| i.to_string())
-                .collect(),
-            after_any: record
-                .spec
-                .after
-                .after_any
-                .iter()
-                .map(|i| i.to_string())
-                .collect(),
-            waiting_for: Vec::new(),
-            result: record.result.clone(),
-            result_error: record.result_error.clone(),
-            resources: record.limits.describe(),
-            private: false,
-            priority: record.spec.priority,
-            gpu_request: record.spec.gpus.describe(),
-            source: None,
-            gpu_warning: None,
-            summary: false,
-        }
-    }
-}
-
-/// A GPU, its state and the job holding it, for `ptrain gpus`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct GpuView {
-    #[serde(flatten)]
-    pub gpu: GpuInfo,
-    pub held_by: Option<String>,
-    /// `free`, `held`, `reserved`, `busy-foreign` or `unhealthy`
-    /// ([`crate::gpu::GpuState::name`]).
-    #[serde(default)]
-    pub state: String,
-    /// The waiting job the GPU is kept for (state `reserved`).
-    #[serde(default)]
-    pub reserved_for: Option<String>,
-    /// The state in words: who holds it, how much others use, why unhealthy.
-    #[serde(default)]
-    pub detail: String,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct GpusView {
-    pub backend: String,
-    pub gpus: Vec<GpuView>,
-}
-
-/// Why an API call failed; becomes a D-Bus error the CLI maps to an exit code.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    #[error("no job {0:?}; `ptrain list` shows the jobs ptraind knows")]
-    NotFound(String),
-    #[error("job {id} belongs to {owner}; only its owner or root may {action} it")]
-    NotYours {
-        id: String,
-        owner: String,
-        action: &'static str,
-    },
-    #[error("job {0:?} is no longer in ptraind's records ([retention] compacted it; its summary is a line of STATE/history.jsonl); its output is still archived: `ptrain logs {0}`")]
-    Compacted(String),
-    #[error("{0}")]
-    Failed(String),
-    #[error("only root may {0}; run it with sudo")]
-    RootOnly(&'static str),
-}
+use crate::logs::{JobLookup, JobOutput, Logs, LogsError, ReadOptions};
+use crate::notifications::{DeliveriesError, RetryTarget};
+use crate::requests::{ApiError, ApiRequest};
+use crate::views::{JobView, Privacy};
 
 impl From<ApiError> for zbus::fdo::Error {
     fn from(e: ApiError) -> Self {
@@ -289,34 +25,28 @@ impl From<ApiError> for zbus::fdo::Error {
                 zbus::fdo::Error::FileNotFound(e.to_string())
             }
             ApiError::NotYours { .. } => zbus::fdo::Error::AccessDenied(e.to_string()),
-            ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
+            ApiError::Rejected(_)
+            | ApiError::Gpus(_)
+            | ApiError::RecordStop(_)
+            | ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
         }
     }
 }
 
-/// A request from the API to the daemon's state task.
-pub enum ApiRequest {
-    List(oneshot::Sender<Vec<JobView>>),
-    /// Queued and running jobs plus the `limit` most recently ended.
-    ListRecent(u32, oneshot::Sender<Vec<JobView>>),
-    Status(String, oneshot::Sender<Result<JobView, ApiError>>),
-    Stop {
-        id: String,
-        caller_uid: u32,
-        reply: oneshot::Sender<Result<String, ApiError>>,
-    },
-    Rejected {
-        caller_uid: u32,
-        reply: oneshot::Sender<Result<Vec<RejectRecord>, ApiError>>,
-    },
-    Gpus(oneshot::Sender<Result<GpusView, ApiError>>),
-    /// Notification deliveries (root only; checked by the API).
-    Notifications(oneshot::Sender<Result<Vec<crate::notifications::DeliveryView>, ApiError>>),
-    RetryNotifications(
-        crate::notifications::RetryTarget,
-        oneshot::Sender<Result<String, ApiError>>,
-    ),
+impl From<LogsError> for zbus::fdo::Error {
+    fn from(e: LogsError) -> Self {
+        zbus::fdo::Error::Failed(e.to_string())
+    }
+}
+
+impl From<DeliveriesError> for zbus::fdo::Error {
+    fn from(e: DeliveriesError) -> Self {
+        match e {
+            DeliveriesError::NotAKey(_) => zbus::fdo::Error::FileNotFound(e.to_string()),
+            _ => zbus::fdo::Error::Failed(e.to_string()),
+        }
+    }
 }
 
 /// The object served at [`crate::DBUS_PATH`].
@@ -325,7 +55,7 @@ pub struct DaemonApi {
     /// `[privacy]`: what callers see of others' jobs.
     pub privacy: Privacy,
     /// Serves job output ([`crate::logs`]).
-    pub logs: crate::logs::Logs,
+    pub logs: Logs,
     /// The spool directory ptraind watches, for `ptrain submit` when the
     /// config is not readable to its user.
     pub spool_dir: std::path::PathBuf,
@@ -340,11 +70,7 @@ impl DaemonApi {
     }
 
     /// The job whose output `caller_uid` asks for: theirs, or any for root.
-    async fn output_of(
-        &self,
-        id: String,
-        caller_uid: u32,
-    ) -> zbus::fdo::Result<crate::logs::JobOutput> {
+    async fn output_of(&self, id: String, caller_uid: u32) -> zbus::fdo::Result<JobOutput> {
         let job = match self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await? {
             Ok(job) => job,
             Err(ApiError::NotFound(_)) => {
@@ -363,14 +89,35 @@ impl DaemonApi {
             }
             .into());
         }
-        Ok(crate::logs::JobOutput::of_view(&job))
+        Ok(JobOutput::of_view(&job))
     }
 
     /// The output of a job `[retention]` compacted, known now by its
     /// archive only: for its owner and root; to others it is no job.
-    async fn compacted(&self, id: &str, caller_uid: u32) -> Option<crate::logs::JobOutput> {
+    async fn compacted(&self, id: &str, caller_uid: u32) -> Option<JobOutput> {
         let output = self.logs.archived_output(id).await?;
         (caller_uid == 0 || caller_uid == output.uid).then_some(output)
+    }
+
+    /// How a log follower that fell behind asks the state task where its
+    /// job stands.
+    fn lookup(&self) -> JobLookup {
+        let requests = self.requests.clone();
+        Arc::new(move |id| {
+            let requests = requests.clone();
+            Box::pin(async move {
+                let gone = || std::io::Error::other("ptraind is shutting down");
+                let (tx, rx) = oneshot::channel();
+                requests
+                    .send(ApiRequest::Status(id, tx))
+                    .map_err(|_| gone())?;
+                let view = rx
+                    .await
+                    .map_err(|_| gone())?
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                Ok(JobOutput::of_view(&view))
+            })
+        })
     }
 
     async fn ask<T>(
@@ -505,7 +252,7 @@ impl DaemonApi {
         let job = self.output_of(id, caller_uid).await?;
         Ok(self
             .logs
-            .read_to_string(job, caller_uid, lines, self.requests.clone())
+            .read_to_string(job, caller_uid, lines, self.lookup())
             .await?)
     }
 
@@ -530,14 +277,14 @@ impl DaemonApi {
         // between.
         let changes = self.logs.subscribe();
         let job = self.output_of(id, caller_uid).await?;
-        let opts = crate::logs::ReadOptions {
+        let opts = ReadOptions {
             lines,
             since_us: since_usec,
             follow,
         };
         let fd = self
             .logs
-            .open(job, caller_uid, opts, changes, self.requests.clone())?;
+            .open(job, caller_uid, opts, changes, self.lookup())?;
         Ok(fd.into())
     }
 
@@ -584,9 +331,9 @@ impl DaemonApi {
             return Err(ApiError::RootOnly("re-send notifications").into());
         }
         let target = if all_dead {
-            crate::notifications::RetryTarget::AllDead
+            RetryTarget::AllDead
         } else {
-            crate::notifications::RetryTarget::Key(key)
+            RetryTarget::Key(key)
         };
         Ok(self
             .ask(|reply| ApiRequest::RetryNotifications(target, reply))
@@ -638,85 +385,4 @@ pub trait Daemon1 {
     fn spool_dir(&self) -> zbus::Result<String>;
     #[zbus(signal)]
     fn job_changed(&self, id: String, status: String) -> zbus::Result<()>;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn others_see_only_id_owner_state_and_gpus_unless_the_admin_shows_all() {
-        let spec = crate::spec::parse_spec(
-            br#"{"version":1,"command":["python3","train.py","--key","s3cret"],"workdir":"/home/alice/p","name":"project-x","comment":"for the grant"}"#,
-            "j",
-        )
-        .unwrap();
-        let owner = crate::users::Owner {
-            uid: 1000,
-            gid: 1000,
-            name: "alice".into(),
-            home: "/home/alice".into(),
-            groups: vec![],
-        };
-        let source = crate::store::SpoolSource {
-            file: "j.json".into(),
-            dev: 0,
-            ino: 0,
-            ctime_ns: 0,
-            size: 0,
-        };
-        let mut record = JobRecord::new(spec, owner, source, 0);
-        record.result = Some(serde_json::json!({"acc": 1}));
-        let view = JobView::of(&record);
-        let private = Privacy::default();
-        let shown = serde_json::to_string(&view.clone().as_seen_by(2000, private)).unwrap();
-        for secret in [
-            "s3cret",
-            "train.py",
-            "/home/alice/p",
-            "acc",
-            "project-x",
-            "grant",
-        ] {
-            assert!(!shown.contains(secret), "{secret} in {shown}");
-        }
-        let seen = view.clone().as_seen_by(2000, private);
-        assert_eq!(
-            (seen.id.as_str(), seen.owner.as_str(), seen.private),
-            ("j", "alice", true)
-        );
-        assert_eq!(seen.status, view.status);
-        for (caller, privacy) in [
-            (1000, private),
-            (0, private),
-            (
-                2000,
-                Privacy {
-                    show_all_jobs: true,
-                },
-            ),
-        ] {
-            assert_eq!(view.clone().as_seen_by(caller, privacy), view);
-        }
-    }
-
-    #[test]
-    fn a_job_not_needed_has_no_exit_status_and_says_why() {
-        let outcome = Outcome::NotNeeded {
-            parent: "train".into(),
-            reason: "after_fail: train succeeded, so this job is not needed".into(),
-        };
-        assert_eq!(outcome.status(), "not-needed");
-        let (exit_code, signal, detail) = outcome_fields(Some(&outcome), outcome.status());
-        assert_eq!((exit_code, signal), (None, None));
-        assert_eq!(
-            detail,
-            "not needed, never ran: after_fail: train succeeded, so this job is not needed"
-        );
-        // The JSON shape `ptrain status --json` shows, and reads back.
-        let json = serde_json::to_value(&outcome).unwrap();
-        assert_eq!(json["kind"], "not-needed");
-        assert_eq!(json["parent"], "train");
-        assert_eq!(serde_json::from_value::<Outcome>(json).unwrap(), outcome);
-    }
 }

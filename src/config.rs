@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::gpu::GpuConfig;
+use crate::setting::InvalidSetting;
 
 pub mod checks;
 
@@ -51,7 +52,7 @@ struct RawConfig {
     privacy: Option<Privacy>,
 }
 
-pub use crate::api::Privacy;
+pub use crate::views::Privacy;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -217,6 +218,8 @@ impl Config {
             key: key.to_owned(),
             message,
         };
+        // Each section checks its own values; the error gains the path.
+        let setting = |e: InvalidSetting| invalid(&e.key, e.message);
         let absolute = |key: &str, value: Option<PathBuf>, default: &str| {
             let value = value.unwrap_or_else(|| PathBuf::from(default));
             if value.is_absolute() {
@@ -268,15 +271,13 @@ impl Config {
             None => GpuConfig::deserialize(toml::Value::Table(Default::default()))
                 .map_err(|e| invalid("gpus", format!("defaults do not load: {e}")))?,
         };
-        gpus.validate()
-            .map_err(|message| invalid("gpus", message))?;
-        let metrics = crate::metrics::MetricsConfig::from_raw(raw.metrics)
-            .map_err(|(key, message)| invalid(&key, message))?;
+        gpus.validate().map_err(setting)?;
+        let metrics = crate::metrics::MetricsConfig::from_raw(raw.metrics).map_err(setting)?;
         let notifications =
             crate::notifications::NotificationsConfig::from_raw(path, raw.notify, raw.channels)
-                .map_err(|(key, message)| invalid(&key, message))?;
+                .map_err(setting)?;
         let policy = raw.policy.unwrap_or_default();
-        policy.validate().map_err(|e| invalid(&e.key, e.message))?;
+        policy.validate().map_err(setting)?;
         let raw_retention = raw.retention.unwrap_or_default();
         let duration = |key: &str, text: Option<String>| match text {
             None => Ok(None),
@@ -312,9 +313,7 @@ impl Config {
             ));
         }
         let limits = raw.limits.unwrap_or_default();
-        limits
-            .validate()
-            .map_err(|(key, message)| invalid(&key, message))?;
+        limits.validate().map_err(setting)?;
         let idle_timeout = raw
             .jobs
             .as_ref()
@@ -365,11 +364,7 @@ impl Config {
                 ),
             ));
         }
-        let logs = raw
-            .logs
-            .unwrap_or_default()
-            .validate()
-            .map_err(|(key, message)| invalid(&key, message))?;
+        let logs = raw.logs.unwrap_or_default().validate().map_err(setting)?;
         let read_write_paths = raw
             .jobs
             .and_then(|j| j.read_write_paths)

@@ -9,19 +9,18 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::{ApiError, ApiRequest, DaemonApi, GpuView, GpusView, JobView};
+use crate::api::DaemonApi;
 use crate::config::Config;
 use crate::fsutil::{self, FileIdentity};
 use crate::gpu::{GpuInfo, GpuInventory, GpuState};
+use crate::requests::{ApiError, ApiRequest};
 use crate::scheduler::{self, Holder, Rules, Waiting};
-use crate::spec::{parse_spec, JobId};
+use crate::spec::{parse_spec, JobId, JOB_UNIT_PREFIX};
 use crate::spool::{self, SpoolEvent, SpoolRead};
 use crate::store::{AssignedGpu, JobRecord, JobState, Outcome, RejectRecord, SpoolSource, Store};
 use crate::systemd::{Systemd, SystemdError, UnitSignal, UnitState};
+use crate::views::{GpuView, GpusView, JobView};
 use crate::{now_micros, unit, users, DBUS_NAME, DBUS_PATH};
-
-/// Prefix of every job unit's name.
-pub const JOB_UNIT_PREFIX: &str = "ptrain-job@";
 
 /// Fault injection for the crash tests: with `PTRAIN_CRASH_AT=POINT` (or
 /// `POINT:N`, the Nth time) ptraind kills itself with SIGKILL when it

@@ -20,6 +20,8 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
 use serde::{Deserialize, Serialize};
 
+use crate::setting::InvalidSetting;
+
 const MIB: u64 = 1024 * 1024;
 /// Largest NUMA node number accepted in the config (Linux's MAX_NUMNODES).
 const MAX_NUMA_NODE: u32 = 1023;
@@ -95,9 +97,6 @@ pub enum GpuError {
 
     #[error("cannot count GPUs through NVML: {0}; check `nvidia-smi`, the driver may be wedged or mid-upgrade")]
     Enumerate(#[source] NvmlError),
-
-    #[error("invalid [gpus] configuration: {0}")]
-    Config(String),
 }
 
 /// Which inventory backend to use.
@@ -151,7 +150,12 @@ pub struct DeclaredGpu {
 impl GpuConfig {
     /// Checks what serde cannot. The message names the key
     /// (`gpus.declared[i].field`) and says how to fix it.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        self.check()
+            .map_err(|message| InvalidSetting::new("gpus".into(), message))
+    }
+
+    fn check(&self) -> Result<(), String> {
         if self.foreign_memory_threshold_mib == 0 {
             return Err(
                 "`gpus.foreign_memory_threshold_mib` is 0, so no GPU could ever be \
@@ -871,8 +875,9 @@ impl GpuInventory for PoolMonitor {
 
 /// Builds the inventory `cfg` asks for. `auto` tries NVML and falls back to
 /// the declared list (possibly empty: a CPU-only machine) with one warning.
+/// `cfg` is a loaded [`crate::config::Config`]'s, which
+/// [`GpuConfig::validate`] checked once, when it loaded.
 pub fn open_inventory(cfg: &GpuConfig) -> Result<Box<dyn GpuInventory>, GpuError> {
-    cfg.validate().map_err(GpuError::Config)?;
     let declared =
         || -> Box<dyn GpuInventory> { Box::new(DeclaredInventory::new(cfg.declared.clone())) };
     let inner: Box<dyn GpuInventory> = match cfg.backend {
@@ -1207,7 +1212,7 @@ mod tests {
         let check = |cfg: GpuConfig, needles: &[&str]| {
             let msg = cfg.validate().unwrap_err();
             for n in needles {
-                assert!(msg.contains(n), "{msg:?} should contain {n:?}");
+                assert!(msg.message.contains(n), "{msg:?} should contain {n:?}");
             }
         };
         let with = |gs: Vec<DeclaredGpu>| GpuConfig {
@@ -1337,14 +1342,13 @@ mod tests {
     }
 
     #[test]
-    fn open_rejects_invalid_config() {
-        let cfg = GpuConfig {
-            backend: GpuBackend::Declared,
-            declared: vec![declared(0), declared(0)],
-            ..GpuConfig::default()
-        };
-        let e = open_inventory(&cfg).err().unwrap();
-        assert!(matches!(e, GpuError::Config(_)));
+    fn an_invalid_gpus_section_is_refused_when_the_config_loads() {
+        let text = "[gpus]\nbackend = \"declared\"\n\
+                    [[gpus.declared]]\nindex = 0\nuuid = \"GPU-a\"\nname = \"A100\"\nmemory_mib = 1\ndevice = \"/dev/nvidia0\"\n\
+                    [[gpus.declared]]\nindex = 0\nuuid = \"GPU-b\"\nname = \"A100\"\nmemory_mib = 1\ndevice = \"/dev/nvidia1\"\n";
+        let e = crate::config::Config::from_toml(Path::new("/etc/ptrain/ptrain.toml"), text)
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("gpus.declared[1].index"), "{e}");
     }
 
@@ -1555,7 +1559,10 @@ mod tests {
         }
         .validate()
         .unwrap_err();
-        assert!(msg.contains("`gpus.declared[0].numa_node`"), "{msg}");
+        assert!(
+            msg.message.contains("`gpus.declared[0].numa_node`"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -11,10 +11,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::api::JobView;
 use crate::chain::Dependencies;
 use crate::spec::JobId;
 use crate::store::{JobRecord, Outcome, SpoolSource};
+use crate::views::JobView;
 
 /// What memory keeps of a finished job.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,7 +51,7 @@ impl EndedJob {
     /// What `ptrain list` shows; `ptrain status ID` reads the full record.
     pub fn view(&self) -> JobView {
         let (exit_code, signal, detail) =
-            crate::api::outcome_fields(self.outcome.as_ref(), self.status());
+            crate::views::outcome_fields(self.outcome.as_ref(), self.status());
         let after = self.after.as_deref().cloned().unwrap_or_default();
         let ids = |v: &[JobId]| v.iter().map(|i| i.to_string()).collect();
         JobView {
@@ -193,29 +193,13 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::test_kit;
 
     fn record(id: &str, owner: &str, uid: u32, ended_at: u64, outcome: Outcome) -> JobRecord {
-        let spec = crate::spec::parse_spec(
-            format!(r#"{{"version": 1, "id": "{id}", "command": ["true"], "after_ok": ["p"], "priority": 3}}"#)
-                .as_bytes(),
-            id,
-        )
-        .unwrap();
-        let owner = crate::users::Owner {
-            uid,
-            gid: uid,
-            name: owner.into(),
-            home: "/home/x".into(),
-            groups: Vec::new(),
-        };
-        let source = SpoolSource {
-            file: format!("{id}.json"),
-            dev: 1,
-            ino: 2,
-            ctime_ns: 3,
-            size: 4,
-        };
-        let mut r = JobRecord::new(spec, owner, source, 10);
+        let json = format!(
+            r#"{{"version": 1, "id": "{id}", "command": ["true"], "after_ok": ["p"], "priority": 3}}"#
+        );
+        let mut r = test_kit::record(&json, id, test_kit::owner(uid, owner), 10);
         r.state = crate::store::JobState::Ended;
         r.started_at = Some(11);
         r.ended_at = Some(ended_at);

@@ -44,8 +44,11 @@
 //!    loaded a while for `systemctl status` ([`kept_units`], pure: which to
 //!    release when).
 //! 7. [`daemon`]: the one task that owns the state, receives every event
-//!    (spool, systemd, API) on a channel and applies it; [`api`] is the
-//!    D-Bus interface the `ptrain` CLI talks to.
+//!    (spool, systemd, API) on a channel and applies it. [`api`] is the
+//!    D-Bus object the `ptrain` CLI talks to (and its proxy); it asks the
+//!    state task through [`requests`] (each request carries its reply
+//!    channel; [`requests::ApiError`]) and answers with [`views`], the
+//!    JSON shapes `--json` prints (pure).
 //! 8. [`notifications`]: a job's start and end are announced to the
 //!    admin's channels (email, WeCom robot, webhook) from an outbox written
 //!    with the state change, by a sender task that retries and never holds
@@ -59,7 +62,9 @@
 //!     and per-job cost stay flat over a long history; `[retention]`
 //!     compacts the oldest into `STATE/history.jsonl`.
 //!
-//! [`config`] loads and validates `/etc/ptrain/ptrain.toml`; [`fsutil`] holds
+//! [`config`] loads and validates `/etc/ptrain/ptrain.toml` (each section
+//! checks its own values and answers a [`setting::InvalidSetting`]: the
+//! dotted key and the fix); [`fsutil`] holds
 //! the durable-write and safe-open primitives; [`users`] resolves uids;
 //! [`metrics`] is the optional Prometheus endpoint the state task feeds;
 //! [`docgen`] writes the man pages and shell completions (`make docs`);
@@ -71,7 +76,7 @@
 //!
 //! The pure core takes values (and `now`) and does no I/O: [`spec`],
 //! [`job`], [`chain`], [`scheduler`], [`policy`], [`resources`],
-//! [`kept_units`] and [`unit`](mod@unit). `tests/module_graph.rs` checks
+//! [`kept_units`], [`unit`](mod@unit), [`views`] and [`setting`]. `tests/module_graph.rs` checks
 //! that none of them names an I/O module or an I/O item of a mixed one, and
 //! that no import cycle appears beyond the ones it lists.
 //!
@@ -84,18 +89,21 @@
 //! (render, retry and pacing are pure; the sender, transports, outbox and
 //! output tail are not).
 //!
-//! The rest is I/O: [`daemon`], [`systemd`], [`api`], [`spool`],
-//! [`logs`], [`metrics`], [`fsutil`], and [`history`] (in memory, but built
-//! on [`api`]'s views).
+//! The rest is I/O: [`daemon`], [`systemd`], [`api`], [`requests`] (the
+//! channel to the state task), [`spool`], [`logs`], [`metrics`],
+//! [`fsutil`], and [`history`] (in memory, but built on [`views`]).
 //!
-//! One import cycle is left, among three service wings: [`api`] (the JSON
-//! views, the state task's requests and the D-Bus object, in one module)
-//! is imported by [`logs`] and [`notifications`] (for the views, the
-//! requests and `ApiError`) and imports both back (to serve output and
-//! deliveries); [`notifications`] also reads [`logs`]' journal for a job's
-//! last lines. `tests/module_graph.rs` lists its edges. Each wing owns its
-//! settings section ([`logs::LogsConfig`], [`api::Privacy`], ...), which
-//! [`config`] loads; [`logs`] takes only its own ([`logs::LogSettings`]).
+//! No import cycle is left, and `tests/module_graph.rs` keeps it so. The
+//! service wings import downwards only: [`api`] imports [`requests`],
+//! [`views`], [`logs`] and [`notifications`]; [`requests`] names
+//! [`notifications`]' reply types; [`notifications`] reads [`logs`]'
+//! journal for a job's last lines; [`logs`] imports only [`views`] of
+//! them (a follower that fell behind asks where its job stands through a
+//! [`logs::JobLookup`] the D-Bus face hands in). Each wing answers with its
+//! own error ([`logs::LogsError`], [`notifications::DeliveriesError`]),
+//! which [`api`] turns into a D-Bus error, and owns its settings section
+//! ([`logs::LogsConfig`], [`views::Privacy`], ...), which [`config`]
+//! loads; [`logs`] takes only its own ([`logs::LogSettings`]).
 
 pub mod api;
 pub mod chain;
@@ -113,15 +121,18 @@ pub mod metrics;
 pub mod notifications;
 pub mod notify_socket;
 pub mod policy;
+pub mod requests;
 pub mod resources;
 pub mod runtime;
 pub mod scheduler;
+pub mod setting;
 pub mod spec;
 pub mod spool;
 pub mod store;
 pub mod systemd;
 pub mod unit;
 pub mod users;
+pub mod views;
 
 /// The well-known bus name, object path and interface of ptraind's API.
 pub const DBUS_NAME: &str = "org.ptrain.Daemon1";

@@ -26,8 +26,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ApiRequest, GpusView};
 use crate::notifications::{DeliveryState, DeliveryView, Notifier};
+use crate::requests::ApiRequest;
+use crate::setting::InvalidSetting;
+use crate::views::GpusView;
 
 /// `[metrics]` as written in the config file.
 #[derive(Debug, Default, Deserialize)]
@@ -49,7 +51,7 @@ pub struct MetricsConfig {
 impl MetricsConfig {
     /// Validates `[metrics]`; an error is (key, message) like the other
     /// sections'.
-    pub fn from_raw(raw: Option<RawMetrics>) -> Result<MetricsConfig, (String, String)> {
+    pub fn from_raw(raw: Option<RawMetrics>) -> Result<MetricsConfig, InvalidSetting> {
         let raw = raw.unwrap_or_default();
         let allow_remote = raw.allow_remote.unwrap_or(false);
         let Some(text) = raw.listen else {
@@ -59,13 +61,13 @@ impl MetricsConfig {
             });
         };
         let addr: SocketAddr = text.parse().map_err(|_| {
-            (
+            InvalidSetting::new(
                 "metrics.listen".to_owned(),
                 format!("{text:?} is not an IP address and port; write it like \"127.0.0.1:9464\""),
             )
         })?;
         if !addr.ip().is_loopback() && !allow_remote {
-            return Err((
+            return Err(InvalidSetting::new(
                 "metrics.listen".to_owned(),
                 format!(
                     "{addr} can be reached from other machines and the endpoint has no \
@@ -653,10 +655,10 @@ async fn scrape(m: &Metrics, sources: &Sources) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::GpuView;
     use crate::gpu::GpuInfo;
+    use crate::views::GpuView;
 
-    fn config(text: &str) -> Result<MetricsConfig, (String, String)> {
+    fn config(text: &str) -> Result<MetricsConfig, InvalidSetting> {
         #[derive(Deserialize)]
         struct File {
             metrics: Option<RawMetrics>,
@@ -672,13 +674,15 @@ mod tests {
         assert_eq!(c.listen, Some("127.0.0.1:9464".parse().unwrap()));
         assert!(config("[metrics]\nlisten = \"[::1]:9464\"").is_ok());
         for remote in ["0.0.0.0:9464", "192.0.2.7:9464", "[::]:9464"] {
-            let (key, message) = config(&format!("[metrics]\nlisten = \"{remote}\"")).unwrap_err();
+            let InvalidSetting { key, message } =
+                config(&format!("[metrics]\nlisten = \"{remote}\"")).unwrap_err();
             assert_eq!(key, "metrics.listen");
             assert!(message.contains("allow_remote = true"), "{message}");
         }
         let c = config("[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true").unwrap();
         assert_eq!(c.listen, Some("0.0.0.0:9464".parse().unwrap()));
-        let (key, message) = config("[metrics]\nlisten = \"localhost\"").unwrap_err();
+        let InvalidSetting { key, message } =
+            config("[metrics]\nlisten = \"localhost\"").unwrap_err();
         assert_eq!(key, "metrics.listen");
         assert!(message.contains("127.0.0.1:9464"), "{message}");
         assert!(toml::from_str::<RawMetrics>("listn = \"x\"").is_err());

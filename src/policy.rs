@@ -32,6 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
+use crate::setting::InvalidSetting;
 use crate::spec::MAX_GPU_INDEX;
 use crate::users::Owner;
 
@@ -55,17 +56,10 @@ pub struct Limits {
     pub allowed_gpus: Option<Vec<u32>>,
 }
 
-/// A problem with `[policy]`: the dotted key and what to do about it.
-#[derive(Debug, PartialEq, Eq)]
-pub struct PolicyConfigError {
-    pub key: String,
-    pub message: String,
-}
-
 impl PolicyConfig {
     /// Checks what serde cannot; the error names the key and the fix.
-    pub fn validate(&self) -> Result<(), PolicyConfigError> {
-        let err = |key: String, message: String| Err(PolicyConfigError { key, message });
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        let err = |key: String, message: String| Err(InvalidSetting { key, message });
         let entries = self
             .default
             .iter()

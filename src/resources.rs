@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::setting::InvalidSetting;
+
 /// What a job asked for: `"resources": {"memory": "32G", "cpus": 4, "tasks": 512}`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResourceRequest {
@@ -134,20 +136,23 @@ pub struct UserLimits {
 
 impl UserLimits {
     /// Checks every value; the error names the key under `prefix`.
-    fn validate(&self, prefix: &str) -> Result<(), (String, String)> {
+    fn validate(&self, prefix: &str) -> Result<(), InvalidSetting> {
         if let Some(m) = &self.memory_max {
-            parse_size(m).map_err(|e| (format!("{prefix}memory_max"), e))?;
+            parse_size(m).map_err(|e| InvalidSetting::new(format!("{prefix}memory_max"), e))?;
         }
         if let Some(c) = self.cpus_max {
             if !(c > 0.0 && c <= MAX_CPUS) {
-                return Err((
+                return Err(InvalidSetting::new(
                     format!("{prefix}cpus_max"),
                     format!("must be between 0.001 and {MAX_CPUS}"),
                 ));
             }
         }
         if self.tasks_max == Some(0) {
-            return Err((format!("{prefix}tasks_max"), "must be at least 1".into()));
+            return Err(InvalidSetting::new(
+                format!("{prefix}tasks_max"),
+                "must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -155,7 +160,7 @@ impl UserLimits {
 
 impl LimitsConfig {
     /// Checks every value; the error names the key.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
         let global = UserLimits {
             memory_max: self.memory_max.clone(),
             cpus_max: self.cpus_max,
@@ -351,6 +356,6 @@ mod tests {
             bob
         );
         let bad: LimitsConfig = toml::from_str("[users.x]\nmemory_max = \"lots\"\n").unwrap();
-        assert_eq!(bad.validate().unwrap_err().0, "limits.users.x.memory_max");
+        assert_eq!(bad.validate().unwrap_err().key, "limits.users.x.memory_max");
     }
 }

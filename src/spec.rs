@@ -128,7 +128,8 @@ const PATH_MAX_BYTES: usize = 200;
 #[serde(try_from = "String", into = "String")]
 pub struct JobId(String);
 
-const UNIT_PREFIX: &str = "ptrain-job@";
+/// Prefix of every job unit's name (`ptrain-job@ID.service`).
+pub const JOB_UNIT_PREFIX: &str = "ptrain-job@";
 /// The exit recorder's template, `units/ptrain-exit@.service`.
 pub const RECORDER_PREFIX: &str = "ptrain-exit@";
 const RECORDER_KINDS: [&str; 2] = ["ok", "failed"];
@@ -150,12 +151,14 @@ impl JobId {
 
     /// The transient unit that runs this job: `ptrain-job@<id>.service`.
     pub fn unit_name(&self) -> String {
-        format!("{UNIT_PREFIX}{}{UNIT_SUFFIX}", self.0)
+        format!("{JOB_UNIT_PREFIX}{}{UNIT_SUFFIX}", self.0)
     }
 
     /// Inverse of [`JobId::unit_name`]; `None` for any other unit.
     pub fn from_unit_name(unit: &str) -> Option<JobId> {
-        let id = unit.strip_prefix(UNIT_PREFIX)?.strip_suffix(UNIT_SUFFIX)?;
+        let id = unit
+            .strip_prefix(JOB_UNIT_PREFIX)?
+            .strip_suffix(UNIT_SUFFIX)?;
         JobId::parse(id).ok()
     }
 

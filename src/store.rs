@@ -780,10 +780,47 @@ fn sanitize(name: &str) -> String {
     s
 }
 
+/// One way to make a job record in unit tests, for every module's tests:
+/// an owner, the spool file, and the record of a descriptor.
+#[cfg(test)]
+pub(crate) mod test_kit {
+    use super::{JobRecord, SpoolSource};
+    use crate::users::Owner;
+
+    /// A user whose primary group is their uid, home under /home, with no
+    /// supplementary groups (change the fields a test is about).
+    pub(crate) fn owner(uid: u32, name: &str) -> Owner {
+        Owner {
+            uid,
+            gid: uid,
+            name: name.into(),
+            home: format!("/home/{name}").into(),
+            groups: Vec::new(),
+        }
+    }
+
+    /// The spool file job `id` was read from.
+    pub(crate) fn source(id: &str) -> SpoolSource {
+        SpoolSource {
+            file: format!("{id}.json"),
+            dev: 0,
+            ino: 0,
+            ctime_ns: 0,
+            size: 0,
+        }
+    }
+
+    /// The record of the descriptor `json` (with `id` as its id when it
+    /// names none), submitted by `owner` at `now`.
+    pub(crate) fn record(json: &str, id: &str, owner: Owner, now: u64) -> JobRecord {
+        let spec = crate::spec::parse_spec(json.as_bytes(), id).unwrap();
+        JobRecord::new(spec, owner, source(id), now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::parse_spec;
 
     #[test]
     fn quarantine_keeps_each_owner_within_the_limit_and_age() {
@@ -806,16 +843,8 @@ mod tests {
     }
 
     fn record(id: &str) -> JobRecord {
-        let spec = parse_spec(br#"{"version": 1, "command": ["true"]}"#, id).unwrap();
-        let owner = crate::users::owner_of_uid(0).unwrap();
-        let source = SpoolSource {
-            file: format!("{id}.json"),
-            dev: 1,
-            ino: 2,
-            ctime_ns: 3,
-            size: 4,
-        };
-        JobRecord::new(spec, owner, source, 10)
+        let root = test_kit::owner(0, "root");
+        test_kit::record(r#"{"version": 1, "command": ["true"]}"#, id, root, 10)
     }
 
     #[test]

@@ -275,27 +275,16 @@ pub fn job_unit_properties(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::parse_spec;
-    use crate::store::{AssignedGpu, SpoolSource};
+    use crate::store::{test_kit, AssignedGpu};
     use crate::users::Owner;
 
     fn record(json: &str) -> JobRecord {
-        let spec = parse_spec(json.as_bytes(), "job1").unwrap();
         let owner = Owner {
-            uid: 1234,
             gid: 4321,
-            name: "alice".into(),
-            home: "/home/alice".into(),
             groups: vec![27],
+            ..test_kit::owner(1234, "alice")
         };
-        let source = SpoolSource {
-            file: "job1.json".into(),
-            dev: 0,
-            ino: 0,
-            ctime_ns: 0,
-            size: 0,
-        };
-        JobRecord::new(spec, owner, source, 0)
+        test_kit::record(json, "job1", owner, 0)
     }
 
     fn prepared() -> PreparedLaunch {

@@ -50,10 +50,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use ptrain::api::{Daemon1Proxy, JobView};
+use ptrain::api::Daemon1Proxy;
 use ptrain::store::{JobRecord, JobState, Outcome, SpoolSource};
 use ptrain::unit::PropValue;
 use ptrain::users::Owner;
+use ptrain::views::JobView;
 use serde_json::json;
 use tokio::runtime::Runtime;
 use tokio::sync::watch;

@@ -29,17 +29,42 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use tokio::sync::{broadcast, mpsc};
 use tracing::{error, warn};
 
-use crate::api::{ApiError, ApiRequest, JobView};
 use crate::gpu::GpuInfo;
+use crate::setting::InvalidSetting;
 use crate::store::{JobRecord, JobState};
+use crate::views::JobView;
 use archive::{ArchiveJob, ArchiverCommand, LogUsage};
 use idle::IdleCommand;
 use journal::Selection;
 use retention::{MinFree, RetentionPolicy};
+
+/// Why a job's output cannot be served; the D-Bus face turns it into an
+/// error for the CLI.
+#[derive(Debug, thiserror::Error)]
+pub enum LogsError {
+    #[error("too many `ptrain logs` readers open (at most {MAX_READERS_PER_USER} per user, {MAX_READERS} in all); end some and try again")]
+    TooManyReaders,
+    #[error("cannot create a pipe for the output: {0}")]
+    Pipe(std::io::Error),
+    /// The pipe's read end could not be registered with the runtime.
+    #[error("{0}")]
+    OpenPipe(std::io::Error),
+    #[error("cannot read the output: {0}")]
+    Read(std::io::Error),
+    #[error("the log archive is not available ({} could not be set up; see `journalctl -u ptraind`)", .0.display())]
+    ArchiveUnavailable(PathBuf),
+}
+
+/// How a follower that fell behind the change broadcast learns where a
+/// job stands now: the caller's (the D-Bus face asks the state task).
+/// An error ends the reader with it.
+pub type JobLookup =
+    Arc<dyn Fn(String) -> BoxFuture<'static, std::io::Result<JobOutput>> + Send + Sync>;
 
 /// `ptrain logs` readers one user may have open at once, and all users.
 const MAX_READERS_PER_USER: usize = 16;
@@ -89,9 +114,9 @@ impl Default for LogsConfig {
 
 impl RawLogsConfig {
     /// Errors are (key, message with the fix).
-    pub fn validate(self) -> Result<LogsConfig, (String, String)> {
-        let bad = |key: &str, message: String| (format!("logs.{key}"), message);
-        let size = |key: &str, v: Option<SizeValue>| -> Result<Option<u64>, (String, String)> {
+    pub fn validate(self) -> Result<LogsConfig, InvalidSetting> {
+        let bad = |key: &str, message: String| InvalidSetting::new(format!("logs.{key}"), message);
+        let size = |key: &str, v: Option<SizeValue>| -> Result<Option<u64>, InvalidSetting> {
             match v {
                 None => Ok(None),
                 Some(SizeValue::Bytes(b)) => Ok(Some(b)),
@@ -427,14 +452,12 @@ impl Logs {
         self.inner.changes.subscribe()
     }
 
-    fn reader_slot(&self, uid: u32) -> Result<ReaderSlot, ApiError> {
+    fn reader_slot(&self, uid: u32) -> Result<ReaderSlot, LogsError> {
         let mut readers = self.inner.readers.lock().unwrap_or_else(|e| e.into_inner());
         let total: usize = readers.values().sum();
         let mine = readers.get(&uid).copied().unwrap_or(0);
         if mine >= MAX_READERS_PER_USER || total >= MAX_READERS {
-            return Err(ApiError::Failed(format!(
-                "too many `ptrain logs` readers open (at most {MAX_READERS_PER_USER} per user, {MAX_READERS} in all); end some and try again"
-            )));
+            return Err(LogsError::TooManyReaders);
         }
         *readers.entry(uid).or_default() += 1;
         Ok(ReaderSlot {
@@ -451,14 +474,13 @@ impl Logs {
         caller_uid: u32,
         opts: ReadOptions,
         changes: broadcast::Receiver<JobOutput>,
-        requests: mpsc::UnboundedSender<ApiRequest>,
-    ) -> Result<OwnedFd, ApiError> {
+        lookup: JobLookup,
+    ) -> Result<OwnedFd, LogsError> {
         let slot = self.reader_slot(caller_uid)?;
-        let (read_end, write_end) = pipe()
-            .map_err(|e| ApiError::Failed(format!("cannot create a pipe for the output: {e}")))?;
+        let (read_end, write_end) = pipe().map_err(LogsError::Pipe)?;
         let log_dir = self.inner.log_dir.clone();
         tokio::spawn(async move {
-            serve::serve(log_dir, job, opts, changes, requests, write_end).await;
+            serve::serve(log_dir, job, opts, changes, lookup, write_end).await;
             drop(slot);
         });
         Ok(read_end)
@@ -470,22 +492,22 @@ impl Logs {
         job: JobOutput,
         caller_uid: u32,
         lines: u32,
-        requests: mpsc::UnboundedSender<ApiRequest>,
-    ) -> Result<String, ApiError> {
+        lookup: JobLookup,
+    ) -> Result<String, LogsError> {
         use tokio::io::AsyncReadExt;
         let opts = ReadOptions {
             lines,
             ..ReadOptions::default()
         };
-        let fd = self.open(job, caller_uid, opts, self.subscribe(), requests)?;
-        let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
-            .map_err(|e| ApiError::Failed(e.to_string()))?;
+        let fd = self.open(job, caller_uid, opts, self.subscribe(), lookup)?;
+        let reader =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(LogsError::OpenPipe)?;
         let mut out = Vec::new();
         reader
             .take(MAX_STRING_BYTES as u64)
             .read_to_end(&mut out)
             .await
-            .map_err(|e| ApiError::Failed(format!("cannot read the output: {e}")))?;
+            .map_err(LogsError::Read)?;
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
@@ -521,13 +543,8 @@ impl Logs {
 
     /// The retention policy and archive usage; a user sees only their own
     /// row besides the totals.
-    pub async fn usage(&self, caller_uid: u32) -> Result<LogUsage, ApiError> {
-        let unavailable = || {
-            ApiError::Failed(format!(
-                "the log archive is not available ({} could not be set up; see `journalctl -u ptraind`)",
-                self.inner.log_dir.display()
-            ))
-        };
+    pub async fn usage(&self, caller_uid: u32) -> Result<LogUsage, LogsError> {
+        let unavailable = || LogsError::ArchiveUnavailable(self.inner.log_dir.clone());
         let archiver = self.inner.archiver.as_ref().ok_or_else(unavailable)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         archiver
@@ -565,7 +582,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn raw(text: &str) -> Result<LogsConfig, (String, String)> {
+    fn raw(text: &str) -> Result<LogsConfig, InvalidSetting> {
         toml::from_str::<RawLogsConfig>(text).unwrap().validate()
     }
 
@@ -603,7 +620,7 @@ mod tests {
             ("min_free = \"95%\"", "logs.min_free"),
             ("max_total_size = \"10Q\"", "logs.max_total_size"),
         ] {
-            let (k, m) = raw(text).unwrap_err();
+            let InvalidSetting { key: k, message: m } = raw(text).unwrap_err();
             assert_eq!(k, key, "{m}");
             assert!(m.contains("write") || m.contains("use"), "{m}");
         }

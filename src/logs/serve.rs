@@ -12,11 +12,10 @@
 use std::os::fd::OwnedFd;
 
 use tokio::io::{AsyncWriteExt, Interest};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::broadcast;
 
 use super::journal::{self, EntryStream, RunFilter, Start};
-use super::{archive, JobOutput, ReadOptions, Tail};
-use crate::api::{ApiRequest, JobView};
+use super::{archive, JobLookup, JobOutput, ReadOptions, Tail};
 
 /// How often a live `journalctl --follow` that exited on its own is
 /// started again before the reader gives up.
@@ -27,11 +26,11 @@ pub(crate) async fn serve(
     job: JobOutput,
     opts: ReadOptions,
     mut changes: broadcast::Receiver<JobOutput>,
-    requests: mpsc::UnboundedSender<ApiRequest>,
+    lookup: JobLookup,
     out: OwnedFd,
 ) {
     let id = job.id.clone();
-    if let Err(e) = serve_inner(&log_dir, job, opts, &mut changes, &requests, out).await {
+    if let Err(e) = serve_inner(&log_dir, job, opts, &mut changes, &lookup, out).await {
         // A reader that went away (EPIPE) is the usual end of `ptrain logs | head`.
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             tracing::warn!(job = %id, PTRAIN_JOB = %id, error = %e, "stopped serving a job's output");
@@ -44,11 +43,11 @@ async fn serve_inner(
     mut job: JobOutput,
     opts: ReadOptions,
     changes: &mut broadcast::Receiver<JobOutput>,
-    requests: &mpsc::UnboundedSender<ApiRequest>,
+    lookup: &JobLookup,
     out: OwnedFd,
 ) -> std::io::Result<()> {
     if opts.follow && job.selection().is_none() && !job.ended {
-        job = wait_for(changes, requests, &job.id, |j| {
+        job = wait_for(changes, lookup, &job.id, |j| {
             j.selection().is_some() || j.ended
         })
         .await?;
@@ -116,7 +115,7 @@ async fn serve_inner(
     };
     let mut live = EntryStream::spawn(&sel, &from(&last), true)?;
     let mut restarts = 0;
-    let ended = wait_for(changes, requests, &job.id, |j| j.ended);
+    let ended = wait_for(changes, lookup, &job.id, |j| j.ended);
     tokio::pin!(ended);
     loop {
         tokio::select! {
@@ -164,10 +163,10 @@ async fn write_line(out: &mut tokio::net::unix::pipe::Sender, m: &str) -> std::i
 }
 
 /// Waits until a change of job `id` satisfies `pred`. After missing
-/// changes (a slow reader), asks the state task for the job instead.
+/// changes (a slow reader), looks the job up instead.
 async fn wait_for(
     changes: &mut broadcast::Receiver<JobOutput>,
-    requests: &mpsc::UnboundedSender<ApiRequest>,
+    lookup: &JobLookup,
     id: &str,
     pred: impl Fn(&JobOutput) -> bool,
 ) -> std::io::Result<JobOutput> {
@@ -177,15 +176,7 @@ async fn wait_for(
             Ok(j) if j.id == id && pred(&j) => return Ok(j),
             Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(_)) => {
-                let (tx, rx) = oneshot::channel();
-                requests
-                    .send(ApiRequest::Status(id.to_owned(), tx))
-                    .map_err(|_| gone())?;
-                let view: JobView = rx
-                    .await
-                    .map_err(|_| gone())?
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-                let j = JobOutput::of_view(&view);
+                let j = lookup(id.to_owned()).await?;
                 if pred(&j) {
                     return Ok(j);
                 }

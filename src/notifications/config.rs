@@ -49,6 +49,7 @@ use serde::Deserialize;
 
 use super::retry::RetryPolicy;
 use super::{is_valid_channel_name, MAX_CHANNEL_NAME};
+use crate::setting::InvalidSetting;
 
 /// `[notify]`: retry timing, default channels, the owner address map.
 #[derive(Debug, Default, Deserialize)]
@@ -267,17 +268,17 @@ impl NotificationsConfig {
         config_path: &Path,
         notify: Option<RawNotify>,
         channels: Option<BTreeMap<String, RawChannel>>,
-    ) -> Result<NotificationsConfig, (String, String)> {
+    ) -> Result<NotificationsConfig, InvalidSetting> {
         let notify = notify.unwrap_or_default();
         let duration = |key: &str, value: &Option<String>, default: Duration| match value {
             None => Ok(default),
             Some(text) => match humantime::parse_duration(text) {
                 Ok(d) if !d.is_zero() => Ok(d),
-                Ok(_) => Err((
+                Ok(_) => Err(InvalidSetting::new(
                     format!("notify.{key}"),
                     "must be more than zero; write e.g. \"5s\"".to_owned(),
                 )),
-                Err(e) => Err((
+                Err(e) => Err(InvalidSetting::new(
                     format!("notify.{key}"),
                     format!(
                         "{text:?} is not a duration ({e}); write e.g. \"5s\", \"10m\" or \"24h\""
@@ -302,13 +303,13 @@ impl NotificationsConfig {
             DEFAULT_ATTEMPT_TIMEOUT,
         )?;
         if max_backoff < initial_backoff {
-            return Err((
+            return Err(InvalidSetting::new(
                 "notify.max_backoff".into(),
                 "is shorter than notify.initial_backoff; raise it or lower initial_backoff".into(),
             ));
         }
         if attempt_timeout > MAX_ATTEMPT_TIMEOUT {
-            return Err((
+            return Err(InvalidSetting::new(
                 "notify.attempt_timeout".into(),
                 "is longer than 5m; an endpoint that slow should fail and be retried, lower it"
                     .into(),
@@ -322,7 +323,7 @@ impl NotificationsConfig {
         }
         if let Some(host) = &notify.host {
             if host.is_empty() || host.len() > 253 || !host.bytes().all(is_host_byte) {
-                return Err((
+                return Err(InvalidSetting::new(
                     "notify.host".into(),
                     format!("{host:?} is not a host name; use letters, digits, '-' and '.'"),
                 ));
@@ -332,7 +333,7 @@ impl NotificationsConfig {
         let mut parsed = BTreeMap::new();
         for (name, raw) in channels.unwrap_or_default() {
             if !is_valid_channel_name(&name) {
-                return Err((
+                return Err(InvalidSetting::new(
                     format!("channels.{name}"),
                     format!("channel names are 1 to {MAX_CHANNEL_NAME} characters of A-Z a-z 0-9 _ - starting with a letter or digit; rename it"),
                 ));
@@ -343,7 +344,7 @@ impl NotificationsConfig {
         let default_channels = notify.default_channels.unwrap_or_default();
         for (i, name) in default_channels.iter().enumerate() {
             if !parsed.contains_key(name) {
-                return Err((
+                return Err(InvalidSetting::new(
                     format!("notify.default_channels[{i}]"),
                     format!("{name:?} is not a configured channel; add a [channels.{name}] table or remove it"),
                 ));
@@ -369,18 +370,18 @@ fn is_host_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'-' || b == b'.'
 }
 
-fn check_address(key: &str, addr: &str) -> Result<(), (String, String)> {
+fn check_address(key: &str, addr: &str) -> Result<(), InvalidSetting> {
     lettre::Address::from_str(addr).map(|_| ()).map_err(|e| {
-        (
+        InvalidSetting::new(
             key.to_owned(),
             format!("{addr:?} is not an email address ({e}); write e.g. \"alice@example.com\""),
         )
     })
 }
 
-fn absolute(key: &str, path: Option<PathBuf>) -> Result<Option<PathBuf>, (String, String)> {
+fn absolute(key: &str, path: Option<PathBuf>) -> Result<Option<PathBuf>, InvalidSetting> {
     match path {
-        Some(p) if !p.is_absolute() => Err((
+        Some(p) if !p.is_absolute() => Err(InvalidSetting::new(
             key.to_owned(),
             format!(
                 "{} is relative; give an absolute path to a root-only file",
@@ -395,22 +396,22 @@ fn parse_url(
     key: &str,
     text: Option<String>,
     example: &str,
-) -> Result<reqwest::Url, (String, String)> {
+) -> Result<reqwest::Url, InvalidSetting> {
     let Some(text) = text else {
-        return Err((
+        return Err(InvalidSetting::new(
             key.to_owned(),
             format!("is missing; add e.g. url = {example:?}"),
         ));
     };
     let url = reqwest::Url::parse(&text).map_err(|e| {
-        (
+        InvalidSetting::new(
             key.to_owned(),
             // The text may hold a key: name the problem, not the value.
             format!("is not a URL ({e}); write e.g. {example:?}"),
         )
     })?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err((
+        return Err(InvalidSetting::new(
             key.to_owned(),
             format!("must be an http:// or https:// URL with a host; write e.g. {example:?}"),
         ));
@@ -418,10 +419,10 @@ fn parse_url(
     Ok(url)
 }
 
-fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, String)> {
+fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSetting> {
     let key = |k: &str| format!("channels.{name}.{k}");
     let kind = raw.kind.as_deref().ok_or_else(|| {
-        (
+        InvalidSetting::new(
             key("kind"),
             "is missing; add kind = \"email\", \"wecom\" or \"webhook\"".to_owned(),
         )
@@ -457,14 +458,14 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
             "to_owner",
         ],
         other => {
-            return Err((
+            return Err(InvalidSetting::new(
                 key("kind"),
                 format!("{other:?} is not a channel kind; use \"email\", \"wecom\" or \"webhook\""),
             ))
         }
     };
     if let Some((k, _)) = present.iter().find(|(k, set)| *set && !allowed.contains(k)) {
-        return Err((
+        return Err(InvalidSetting::new(
             key(k),
             format!(
                 "does not apply to a {kind} channel (it takes {}, ca_file); remove it",
@@ -490,13 +491,13 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
             let key_file = absolute(&key("key_file"), raw.key_file)?;
             match (key_in_url, key_file.is_some()) {
                 (true, true) => {
-                    return Err((
+                    return Err(InvalidSetting::new(
                         key("key_file"),
                         "is set but the url already has key=...; keep the key in one place (key_file is safer)".into(),
                     ))
                 }
                 (false, false) => {
-                    return Err((
+                    return Err(InvalidSetting::new(
                         key("key_file"),
                         "is missing and the url has no key=...; put the robot's key in a root-only file and name it here".into(),
                     ))
@@ -507,7 +508,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
                 None | Some("markdown") => WeComFormat::Markdown,
                 Some("text") => WeComFormat::Text,
                 Some(other) => {
-                    return Err((
+                    return Err(InvalidSetting::new(
                         key("format"),
                         format!(
                             "{other:?} is not a WeCom message type; use \"markdown\" or \"text\""
@@ -517,7 +518,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
             };
             let per_minute = raw.per_minute.unwrap_or(WECOM_PER_MINUTE);
             if per_minute == 0 || per_minute > WECOM_PER_MINUTE {
-                return Err((
+                return Err(InvalidSetting::new(
                     key("per_minute"),
                     format!(
                         "must be 1 to {WECOM_PER_MINUTE}; a robot blocks senders above 20 a minute"
@@ -534,7 +535,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
         }
         _ => {
             let smtp_host = raw.smtp_host.filter(|h| !h.is_empty()).ok_or_else(|| {
-                (
+                InvalidSetting::new(
                     key("smtp_host"),
                     "is missing; add e.g. smtp_host = \"smtp.example.com\"".to_owned(),
                 )
@@ -544,7 +545,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
                 Some("tls") => SmtpTls::Tls,
                 Some("none") => SmtpTls::None,
                 Some(other) => {
-                    return Err((
+                    return Err(InvalidSetting::new(
                         key("tls"),
                         format!(
                             "{other:?} is not a TLS mode; use \"starttls\", \"tls\" or \"none\""
@@ -558,25 +559,25 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
                 SmtpTls::None => 25,
             });
             if raw.password_file.is_some() && raw.username.is_none() {
-                return Err((
+                return Err(InvalidSetting::new(
                     key("username"),
                     "is missing while password_file is set; add the SMTP user name".into(),
                 ));
             }
             if tls == SmtpTls::None && raw.username.is_some() {
-                return Err((
+                return Err(InvalidSetting::new(
                     key("tls"),
                     "is \"none\" but credentials are set; they would cross the network in clear, use \"starttls\" or \"tls\"".into(),
                 ));
             }
             let from = raw.from.ok_or_else(|| {
-                (
+                InvalidSetting::new(
                     key("from"),
                     "is missing; add e.g. from = \"ptrain <ptrain@example.com>\"".to_owned(),
                 )
             })?;
             lettre::message::Mailbox::from_str(&from).map_err(|e| {
-                (
+                InvalidSetting::new(
                     key("from"),
                     format!("{from:?} is not a mailbox ({e}); write e.g. \"ptrain <ptrain@example.com>\""),
                 )
@@ -587,7 +588,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, (String, 
             }
             let to_owner = raw.to_owner.unwrap_or(false);
             if to.is_empty() && !to_owner {
-                return Err((
+                return Err(InvalidSetting::new(
                     key("to"),
                     "is empty and to_owner is false, so nobody would get mail; list addresses or set to_owner = true".into(),
                 ));
@@ -630,8 +631,9 @@ mod tests {
         channels: Option<BTreeMap<String, RawChannel>>,
     }
 
-    fn load(text: &str) -> Result<NotificationsConfig, (String, String)> {
-        let doc: Doc = toml::from_str(text).map_err(|e| ("toml".to_owned(), e.to_string()))?;
+    fn load(text: &str) -> Result<NotificationsConfig, InvalidSetting> {
+        let doc: Doc = toml::from_str(text)
+            .map_err(|e| InvalidSetting::new("toml".to_owned(), e.to_string()))?;
         NotificationsConfig::from_raw(
             Path::new("/etc/ptrain/ptrain.toml"),
             doc.notify,
@@ -720,12 +722,12 @@ mod tests {
             ("[channels.x]\nkind = \"email\"\nsmtp_host = \"h\"\nfrom = \"a@b.c\"\nto = [\"a@b.c\"]\ntls = \"none\"\nusername = \"u\"", "channels.x.tls", "starttls"),
         ];
         for (text, key, fix) in cases {
-            let (k, message) = load(text).unwrap_err();
+            let InvalidSetting { key: k, message } = load(text).unwrap_err();
             assert_eq!(k, key, "{text}: {message}");
             assert!(message.contains(fix), "{text}: {message}");
         }
         // A bad URL's message never repeats the value, which may be a key.
-        let (_, message) =
+        let InvalidSetting { message, .. } =
             load("[channels.x]\nkind = \"wecom\"\nurl = \"SECRET not a url\"").unwrap_err();
         assert!(!message.contains("SECRET"), "{message}");
     }

@@ -44,7 +44,7 @@ pub use crate::store::{Intent, Notice, NoticeGpu};
 
 pub use config::{ChannelKind, NotificationsConfig};
 pub use outbox::{Delivery, DeliveryState, DeliveryView};
-pub use sender::{Notifier, NotifyError, RetryTarget};
+pub use sender::{DeliveriesError, Notifier, NotifyError, RetryTarget};
 
 pub use crate::spec::notify::{is_valid_channel_name, MAX_CHANNEL_NAME, MAX_JOB_CHANNELS};
 
@@ -56,7 +56,7 @@ pub fn key_of(job_id: &str, event: NotifyEvent, channel: &str) -> String {
 /// A GPU as notifications show it.
 impl Notice {
     pub fn of(record: &JobRecord, event: NotifyEvent, host: &str) -> Notice {
-        let mut view = crate::api::JobView::of(record);
+        let mut view = crate::views::JobView::of(record);
         if matches!(event, NotifyEvent::Started | NotifyEvent::GpuLost) {
             // A start tells of the job as it began, even when ptraind first
             // learns of it at its end (a job that ran before it was seen
@@ -228,22 +228,7 @@ mod tests {
     }
 
     fn record(json: &str, owner: &str) -> JobRecord {
-        let spec = crate::spec::parse_spec(json.as_bytes(), "job1").unwrap();
-        let owner = crate::users::Owner {
-            uid: 1000,
-            gid: 1000,
-            name: owner.into(),
-            home: "/home/x".into(),
-            groups: Vec::new(),
-        };
-        let source = crate::store::SpoolSource {
-            file: "job1.json".into(),
-            dev: 0,
-            ino: 0,
-            ctime_ns: 0,
-            size: 0,
-        };
-        JobRecord::new(spec, owner, source, 1)
+        crate::store::test_kit::record(json, "job1", crate::store::test_kit::owner(1000, owner), 1)
     }
 
     fn keys(intents: &[Intent]) -> Vec<&str> {

@@ -23,7 +23,6 @@ use super::retry::{jitter, RetryPolicy, Verdict};
 use super::tail::{self, TailReader};
 use super::transport::{self, Transport};
 use super::{Intent, Notice, NotificationsConfig, NotifyEvent};
-use crate::api::ApiError;
 use crate::now_micros;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +34,31 @@ pub enum NotifyError {
     },
 }
 
+/// Why root's `ptrain notifications` (list or retry) could not be
+/// answered; the D-Bus face turns it into an error for the CLI.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveriesError {
+    #[error("the notification sender has stopped; restart ptraind")]
+    Stopped,
+    /// Not a key's shape (`ID.EVENT.CHANNEL`): said as of an unknown job,
+    /// as the key's first part names one.
+    #[error("no job {0:?}; `ptrain list` shows the jobs ptraind knows")]
+    NotAKey(String),
+    #[error("no notification {0:?}; `ptrain notifications` lists the keys")]
+    NoSuchKey(String),
+    #[error("{0} was already delivered; it is not sent twice")]
+    AlreadyDelivered(String),
+    #[error("cannot read {key}: {source}")]
+    ReadDelivery { key: String, source: std::io::Error },
+    #[error("cannot read the outbox {}: {source}", dir.display())]
+    ListOutbox {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read the outbox: {0}")]
+    ReadOutbox(std::io::Error),
+}
+
 /// What `ptrain notifications retry` asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RetryTarget {
@@ -44,8 +68,11 @@ pub enum RetryTarget {
 
 enum Command {
     Deliver(Vec<Intent>),
-    List(oneshot::Sender<Result<Vec<DeliveryView>, ApiError>>),
-    Retry(RetryTarget, oneshot::Sender<Result<String, ApiError>>),
+    List(oneshot::Sender<Result<Vec<DeliveryView>, DeliveriesError>>),
+    Retry(
+        RetryTarget,
+        oneshot::Sender<Result<String, DeliveriesError>>,
+    ),
 }
 
 /// The handle the daemon holds. Cheap to clone; the sender task ends when
@@ -120,7 +147,7 @@ impl Notifier {
 
     /// Every delivery on record; answered on `reply` without waiting for
     /// any attempt.
-    pub fn list(&self, reply: oneshot::Sender<Result<Vec<DeliveryView>, ApiError>>) {
+    pub fn list(&self, reply: oneshot::Sender<Result<Vec<DeliveryView>, DeliveriesError>>) {
         if let Err(mpsc::error::SendError(Command::List(reply))) =
             self.tx.send(Command::List(reply))
         {
@@ -129,7 +156,11 @@ impl Notifier {
     }
 
     /// Re-sends a dead letter (or hurries a retrying one), or all dead ones.
-    pub fn retry(&self, target: RetryTarget, reply: oneshot::Sender<Result<String, ApiError>>) {
+    pub fn retry(
+        &self,
+        target: RetryTarget,
+        reply: oneshot::Sender<Result<String, DeliveriesError>>,
+    ) {
         if let Err(mpsc::error::SendError(Command::Retry(_, reply))) =
             self.tx.send(Command::Retry(target, reply))
         {
@@ -137,21 +168,21 @@ impl Notifier {
         }
     }
 
-    pub async fn deliveries(&self) -> Result<Vec<DeliveryView>, ApiError> {
+    pub async fn deliveries(&self) -> Result<Vec<DeliveryView>, DeliveriesError> {
         let (tx, rx) = oneshot::channel();
         self.list(tx);
         rx.await.unwrap_or_else(|_| Err(stopped()))
     }
 
-    pub async fn retry_now(&self, target: RetryTarget) -> Result<String, ApiError> {
+    pub async fn retry_now(&self, target: RetryTarget) -> Result<String, DeliveriesError> {
         let (tx, rx) = oneshot::channel();
         self.retry(target, tx);
         rx.await.unwrap_or_else(|_| Err(stopped()))
     }
 }
 
-fn stopped() -> ApiError {
-    ApiError::Failed("the notification sender has stopped; restart ptraind".into())
+fn stopped() -> DeliveriesError {
+    DeliveriesError::Stopped
 }
 
 struct ChannelQueue {
@@ -275,11 +306,9 @@ impl Sender {
                     .outbox
                     .list()
                     .map(|all| all.iter().map(DeliveryView::of).collect())
-                    .map_err(|e| {
-                        ApiError::Failed(format!(
-                            "cannot read the outbox {}: {e}",
-                            self.outbox.dir().display()
-                        ))
+                    .map_err(|source| DeliveriesError::ListOutbox {
+                        dir: self.outbox.dir().to_path_buf(),
+                        source,
                     });
                 let _ = reply.send(list);
             }
@@ -576,11 +605,11 @@ impl Sender {
         }
     }
 
-    fn retry(&mut self, target: RetryTarget) -> Result<String, ApiError> {
+    fn retry(&mut self, target: RetryTarget) -> Result<String, DeliveriesError> {
         match target {
             RetryTarget::Key(key) => {
                 if !is_key(&key) {
-                    return Err(ApiError::NotFound(key));
+                    return Err(DeliveriesError::NotAKey(key));
                 }
                 let now = Instant::now();
                 if let Some(entry) = self.entries.get(&key) {
@@ -597,24 +626,19 @@ impl Sender {
                     ));
                 }
                 match self.outbox.load(&key) {
-                    Ok(None) => Err(ApiError::Failed(format!(
-                        "no notification {key:?}; `ptrain notifications` lists the keys"
-                    ))),
-                    Ok(Some(d)) if d.state == DeliveryState::Delivered => Err(ApiError::Failed(
-                        format!("{key} was already delivered; it is not sent twice"),
-                    )),
+                    Ok(None) => Err(DeliveriesError::NoSuchKey(key)),
+                    Ok(Some(d)) if d.state == DeliveryState::Delivered => {
+                        Err(DeliveriesError::AlreadyDelivered(key))
+                    }
                     Ok(Some(d)) => {
                         self.revive(d);
                         Ok(format!("{key} will be sent again"))
                     }
-                    Err(e) => Err(ApiError::Failed(format!("cannot read {key}: {e}"))),
+                    Err(source) => Err(DeliveriesError::ReadDelivery { key, source }),
                 }
             }
             RetryTarget::AllDead => {
-                let all = self
-                    .outbox
-                    .list()
-                    .map_err(|e| ApiError::Failed(format!("cannot read the outbox: {e}")))?;
+                let all = self.outbox.list().map_err(DeliveriesError::ReadOutbox)?;
                 let dead: Vec<Delivery> = all
                     .into_iter()
                     .filter(|d| {
