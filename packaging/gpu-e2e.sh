@@ -180,7 +180,7 @@ fail() { REPORT+=("FAIL  $*"); FAILED=1; echo "gpu-e2e: FAIL $*" >&2; }
 skip() { REPORT+=("SKIP  $*"); echo "gpu-e2e: SKIP $*"; }
 report() {
     echo
-    echo "== gpu-e2e report ($([ "$FAKE" = 1 ] && echo "fake driver, tests/fake-nvml" || echo "NVIDIA driver $(cat /proc/driver/nvidia/version 2>/dev/null | sed -n 's/.*Kernel Module *\([0-9.]*\).*/\1/p;q')"), $(hostname), $((SECONDS - DEADLINE + TIMEOUT)) s of ${TIMEOUT} s)"
+    echo "== gpu-e2e report ($([ "$FAKE" = 1 ] && echo "fake driver, tests/fake-nvml" || echo "NVIDIA driver $(sed -n 's/.*Kernel Module *\([0-9.]*\).*/\1/p;q' /proc/driver/nvidia/version 2>/dev/null)"), $(hostname), $((SECONDS - DEADLINE + TIMEOUT)) s of ${TIMEOUT} s)"
     printf '  %s\n' "${REPORT[@]}"
     if [ "$FAILED" = 0 ]; then echo "  result: ok"; else echo "  result: FAILED"; fi
 }
@@ -195,7 +195,7 @@ if [ -e "$HARNESS_STATE" ]; then
     "$REPO/tests/harness/teardown.sh" || true
 fi
 D=$W/d
-rm -rf "$D" "$W/bin" "$W/work" "$W/units" "$W/nvml"
+rm -rf "$D" "${W:?}/bin" "$W/work" "$W/units" "$W/nvml"
 install -d -m 0755 "$W" "$D" "$W/bin"
 install -d -m 1733 "$D/spool"
 install -d -m 0700 "$D/state" "$D/log"
@@ -486,9 +486,9 @@ print("held by %s; processes: %s; %s MiB used" % (g.get("held_by"),
             apps=$(nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader 2>/dev/null | tr -d ' ') || apps=
             mine=
             if [ -n "$cg" ]; then
-                for p in $(cat "$cg"/cgroup.procs "$cg"/*/cgroup.procs 2>/dev/null); do
+                while read -r p; do
                     grep -q "^$p,$uuid\$" <<<"$apps" && mine="$mine $p"
-                done
+                done < <(cat "$cg"/cgroup.procs "$cg"/*/cgroup.procs 2>/dev/null)
             fi
             if [ -n "$mine" ]; then
                 pass "nvidia-smi shows the job's process(es)$mine on $uuid"
@@ -502,6 +502,7 @@ print("held by %s; processes: %s; %s MiB used" % (g.get("held_by"),
     if [ "$st" = running ]; then
         # A second job asking for every GPU waits while the first holds one.
         say "submit $WAITER (gpus: $NGPUS) while $TRAIN holds GPU $gpu"
+        # shellcheck disable=SC2016 # expanded by the job's shell, not here
         submit "$WAITER" "$(job_json "$WAITER" "$NGPUS" /bin/sh -c 'printf "%s" "$CUDA_VISIBLE_DEVICES" > e2e-wait.gpus')"
         planned() { [ "$(status_of "$WAITER" status)" = queued ] && [ -n "$(status_of "$WAITER" detail)" ]; }
         if wait_until 30 "$WAITER to be planned and left queued" planned; then

@@ -13,8 +13,9 @@ set -euo pipefail
 # builds the fake NVML driver (tests/fake-nvml); python3: the spool
 # examples; binutils, gzip, init-system-helpers: the Debian package test
 # (strip, man pages, deb-systemd-helper), lintian: the package test fails
-# on any lintian error or warning.
-PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian)
+# on any lintian error or warning; shellcheck: the GPU script's test
+# (packaging/gpu-e2e.sh runs as root on a GPU host) lints it.
+PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck)
 
 die() { echo "tests/install-deps.sh: $*" >&2; exit 1; }
 

@@ -1012,14 +1012,13 @@ fn gpu_e2e_script_runs_against_the_fake_driver() {
         .output()
         .unwrap();
     assert!(out.status.success(), "bash -n: {}", text(&out));
-    // shellcheck where it is installed (tests/install-deps.sh does not ask
-    // for it); its absence is no failure.
-    if let Ok(out) = std::process::Command::new("shellcheck")
+    // The script runs as root on a GPU host: shellcheck (installed by
+    // tests/install-deps.sh) must find nothing in it.
+    let out = std::process::Command::new("shellcheck")
         .arg(&script)
         .output()
-    {
-        assert!(out.status.success(), "shellcheck: {}", text(&out));
-    }
+        .expect("shellcheck (tests/install-deps.sh installs it)");
+    assert!(out.status.success(), "shellcheck: {}", text(&out));
 
     let dir = PathBuf::from(format!("/srv/ptrain-tests/gpue2e-{}", std::process::id()));
     let bin = std::path::Path::new(crate::daemon::PTRAIN)
