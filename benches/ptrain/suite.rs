@@ -1695,7 +1695,8 @@ impl Bystander {
             let mut round = 0usize;
             while !stopped.load(Ordering::Relaxed) {
                 let t0 = Instant::now();
-                // A job nobody has: the answer still comes from the state task.
+                // A job nobody has: the answer comes from the state task and the
+                // archive catalogue (a compacted job is known by its archive).
                 let _ = proxy.status("bystander-none").await;
                 status_ms.push(t0.elapsed().as_secs_f64() * 1e3);
                 let t0 = Instant::now();

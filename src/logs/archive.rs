@@ -11,18 +11,20 @@
 //! by something ptraind did not put there is left alone and the archive
 //! gets the next free name.
 //!
-//! All of it runs on one archiver thread (`spawn_archiver`): writing,
-//! the retention policy ([`super::retention`]) and the usage figures.
+//! All of it runs on one archiver thread (`spawn_archiver`): writing and
+//! the retention policy ([`super::retention`]). What it keeps is read
+//! through an [`ArchiveCatalog`] without waiting for it.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use super::journal::{self, lost_head_notice, Entry, RunFilter, Selection};
@@ -477,27 +479,104 @@ pub struct LogUsage {
     pub users: Vec<UserUsage>,
 }
 
-pub(crate) enum ArchiverCommand {
-    Archive(ArchiveJob),
-    Usage(tokio::sync::oneshot::Sender<LogUsage>),
-    /// The archives of one job, by id.
-    Find(String, tokio::sync::oneshot::Sender<Vec<ArchiveInfo>>),
+/// What the archiver keeps of the log directory, shared with the lookups
+/// (`ptrain status` of a compacted job, `ptrain du`): they read it under a
+/// short lock. They never wait for the archiver thread, whose batch under
+/// a burst of ends takes seconds (a journal sync, then each job's output):
+/// a `Status` call of a job nobody has asks here too.
+#[derive(Clone)]
+pub(crate) struct ArchiveCatalog {
+    index: Arc<Mutex<retention::ArchiveIndex>>,
+    /// True once the start's scan of the log directory is in the index:
+    /// before, "no archive" would be a guess.
+    scanned: watch::Receiver<bool>,
+    log_dir: PathBuf,
+    policy: RetentionPolicy,
+    enabled: bool,
 }
 
-/// Starts the archiver thread; it ends when every sender is dropped.
+/// How long a lookup waits for the start's scan of the log directory.
+const SCAN_WAIT: Duration = Duration::from_secs(2);
+
+fn lock(index: &Mutex<retention::ArchiveIndex>) -> MutexGuard<'_, retention::ArchiveIndex> {
+    // The index is whole after every call on it: a panic mid-call in
+    // another thread cannot leave it torn.
+    index.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ArchiveCatalog {
+    async fn scanned(&self) -> bool {
+        let mut scanned = self.scanned.clone();
+        let waited = tokio::time::timeout(SCAN_WAIT, scanned.wait_for(|done| *done)).await;
+        matches!(waited, Ok(Ok(_)))
+    }
+
+    /// The archives of one job, oldest first; None while the log
+    /// directory has not been scanned yet.
+    pub(crate) async fn of_job(&self, id: &str) -> Option<Vec<ArchiveInfo>> {
+        if !self.scanned().await {
+            return None;
+        }
+        Some(lock(&self.index).of_job(id))
+    }
+
+    /// The policy and what is kept, per user; None while the log
+    /// directory has not been scanned yet.
+    pub(crate) async fn usage(&self) -> Option<LogUsage> {
+        if !self.scanned().await {
+            return None;
+        }
+        let (count, bytes, mut users) = {
+            let index = lock(&self.index);
+            (index.len() as u64, index.total_bytes(), index.usage())
+        };
+        let (log_dir, policy, archive) = (self.log_dir.clone(), self.policy.clone(), self.enabled);
+        // User names (NSS) and the file system's figures are blocking calls.
+        tokio::task::spawn_blocking(move || {
+            for u in &mut users {
+                u.user = crate::users::owner_of_uid(u.uid).map(|o| o.name);
+            }
+            LogUsage {
+                disk: disk_of(&log_dir),
+                log_dir: log_dir.display().to_string(),
+                archive,
+                policy,
+                count,
+                bytes,
+                users,
+            }
+        })
+        .await
+        .ok()
+    }
+}
+
+/// Starts the archiver thread, which archives each job sent and ends when
+/// every sender is dropped, and returns what it catalogues.
 pub(crate) fn spawn_archiver(
     log_dir: PathBuf,
     policy: RetentionPolicy,
     enabled: bool,
-) -> mpsc::Sender<ArchiverCommand> {
+) -> (mpsc::Sender<ArchiveJob>, ArchiveCatalog) {
     let (tx, rx) = mpsc::channel();
+    let (scanned_tx, scanned) = watch::channel(false);
+    let catalog = ArchiveCatalog {
+        index: Arc::default(),
+        scanned,
+        log_dir: log_dir.clone(),
+        policy: policy.clone(),
+        enabled,
+    };
+    let index = catalog.index.clone();
     let spawned = std::thread::Builder::new()
         .name("ptrain-archiver".into())
         .spawn(move || {
             // Archiving can wait; launching the next job cannot.
             journal::lower_this_thread_priority();
+            *lock(&index) = retention::ArchiveIndex::new(scan(&log_dir));
+            let _ = scanned_tx.send(true);
             let mut archiver = Archiver {
-                index: retention::ArchiveIndex::new(scan(&log_dir)),
+                index,
                 log_dir,
                 policy,
                 enabled,
@@ -508,35 +587,36 @@ pub(crate) fn spawn_archiver(
     if let Err(e) = spawned {
         error!(error = %e, "cannot start the log archiver thread; job output is not archived");
     }
-    tx
+    (tx, catalog)
 }
 
 struct Archiver {
     log_dir: PathBuf,
     policy: RetentionPolicy,
     enabled: bool,
-    index: retention::ArchiveIndex,
+    index: Arc<Mutex<retention::ArchiveIndex>>,
 }
 
 impl Archiver {
-    fn run(&mut self, rx: mpsc::Receiver<ArchiverCommand>) {
+    fn run(&mut self, rx: mpsc::Receiver<ArchiveJob>) {
         loop {
             // Sleep until the oldest archive expires, not periodically.
-            let command = match self.index.next_expiry(&self.policy) {
+            let next_expiry = lock(&self.index).next_expiry(&self.policy);
+            let first = match next_expiry {
                 Some(at) => {
                     let wait = at.saturating_sub(crate::now_micros()) + 1;
                     match rx.recv_timeout(Duration::from_micros(wait)) {
-                        Ok(c) => Some(c),
+                        Ok(job) => Some(job),
                         Err(mpsc::RecvTimeoutError::Timeout) => None,
                         Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     }
                 }
                 None => match rx.recv() {
-                    Ok(c) => Some(c),
+                    Ok(job) => Some(job),
                     Err(_) => return,
                 },
             };
-            let Some(first) = command else {
+            let Some(first) = first else {
                 self.apply_retention();
                 continue;
             };
@@ -545,24 +625,13 @@ impl Archiver {
             // one retention pass before and after. Jobs ending one by one
             // (each freeing a GPU for the next) otherwise pay all of it
             // each.
-            let mut jobs = Vec::new();
-            let mut take = |command, archiver: &Archiver| match command {
-                ArchiverCommand::Archive(job) => jobs.push(job),
-                ArchiverCommand::Usage(reply) => {
-                    let _ = reply.send(archiver.usage());
-                }
-                ArchiverCommand::Find(id, reply) => {
-                    let _ = reply.send(archiver.index.of_job(&id));
-                }
-            };
-            let archive_asked = matches!(first, ArchiverCommand::Archive(_));
-            take(first, self);
+            let mut jobs = vec![first];
             let until = Instant::now() + BATCH_WINDOW;
             let mut disconnected = false;
-            if self.enabled && archive_asked {
+            if self.enabled {
                 while let Some(left) = until.checked_duration_since(Instant::now()) {
                     match rx.recv_timeout(left) {
-                        Ok(command) => take(command, self),
+                        Ok(job) => jobs.push(job),
                         Err(mpsc::RecvTimeoutError::Timeout) => break,
                         Err(mpsc::RecvTimeoutError::Disconnected) => {
                             disconnected = true;
@@ -571,10 +640,8 @@ impl Archiver {
                     }
                 }
             }
-            for command in rx.try_iter() {
-                take(command, self);
-            }
-            if self.enabled && !jobs.is_empty() {
+            jobs.extend(rx.try_iter());
+            if self.enabled {
                 self.archive_batch(&jobs);
             }
             if disconnected {
@@ -635,7 +702,7 @@ impl Archiver {
         match archive_from_journal(&self.log_dir, reader, job, budget, crate::now_micros()) {
             Ok(info) => {
                 info!(job = %job.id, PTRAIN_JOB = %job.id, archive = %info.name, bytes = info.bytes, "job output archived");
-                self.index.insert(info);
+                lock(&self.index).insert(info);
             }
             Err(e) => {
                 error!(job = %job.id, PTRAIN_JOB = %job.id, error = %e, "cannot archive the job's output: {e}");
@@ -644,9 +711,8 @@ impl Archiver {
     }
 
     fn apply_retention(&mut self) {
-        let due = self
-            .index
-            .take_due(crate::now_micros(), &self.policy, disk_of(&self.log_dir));
+        let disk = disk_of(&self.log_dir);
+        let due = lock(&self.index).take_due(crate::now_micros(), &self.policy, disk);
         for a in due {
             let gone = user_dir(&self.log_dir, a.uid, false)
                 .map_err(|e| e.to_string())
@@ -665,22 +731,6 @@ impl Archiver {
                     warn!(uid = a.uid, archive = %a.name, error = %e, "cannot remove an old archive");
                 }
             }
-        }
-    }
-
-    fn usage(&self) -> LogUsage {
-        let mut users = self.index.usage();
-        for u in &mut users {
-            u.user = crate::users::owner_of_uid(u.uid).map(|o| o.name);
-        }
-        LogUsage {
-            log_dir: self.log_dir.display().to_string(),
-            archive: self.enabled,
-            policy: self.policy.clone(),
-            count: self.index.len() as u64,
-            bytes: self.index.total_bytes(),
-            disk: disk_of(&self.log_dir),
-            users,
         }
     }
 }

@@ -38,7 +38,7 @@ use crate::gpu::GpuInfo;
 use crate::setting::InvalidSetting;
 use crate::store::{JobRecord, JobState};
 use crate::views::JobView;
-use archive::{ArchiveJob, ArchiverCommand, LogUsage};
+use archive::{ArchiveCatalog, ArchiveJob, LogUsage};
 use idle::IdleCommand;
 use journal::Selection;
 use retention::{MinFree, RetentionPolicy};
@@ -304,7 +304,9 @@ struct Inner {
     default_idle_timeout: Option<Duration>,
     changes: broadcast::Sender<JobOutput>,
     idle: mpsc::UnboundedSender<IdleCommand>,
-    archiver: Option<std::sync::mpsc::Sender<ArchiverCommand>>,
+    archiver: Option<std::sync::mpsc::Sender<ArchiveJob>>,
+    /// What is archived, read without waiting for the archiver.
+    catalog: Option<ArchiveCatalog>,
     readers: Mutex<HashMap<u32, usize>>,
 }
 
@@ -368,16 +370,19 @@ impl Logs {
         on_idle: impl Fn(String) + Send + 'static,
     ) -> Logs {
         let config = settings.into();
-        let archiver = match prepare_log_dir(&config.log_dir) {
-            Ok(()) => Some(archive::spawn_archiver(
-                config.log_dir.clone(),
-                config.logs.retention.clone(),
-                config.logs.archive,
-            )),
+        let (archiver, catalog) = match prepare_log_dir(&config.log_dir) {
+            Ok(()) => {
+                let (archiver, catalog) = archive::spawn_archiver(
+                    config.log_dir.clone(),
+                    config.logs.retention.clone(),
+                    config.logs.archive,
+                );
+                (Some(archiver), Some(catalog))
+            }
             Err(e) => {
                 error!(log_dir = %config.log_dir.display(), error = %e,
                     "cannot use the log directory: {e}; job output is not archived (make it a root-only directory, or set log_dir)");
-                None
+                (None, None)
             }
         };
         let (idle_tx, idle_rx) = mpsc::unbounded_channel();
@@ -390,6 +395,7 @@ impl Logs {
                 changes,
                 idle: idle_tx,
                 archiver,
+                catalog,
                 readers: Mutex::new(HashMap::new()),
             }),
         }
@@ -413,11 +419,11 @@ impl Logs {
                 if let (Some(selection), Some(archiver)) =
                     (output.selection(), &self.inner.archiver)
                 {
-                    let _ = archiver.send(ArchiverCommand::Archive(ArchiveJob {
+                    let _ = archiver.send(ArchiveJob {
                         id: output.id,
                         uid: output.uid,
                         selection,
-                    }));
+                    });
                 }
             }
             JobState::Queued | JobState::Launching => {}
@@ -517,17 +523,7 @@ impl Logs {
     pub async fn archived_output(&self, id: &str) -> Option<JobOutput> {
         // Only a job id can name an archive: anything else costs nothing.
         let unit = crate::spec::JobId::parse(id).ok()?.unit_name();
-        let archiver = self.inner.archiver.as_ref()?;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        archiver
-            .send(ArchiverCommand::Find(id.to_owned(), tx))
-            .ok()?;
-        // The archiver answers between batches; a caller does not wait
-        // behind a long one for an answer that is most likely "no job".
-        let found = tokio::time::timeout(ARCHIVE_LOOKUP_TIMEOUT, rx)
-            .await
-            .ok()?
-            .ok()?;
+        let found = self.inner.catalog.as_ref()?.of_job(id).await?;
         let newest = found.into_iter().max_by_key(|a| a.written_at)?;
         Some(JobOutput {
             id: id.to_owned(),
@@ -545,12 +541,8 @@ impl Logs {
     /// row besides the totals.
     pub async fn usage(&self, caller_uid: u32) -> Result<LogUsage, LogsError> {
         let unavailable = || LogsError::ArchiveUnavailable(self.inner.log_dir.clone());
-        let archiver = self.inner.archiver.as_ref().ok_or_else(unavailable)?;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        archiver
-            .send(ArchiverCommand::Usage(tx))
-            .map_err(|_| unavailable())?;
-        let mut usage = rx.await.map_err(|_| unavailable())?;
+        let catalog = self.inner.catalog.as_ref().ok_or_else(unavailable)?;
+        let mut usage = catalog.usage().await.ok_or_else(unavailable)?;
         if caller_uid != 0 {
             // Only the caller's own, totals included: how much others keep
             // is theirs to know.
@@ -561,9 +553,6 @@ impl Logs {
         Ok(usage)
     }
 }
-
-/// How long a lookup of a compacted job's archive waits for the archiver.
-const ARCHIVE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A pipe with both ends blocking and close-on-exec.
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
