@@ -44,7 +44,11 @@
 //!    loaded a while for `systemctl status` ([`kept_units`], pure: which to
 //!    release when).
 //! 7. [`daemon`]: the one task that owns the state, receives every event
-//!    (spool, systemd, API) on a channel and applies it. [`api`] is the
+//!    (spool, systemd, API) on a channel and applies it. Whether a claimed
+//!    file becomes jobs is its admission room (`daemon/admission.rs`,
+//!    pure: the rules in refusal order over what the daemon knows, behind
+//!    a trait; the passwd lookup, the workdir check as the owner and the
+//!    claim's writes stay in the state task). [`api`] is the
 //!    D-Bus object the `ptrain` CLI talks to (and its proxy); it asks the
 //!    state task through [`requests`] (each request carries its reply
 //!    channel; [`requests::ApiError`]) and answers with [`views`], the
@@ -89,7 +93,7 @@
 //! (render, retry and pacing are pure; the sender, transports, outbox and
 //! output tail are not).
 //!
-//! The rest is I/O: [`daemon`], [`systemd`], [`api`], [`requests`] (the
+//! The rest is I/O: [`daemon`] (but for its admission room), [`systemd`], [`api`], [`requests`] (the
 //! channel to the state task), [`spool`], [`logs`], [`metrics`],
 //! [`fsutil`], and [`history`] (in memory, but built on [`views`]).
 //!

@@ -13,7 +13,7 @@
 //!
 //! All of it runs on one archiver thread (`spawn_archiver`): writing and
 //! the retention policy ([`super::retention`]). What it keeps is read
-//! through an [`ArchiveCatalog`] without waiting for it.
+//! through an `ArchiveCatalog` without waiting for it.
 
 use std::ffi::CString;
 use std::fs::File;

@@ -9,13 +9,17 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+mod admission;
+
+use admission::Admission;
+
 use crate::api::DaemonApi;
 use crate::config::Config;
 use crate::fsutil::{self, FileIdentity};
 use crate::gpu::{GpuInfo, GpuInventory, GpuState};
 use crate::requests::{ApiError, ApiRequest};
 use crate::scheduler::{self, Holder, Rules, Waiting};
-use crate::spec::{parse_spec, JobId, JOB_UNIT_PREFIX};
+use crate::spec::{JobId, JOB_UNIT_PREFIX};
 use crate::spool::{self, SpoolEvent, SpoolRead};
 use crate::store::{AssignedGpu, JobRecord, JobState, Outcome, RejectRecord, SpoolSource, Store};
 use crate::systemd::{Systemd, SystemdError, UnitSignal, UnitState};
@@ -561,6 +565,54 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     Ok(())
 }
 
+/// What admission knows of the jobs: the live map, the history, the
+/// sweeps, and each claim's stored descriptor.
+impl admission::Known for Daemon {
+    fn namesake(&self, id: &JobId) -> Option<admission::Namesake<'_>> {
+        match (self.jobs.get(id), self.history.get(id)) {
+            (Some(live), _) => Some(admission::Namesake {
+                source: &live.source,
+                status: live.status(),
+                owner_name: &live.owner.name,
+            }),
+            (None, Some(ended)) => Some(admission::Namesake {
+                source: &ended.source,
+                status: ended.status(),
+                owner_name: &ended.owner_name,
+            }),
+            (None, None) => None,
+        }
+    }
+
+    fn sweep_members(&self, id: &JobId) -> Option<&[JobId]> {
+        self.groups.get(id).map(Vec::as_slice)
+    }
+
+    fn is_taken(&self, id: &JobId) -> bool {
+        self.jobs.contains_key(id) || self.history.contains(id) || self.groups.contains_key(id)
+    }
+
+    fn owner_of(&self, id: &JobId) -> Option<(u32, String)> {
+        match (self.jobs.get(id), self.history.get(id)) {
+            (Some(live), _) => Some((live.owner.uid, live.owner.name.clone())),
+            (None, Some(ended)) => Some((ended.owner_uid, ended.owner_name.to_string())),
+            (None, None) => None,
+        }
+    }
+
+    fn queued_of(&self, uid: u32) -> usize {
+        self.queued_per_user.get(&uid).copied().unwrap_or(0)
+    }
+
+    fn claimed_from(&self, id: &JobId, bytes: &[u8]) -> bool {
+        self.store.descriptor(id).is_ok_and(|d| d == bytes)
+    }
+
+    fn gpus(&self) -> Option<Vec<GpuInfo>> {
+        self.inventory.snapshot().ok()
+    }
+}
+
 /// A unit's state, or NoAnswer when systemd does not answer in time (zbus
 /// would wait forever).
 async fn timed_look(systemd: &Systemd, unit: &str) -> Result<UnitState, SystemdError> {
@@ -1049,50 +1101,6 @@ impl Daemon {
                 ),
             );
         };
-        if owner.uid == 0 && !self.config.allow_root_jobs {
-            return reject(
-                self,
-                "it is owned by root and allow_root_jobs is false; submit it as the user who should run it".into(),
-            );
-        }
-        let spec = match parse_spec(&bytes, stem) {
-            Ok(spec) => spec,
-            Err(e) => return reject(self, e.to_string()),
-        };
-        if let Some(user) = &spec.user {
-            if *user != owner.name {
-                return reject(
-                    self,
-                    format!(
-                        "field `user` says {user:?} but the file belongs to {:?}; jobs run as the file's owner, \
-                         so drop the `user` field or submit as {user:?}",
-                        owner.name
-                    ),
-                );
-            }
-        }
-        if spec.gpus.count() > 0 {
-            // GPUs the machine or the policy can never give would leave the
-            // job waiting forever: say so now. An unreadable inventory
-            // proves nothing, so then the job is accepted.
-            if let Ok(snapshot) = self.inventory.snapshot() {
-                if let Some(why) =
-                    scheduler::never_reason(&spec.gpus, &owner, &snapshot, &self.policy)
-                {
-                    return reject(self, why);
-                }
-            }
-        }
-        if let Err(reason) = self.check_dependencies(&spec, &owner) {
-            return reject(self, reason);
-        }
-        if let Err(reason) = crate::notifications::check_job(
-            &self.config.notifications,
-            spec.notify.as_deref(),
-            &owner.name,
-        ) {
-            return reject(self, reason);
-        }
         let source = SpoolSource {
             file: name.to_owned(),
             dev: identity.dev,
@@ -1100,104 +1108,44 @@ impl Daemon {
             ctime_ns: identity.ctime_ns,
             size: identity.size,
         };
-        // A sweep is known by its first member's record.
-        let existing_id = match self.groups.get(&spec.id) {
-            Some(members) => members.first().cloned(),
-            None => Some(spec.id.clone()),
+        let rules = admission::Rules {
+            allow_root_jobs: self.config.allow_root_jobs,
+            max_queued_per_user: self.config.max_queued_per_user,
+            limits: &self.config.limits,
+            notifications: &self.config.notifications,
+            policy: &self.policy,
         };
-        let existing =
-            existing_id
-                .as_ref()
-                .and_then(|id| match (self.jobs.get(id), self.history.get(id)) {
-                    (Some(live), _) => {
-                        Some((&live.source, live.status(), live.owner.name.as_str()))
-                    }
-                    (None, Some(ended)) => {
-                        Some((&ended.source, ended.status(), &*ended.owner_name))
-                    }
-                    (None, None) => None,
-                });
-        if let (Some(id), Some((existing_source, status, owner_name))) = (&existing_id, existing) {
-            // The same file claimed before a crash that came between the
-            // claim and the unlink: finish the unlink, never run it twice.
-            let same_file =
-                *existing_source == source && self.store.descriptor(id).is_ok_and(|d| d == bytes);
-            if same_file {
-                info!(job = %spec.id, file = name, "spool file was already claimed; removing it");
+        let file = admission::Submitted {
+            stem,
+            bytes: &bytes,
+            source,
+        };
+        let (records, group) = match admission::admit(&file, &owner, &rules, &*self, now_micros()) {
+            Admission::Accept { records, group } => (records, group),
+            Admission::ClaimedBefore(id) => {
+                info!(job = %id, file = name, "spool file was already claimed; removing it");
                 self.remove_spool_entry(name, &identity, false);
                 return;
             }
-            let reason = format!(
-                "job id {:?} already exists ({status}, owner {owner_name}); ids are unique: pick another `id` or file name",
-                spec.id.as_str(),
-            );
-            return reject(self, reason);
-        }
-        let members = match &spec.sweep {
-            Some(sweep) => crate::chain::expand(&spec, sweep),
-            None => vec![crate::chain::Member {
-                spec: spec.clone(),
-                params: Default::default(),
-            }],
-        };
-        if let Some(taken) = members.iter().map(|m| &m.spec.id).find(|id| {
-            self.jobs.contains_key(*id)
-                || self.history.contains(id)
-                || self.groups.contains_key(*id)
-        }) {
-            return reject(
-                self,
-                format!("the sweep's job id {taken:?} already exists; give the sweep another `id`"),
-            );
-        }
-        let queued = self.queued_per_user.get(&owner.uid).copied().unwrap_or(0);
-        if queued + members.len() > self.config.max_queued_per_user {
-            return reject(
-                self,
-                format!(
-                    "{} already has {queued} queued jobs, the limit (max_queued_per_user); wait for some to start",
-                    owner.name
-                ),
-            );
-        }
-        let caps = self.config.limits.caps_for(&owner.name);
-        let limits = match crate::resources::effective_limits(&spec.resources, &caps, &owner.name) {
-            Ok(limits) => limits,
-            Err(reason) => return reject(self, reason),
+            Admission::Refuse(reason) => return reject(self, reason),
         };
         // Checked as the owner now, so that a typo is refused with its
         // reason instead of failing at the start with exit status 200/226.
-        let mut workdirs: Vec<&std::path::Path> = members
+        let mut workdirs: Vec<&std::path::Path> = records
             .iter()
-            .filter_map(|m| m.spec.workdir.as_deref())
+            .filter_map(|r| r.spec.workdir.as_deref())
             .collect();
         workdirs.dedup();
         for dir in workdirs {
             if let Some(why) = self.workdir_problem(&owner, dir) {
-                return reject(
-                    self,
-                    format!(
-                        "workdir {} cannot be the job's working directory: {why}; create it, or name a directory {} can enter",
-                        crate::display::escape(&dir.display().to_string()),
-                        owner.name
-                    ),
+                let reason = format!(
+                    "workdir {} cannot be the job's working directory: {why}; create it, or name a directory {} can enter",
+                    crate::display::escape(&dir.display().to_string()),
+                    owner.name
                 );
+                return reject(self, reason);
             }
         }
-        let now = now_micros();
-        let group = spec.sweep.as_ref().map(|_| spec.id.clone());
-        let max_parallel = spec.sweep.as_ref().and_then(|s| s.max_parallel);
-        let records: Vec<JobRecord> = members
-            .into_iter()
-            .map(|member| {
-                let mut record = JobRecord::new(member.spec, owner.clone(), source.clone(), now);
-                record.limits = limits;
-                record.group = group.clone();
-                record.params = member.params;
-                record.max_parallel = max_parallel;
-                record
-            })
-            .collect();
         let claimed = match &group {
             Some(group) => self.store.claim_group(group, &records, &bytes),
             None => self.store.claim(&records[0], &bytes),
@@ -1262,37 +1210,6 @@ impl Daemon {
     }
 
     /// Every job a descriptor depends on must exist and be its owner's.
-    fn check_dependencies(
-        &self,
-        spec: &crate::spec::JobSpec,
-        owner: &users::Owner,
-    ) -> Result<(), String> {
-        for dep in spec.after.all() {
-            let first = match self.groups.get(dep) {
-                Some(members) => members.first(),
-                None => Some(dep),
-            };
-            let parent = first.and_then(|id| match (self.jobs.get(id), self.history.get(id)) {
-                (Some(live), _) => Some((live.owner.uid, live.owner.name.clone())),
-                (None, Some(ended)) => Some((ended.owner_uid, ended.owner_name.to_string())),
-                (None, None) => None,
-            });
-            let Some((parent_uid, parent_owner)) = parent else {
-                return Err(format!(
-                    "it depends on {:?}, which ptraind does not know; submit the jobs it waits for first",
-                    dep.as_str()
-                ));
-            };
-            if parent_uid != owner.uid {
-                return Err(format!(
-                    "it depends on {:?}, which belongs to {parent_owner}; a job may only wait for its owner's own jobs",
-                    dep.as_str(),
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// How each job a dependency names stands: a job, or every member of
     /// a sweep.
     fn parents(&self, named: &JobId) -> Vec<(JobId, crate::chain::ParentState)> {
