@@ -217,8 +217,15 @@ pub struct Daemon {
     /// Ended units still referenced, for `systemctl status`; released
     /// oldest first (`[jobs] keep_ended_units`, `max_kept_units`).
     kept: crate::kept_units::KeptUnits,
+    /// The tasks a stop waits for (under [`SHUTDOWN_GRACE`]): the emitter
+    /// of the last JobChanged signals. Timers and calls whose answers only
+    /// the loop would read are not in it: the next start re-attaches.
+    tasks: tokio_util::task::TaskTracker,
 }
 
+/// How long a stop waits for the last notifications and signals
+/// ([`Daemon::shut_down`]); the unit's `TimeoutStopSec=30s` is above it.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 /// Most events applied before the loop plans and looks at other work.
 const MAX_EVENT_BATCH: usize = 256;
 /// How long one pass of the loop (a batch of events, claims or launches)
@@ -358,7 +365,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         "the notification outbox",
         &config.state_dir.join("outbox"),
     ))?;
-    let job_signals = spawn_job_signals(systemd.connection().clone());
+    // What must finish before ptraind exits ([`Daemon::shut_down`]).
+    let tasks = tokio_util::task::TaskTracker::new();
+    let job_signals = spawn_job_signals(&tasks, systemd.connection().clone());
     // Callers' requests: the loop takes them first, and a pass under way
     // yields to them between its steps ([`Daemon::callers_waiting`]).
     let (api_tx, api_rx) = mpsc::unbounded_channel();
@@ -403,6 +412,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         intake: Default::default(),
         schedule_again: false,
         kept: Default::default(),
+        tasks,
         stopping_outside: HashSet::new(),
         strays: Default::default(),
         slow_workdirs: HashMap::new(),
@@ -562,6 +572,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     info!("ptraind stopping; running jobs keep running");
+    daemon.shut_down().await;
     Ok(())
 }
 
@@ -627,6 +638,44 @@ async fn timed_look(systemd: &Systemd, unit: &str) -> Result<UnitState, SystemdE
 }
 
 impl Daemon {
+    /// A stop as the unit file promises: the notifications due are sent
+    /// and the attempts under way finish, and the last JobChanged signals
+    /// go out, within [`SHUTDOWN_GRACE`] (under the unit's
+    /// `TimeoutStopSec`). What is left is in the outbox and the records,
+    /// and the next start takes it up.
+    async fn shut_down(self) {
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        let Daemon {
+            notifier,
+            tasks,
+            job_signals,
+            ..
+        } = self;
+        // The emitter ends once it has sent what the channel holds.
+        drop(job_signals);
+        tasks.close();
+        match tokio::time::timeout_at(deadline, notifier.drain()).await {
+            Ok(Some(drained)) if drained.pending == 0 => {
+                info!("every notification due was sent");
+            }
+            Ok(Some(drained)) => {
+                info!(pending = drained.pending, "notifications waiting for a retry are sent after the next start");
+            }
+            Ok(None) => {}
+            Err(_) => warn!(
+                secs = SHUTDOWN_GRACE.as_secs(),
+                "notifications still under way after {}s are sent again after the next start (same keys)",
+                SHUTDOWN_GRACE.as_secs()
+            ),
+        }
+        if tokio::time::timeout_at(deadline, tasks.wait())
+            .await
+            .is_err()
+        {
+            warn!("the last JobChanged signals were not all sent; `ptrain wait` re-checks after the next start");
+        }
+    }
+
     /// A caller waits: a pass stops after its current step (one state
     /// write, a few ms; tens under a burst's load) and lets the loop
     /// answer first, so a request waits for one step, not a whole pass.
@@ -1209,7 +1258,6 @@ impl Daemon {
         }
     }
 
-    /// Every job a descriptor depends on must exist and be its owner's.
     /// How each job a dependency names stands: a job, or every member of
     /// a sweep.
     fn parents(&self, named: &JobId) -> Vec<(JobId, crate::chain::ParentState)> {
@@ -2548,9 +2596,12 @@ impl Daemon {
 /// order the state task made them. (A task per signal, as before, let two
 /// changes of one job reach listeners in either order on the
 /// multi-threaded runtime: "succeeded", then "running".)
-fn spawn_job_signals(conn: zbus::Connection) -> mpsc::UnboundedSender<(String, String)> {
+fn spawn_job_signals(
+    tasks: &tokio_util::task::TaskTracker,
+    conn: zbus::Connection,
+) -> mpsc::UnboundedSender<(String, String)> {
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, String)>();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         while let Some((id, status)) = rx.recv().await {
             let _ = conn
                 .emit_signal(

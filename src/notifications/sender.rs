@@ -73,6 +73,16 @@ enum Command {
         RetryTarget,
         oneshot::Sender<Result<String, DeliveriesError>>,
     ),
+    /// ptraind is stopping: finish the attempts under way and send what is
+    /// due now, then answer with how many stay pending and end.
+    Drain(oneshot::Sender<Drained>),
+}
+
+/// What a drain left: deliveries still pending (a retry not yet due, or
+/// paced), resumed from the outbox at the next start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    pub pending: usize,
 }
 
 /// The handle the daemon holds. Cheap to clone; the sender task ends when
@@ -131,6 +141,7 @@ impl Notifier {
             tails,
             unread: Vec::new(),
             reads: JoinSet::new(),
+            draining: None,
         };
         tokio::spawn(sender.run(rx));
         Notifier { tx }
@@ -166,6 +177,15 @@ impl Notifier {
         {
             let _ = reply.send(Err(stopped()));
         }
+    }
+
+    /// At stop: waits until the attempts under way are over and what was
+    /// due is sent (the unit's `TimeoutStopSec` bounds the wait; the
+    /// caller sets a deadline under it). None when the sender is gone.
+    pub async fn drain(&self) -> Option<Drained> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Command::Drain(tx)).ok()?;
+        rx.await.ok()
     }
 
     pub async fn deliveries(&self) -> Result<Vec<DeliveryView>, DeliveriesError> {
@@ -222,6 +242,9 @@ struct Sender {
     /// Their entries wait, off the channel queues, until the lines are in
     /// the outbox copy.
     reads: JoinSet<Vec<(String, Vec<String>)>>,
+    /// Set at stop ([`Notifier::drain`]): answered, and the task ends,
+    /// once nothing is under way or due.
+    draining: Option<oneshot::Sender<Drained>>,
 }
 
 /// Output reads of one group run at the same time.
@@ -267,8 +290,21 @@ impl Sender {
         self.resume_outbox();
         loop {
             self.start_reads();
-            self.dispatch(Instant::now());
+            let now = Instant::now();
+            self.dispatch(now);
             let wake = self.next_wake();
+            if self.draining.is_some()
+                && self.attempts.is_empty()
+                && self.reads.is_empty()
+                && self.unread.is_empty()
+                && wake.is_none_or(|at| at > now)
+            {
+                let pending = self.entries.len();
+                if let Some(reply) = self.draining.take() {
+                    let _ = reply.send(Drained { pending });
+                }
+                return;
+            }
             tokio::select! {
                 command = rx.recv() => {
                     let Some(command) = command else { break };
@@ -315,6 +351,7 @@ impl Sender {
             Command::Retry(target, reply) => {
                 let _ = reply.send(self.retry(target));
             }
+            Command::Drain(reply) => self.draining = Some(reply),
         }
     }
 
@@ -884,6 +921,62 @@ pub(crate) mod tests {
         let said = n.retry_now(RetryTarget::AllDead).await.unwrap();
         assert!(said.starts_with("1 dead"), "{said}");
         wait_state(&n, &i.key, DeliveryState::Delivered).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_sends_what_is_due_and_leaves_retries_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        // One delivery fails once (a retry 60 s on), the other goes through.
+        let fake = Arc::new(Fake {
+            script: Mutex::new([Verdict::Retry("HTTP 503".into())].into()),
+            ..Fake::default()
+        });
+        let n = start(&config(60, 60, 3600), dir.path(), &fake);
+        let first = intent("a", NotifyEvent::Failed, "ch");
+        n.deliver(vec![first.clone()]);
+        wait_state(&n, &first.key, DeliveryState::Retrying).await;
+        // Handed over just before the stop: not tried yet when it comes.
+        let last = intent("b", NotifyEvent::Succeeded, "ch");
+        n.deliver(vec![last.clone()]);
+        let t0 = Instant::now();
+        assert_eq!(n.drain().await, Some(Drained { pending: 1 }));
+        // It did not wait for the retry a minute away.
+        assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+        let sent: Vec<Vec<String>> = fake
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, k)| k.clone())
+            .collect();
+        assert_eq!(sent, [vec![first.key.clone()], vec![last.key.clone()]]);
+        // The sender is gone; the outbox has the truth for the next start.
+        assert!(n.drain().await.is_none());
+        let outbox = Outbox::open(dir.path()).unwrap().list().unwrap();
+        let state = |key: &str| outbox.iter().find(|d| d.intent.key == key).map(|d| d.state);
+        assert_eq!(state(&last.key), Some(DeliveryState::Delivered));
+        assert_eq!(state(&first.key), Some(DeliveryState::Retrying));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_waits_for_the_attempt_under_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sent_tx, mut sent) = mpsc::unbounded_channel();
+        let fake = Arc::new(Fake {
+            hang: true,
+            sent: Some(sent_tx),
+            ..Fake::default()
+        });
+        let mut cfg = config(1, 1, 3600);
+        cfg.attempt_timeout = Duration::from_secs(10);
+        let n = start(&cfg, dir.path(), &fake);
+        let i = intent("j", NotifyEvent::Failed, "ch");
+        n.deliver(vec![i.clone()]);
+        sent.recv().await.unwrap();
+        let t0 = Instant::now();
+        // The attempt hangs until its timeout; the drain ends with it.
+        assert_eq!(n.drain().await, Some(Drained { pending: 1 }));
+        assert!(t0.elapsed() >= Duration::from_secs(9), "{:?}", t0.elapsed());
     }
 
     #[tokio::test(start_paused = true)]

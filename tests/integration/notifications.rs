@@ -1012,3 +1012,51 @@ fn kill_9_mid_delivery_resends_with_the_same_key() {
     assert_eq!(d.status("killed").unwrap()["status"], "succeeded");
     assert_eq!(server.requests().len(), 2);
 }
+
+#[test]
+fn a_stop_waits_for_the_notification_under_way_and_sends_it_once() {
+    let secrets = Secrets::new("notify-stop");
+    let secret = secrets.file("hook.secret", "stop-hmac-secret");
+    // The POST hangs until the test releases it, while ptraind stops.
+    let server = HttpServer::start(vec![Reply::Hang], Reply::Status(200, "{}"));
+    let d = TestDaemon::start_with(
+        "notify-stop",
+        Opts {
+            extra_config: format!(
+                "[notify]\nattempt_timeout = \"2m\"\n\
+                 [channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\nsecret_file = \"{}\"\n",
+                server.url("/s"),
+                secret.display()
+            ),
+            ..Opts::default()
+        },
+    );
+    d.drop_job(
+        ALICE,
+        "stopped.json",
+        r#"{"version": 1, "command": ["true"], "notify": ["hook"]}"#,
+    );
+    server.wait_requests(1, WAIT);
+    std::thread::scope(|scope| {
+        let stop = scope.spawn(|| d.harness.systemctl(&["stop", "ptraind.service"]));
+        // ptraind holds its stop open for the attempt (a ptraind that
+        // exits at once is never seen deactivating, and this times out).
+        wait_for("ptraind to wait in its stop", WAIT, || {
+            (d.unit_property("ptraind.service", "ActiveState") == "deactivating").then_some(())
+        });
+        server.release();
+        let (ok, out) = stop.join().unwrap();
+        assert!(ok, "{out}");
+    });
+    assert_eq!(
+        d.unit_property("ptraind.service", "ActiveState"),
+        "inactive"
+    );
+    let said = d.harness.journal(&["-u", "ptraind.service", "-o", "cat"]);
+    assert!(said.contains("every notification due was sent"), "{said}");
+    let (ok, out) = d.harness.systemctl(&["start", "ptraind.service"]);
+    assert!(ok, "{out}");
+    // Recorded as delivered before the exit: the next start sends nothing.
+    wait_delivery(&d, "stopped.succeeded.hook", "delivered");
+    assert_eq!(server.requests().len(), 1, "{:?}", server.requests());
+}
