@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 mod admission;
+mod live;
 
 use admission::Admission;
 
@@ -126,17 +127,12 @@ pub struct Daemon {
     systemd: Systemd,
     inventory: Box<dyn GpuInventory>,
     spool_fd: OwnedFd,
-    /// Queued, launching and running jobs: their full records.
-    jobs: BTreeMap<JobId, JobRecord>,
+    /// Queued, launching and running jobs, and the indices over them.
+    live: live::Live,
     /// Finished jobs: a compact summary each (full records stay on disk).
     history: crate::history::History,
-    /// Queued jobs in planning order (priority, then arrival).
-    queue: scheduler::Queue,
-    /// GPU index → the job holding it.
-    held: BTreeMap<u32, JobId>,
     /// Units we started (or adopted) and still wait to see end.
     by_unit: HashMap<String, JobId>,
-    queued_per_user: HashMap<u32, usize>,
     /// Spool file owners looked up recently.
     owners: users::OwnerCache,
     /// Quarantined files by owner, for `[retention]`.
@@ -193,10 +189,6 @@ pub struct Daemon {
     groups: BTreeMap<JobId, Vec<JobId>>,
     /// Queued jobs that may not start yet (dependencies, max_parallel).
     blocked: HashSet<JobId>,
-    /// Queued jobs that wait on others (`after`) or on their sweep's
-    /// `max_parallel`: the only ones dependency resolution looks at, so it
-    /// costs nothing per queued job that waits on nothing.
-    constrained: HashSet<JobId>,
     /// Hands notification intents to the sender task (never waits on it).
     notifier: crate::notifications::Notifier,
     /// Delivery status per notification key, read before compacting a job.
@@ -284,12 +276,6 @@ struct StatusLine {
     sent_at: Option<tokio::time::Instant>,
     /// A newer line waits until then.
     flush_at: Option<tokio::time::Instant>,
-}
-
-/// Whether a queued job waits on something besides GPUs: other jobs
-/// (`after`) or its sweep's `max_parallel`.
-fn is_constrained(record: &JobRecord) -> bool {
-    !record.spec.after.is_empty() || (record.group.is_some() && record.max_parallel.is_some())
 }
 
 /// Real, effective, saved and filesystem uids of a process, from
@@ -381,14 +367,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         systemd,
         inventory,
         spool_fd,
-        jobs: BTreeMap::new(),
+        live: live::Live::default(),
         history: Default::default(),
         owners: Default::default(),
         quarantine: Default::default(),
-        queue: scheduler::Queue::default(),
-        held: BTreeMap::new(),
         by_unit: HashMap::new(),
-        queued_per_user: HashMap::new(),
         stuck_entries: HashSet::new(),
         ptraind: ptraind_path(),
         runtime,
@@ -407,7 +390,6 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         gpu_watch_at: None,
         groups: BTreeMap::new(),
         blocked: HashSet::new(),
-        constrained: HashSet::new(),
         metrics: Default::default(),
         intake: Default::default(),
         schedule_again: false,
@@ -423,7 +405,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     daemon.kept = crate::kept_units::KeptUnits::new(daemon.config.kept_units);
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
-    daemon.logs.restored(daemon.jobs.values());
+    daemon.logs.restored(daemon.live.records());
     daemon.prune_history();
 
     // The API comes up after the state is restored, so no caller ever sees
@@ -469,7 +451,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
 
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     daemon.notify_status();
-    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.jobs.len(), finished = daemon.history.len(), "ptraind ready");
+    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.live.len(), finished = daemon.history.len(), "ptraind ready");
 
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut watchdog_tick =
@@ -580,7 +562,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
 /// sweeps, and each claim's stored descriptor.
 impl admission::Known for Daemon {
     fn namesake(&self, id: &JobId) -> Option<admission::Namesake<'_>> {
-        match (self.jobs.get(id), self.history.get(id)) {
+        match (self.live.get(id), self.history.get(id)) {
             (Some(live), _) => Some(admission::Namesake {
                 source: &live.source,
                 status: live.status(),
@@ -600,11 +582,11 @@ impl admission::Known for Daemon {
     }
 
     fn is_taken(&self, id: &JobId) -> bool {
-        self.jobs.contains_key(id) || self.history.contains(id) || self.groups.contains_key(id)
+        self.live.contains(id) || self.history.contains(id) || self.groups.contains_key(id)
     }
 
     fn owner_of(&self, id: &JobId) -> Option<(u32, String)> {
-        match (self.jobs.get(id), self.history.get(id)) {
+        match (self.live.get(id), self.history.get(id)) {
             (Some(live), _) => Some((live.owner.uid, live.owner.name.clone())),
             (None, Some(ended)) => Some((ended.owner_uid, ended.owner_name.to_string())),
             (None, None) => None,
@@ -612,7 +594,7 @@ impl admission::Known for Daemon {
     }
 
     fn queued_of(&self, uid: u32) -> usize {
-        self.queued_per_user.get(&uid).copied().unwrap_or(0)
+        self.live.queued_of(uid)
     }
 
     fn claimed_from(&self, id: &JobId, bytes: &[u8]) -> bool {
@@ -724,7 +706,7 @@ impl Daemon {
         let Some(id) = self.by_unit.get(unit).cloned() else {
             return;
         };
-        let Some(record) = self.jobs.get(&id) else {
+        let Some(record) = self.live.get(&id) else {
             return;
         };
         let Some(limit) = self.logs.idle_timeout_of(record) else {
@@ -749,7 +731,7 @@ impl Daemon {
                 return;
             }
         }
-        let record = self.jobs.get_mut(&id).expect("looked up above");
+        let record = self.live.get_mut(&id).expect("looked up above");
         record.idle_timeout_hit = Some(limit.as_secs());
         if let Err(e) = self.store.save(record) {
             error!(job = %id, error = %e, "cannot record the idle stop; trying again after another idle window");
@@ -775,9 +757,9 @@ impl Daemon {
         let running = self.tracked_units();
         let mut status = format!(
             "{} queued, {} running, {} GPUs busy",
-            self.queue.len(),
+            self.live.queue().len(),
             running,
-            self.held.len()
+            self.live.held().len()
         );
         if self.store_failed_at.is_some() {
             status.push_str(
@@ -790,15 +772,15 @@ impl Daemon {
                 .by_unit
                 .values()
                 .filter(|id| {
-                    self.jobs
-                        .get(*id)
+                    self.live
+                        .get(id)
                         .is_some_and(|r| r.state == JobState::Launching)
                 })
                 .count();
-        let queued = self.queue.len();
+        let queued = self.live.queue().len();
         let running = running.saturating_sub(launching);
         self.metrics
-            .set_active(queued, launching, running, self.held.len());
+            .set_active(queued, launching, running, self.live.held().len());
     }
 
     /// Sends `status` now, or once STATUS_INTERVAL has passed since the
@@ -861,21 +843,18 @@ impl Daemon {
         for record in live {
             let id = record.id.clone();
             if record.state == JobState::Queued {
-                self.enqueue(&record);
+                self.live.queue_job(record);
             } else {
                 // Launching or running.
-                for gpu in &record.gpus {
-                    self.held.insert(gpu.index, id.clone());
-                }
-                self.held_changed();
                 self.by_unit.insert(record.unit.clone(), id.clone());
-                to_check.push(id.clone());
+                to_check.push(id);
+                self.live.restore_active(record);
+                self.held_changed();
             }
-            self.jobs.insert(id, record);
         }
         // Recorders that wrote after ptraind had recorded the end itself.
         for id in self.store.exit_record_ids() {
-            if !self.jobs.contains_key(&id) {
+            if !self.live.contains(&id) {
                 self.store.remove_exit_record(&id);
             }
         }
@@ -886,7 +865,7 @@ impl Daemon {
     }
 
     async fn reattach(&mut self, id: &JobId) {
-        let Some(record) = self.jobs.get(id) else {
+        let Some(record) = self.live.get(id) else {
             return;
         };
         let unit = record.unit.clone();
@@ -910,7 +889,7 @@ impl Daemon {
     /// The job's unit is not loaded: it ended and was collected while
     /// ptraind did not watch, or it never started.
     async fn unit_gone(&mut self, id: &JobId) {
-        let Some(record) = self.jobs.get(id) else {
+        let Some(record) = self.live.get(id) else {
             return;
         };
         let unit = record.unit.clone();
@@ -956,7 +935,7 @@ impl Daemon {
         let Some(exit) = self.store.exit_record(id) else {
             return false;
         };
-        let Some(record) = self.jobs.get(id) else {
+        let Some(record) = self.live.get(id) else {
             return false;
         };
         let other_invocation = exit.invocation_id.is_some()
@@ -1002,7 +981,7 @@ impl Daemon {
     async fn recorder_ended(&mut self, id: &JobId) {
         if self.awaiting_recorder.remove(id) {
             self.unit_gone(id).await;
-        } else if !self.jobs.contains_key(id) {
+        } else if !self.live.contains(id) {
             // ptraind recorded this end from the unit itself already.
             self.store.remove_exit_record(id);
         }
@@ -1229,32 +1208,8 @@ impl Daemon {
                 "job accepted"
             );
             let id = record.id.clone();
-            self.enqueue(&record);
-            self.jobs.insert(id.clone(), record);
+            self.live.queue_job(record);
             self.emit_changed(&id);
-        }
-    }
-
-    /// Queues a job in planning order, counted against its owner's
-    /// `max_queued_per_user`.
-    fn enqueue(&mut self, record: &JobRecord) {
-        if is_constrained(record) {
-            self.constrained.insert(record.id.clone());
-        }
-        self.queue.push(
-            record.id.clone(),
-            record.spec.priority,
-            record.spec.gpus.count() > 0,
-        );
-        *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
-    }
-
-    /// Takes a job out of the queue: it launches, or ends without running.
-    fn dequeue(&mut self, id: &JobId, owner_uid: u32) {
-        self.queue.remove(id);
-        self.constrained.remove(id);
-        if let Some(n) = self.queued_per_user.get_mut(&owner_uid) {
-            *n = n.saturating_sub(1);
         }
     }
 
@@ -1282,22 +1237,22 @@ impl Daemon {
         use crate::chain::{readiness, Readiness};
         loop {
             self.blocked.clear();
-            if self.constrained.is_empty() {
+            if self.live.constrained().is_empty() {
                 return;
             }
             let mut never = Vec::new();
             let mut running_in_group: HashMap<&JobId, u32> = HashMap::new();
             // Launching jobs whose call waits count as running.
             for id in self.by_unit.values().chain(&self.launch_backlog) {
-                if let Some(g) = self.jobs.get(id).and_then(|r| r.group.as_ref()) {
+                if let Some(g) = self.live.get(id).and_then(|r| r.group.as_ref()) {
                     *running_in_group.entry(g).or_default() += 1;
                 }
             }
-            for id in self.queue.iter() {
-                if !self.constrained.contains(id) {
+            for id in self.live.queue().iter() {
+                if !self.live.constrained().contains(id) {
                     continue;
                 }
-                let record = &self.jobs[id];
+                let record = &self.live[id];
                 if !record.spec.after.is_empty() {
                     match readiness(&record.spec.after, |named| self.parents(named)) {
                         Readiness::Ready => {}
@@ -1451,7 +1406,7 @@ impl Daemon {
     /// under a job is logged and its owner told within that time. An idle
     /// ptraind (no job holds a GPU) does not wake up for it.
     fn watch_held_gpus(&mut self) {
-        if self.held.is_empty() || self.inventory.backend() != "nvml" {
+        if self.live.held().is_empty() || self.inventory.backend() != "nvml" {
             self.gpu_watch_at = None;
             return;
         }
@@ -1472,7 +1427,7 @@ impl Daemon {
         self.schedule_again = false;
         self.announce_gpu_warnings();
         self.resolve_dependencies().await;
-        if self.queue.is_empty() {
+        if self.live.queue().is_empty() {
             self.reserved.clear();
             self.waits.clear();
             return;
@@ -1485,7 +1440,7 @@ impl Daemon {
         // Every job that asks for no GPUs starts; GPU jobs are read in
         // planning order only as far as GPUs are left to place or keep.
         let waiting = |id| {
-            let r = &self.jobs[id];
+            let r = &self.live[id];
             Waiting {
                 id,
                 owner: &r.owner,
@@ -1495,13 +1450,15 @@ impl Daemon {
         };
         let not_blocked = |id: &&JobId| !self.blocked.contains(*id);
         let cpu_jobs: Vec<Waiting> = self
-            .queue
+            .live
+            .queue()
             .cpu_jobs()
             .filter(not_blocked)
             .map(waiting)
             .collect();
         let mut gpu_jobs = self
-            .queue
+            .live
+            .queue()
             .gpu_jobs()
             .filter(not_blocked)
             .map(waiting)
@@ -1522,10 +1479,11 @@ impl Daemon {
         let check_never = fingerprint.is_some() && fingerprint != self.never_checked_against;
         let plan = {
             let held: BTreeMap<u32, Holder> = self
-                .held
+                .live
+                .held()
                 .iter()
                 .filter_map(|(gpu, id)| {
-                    let r = self.jobs.get(id)?;
+                    let r = self.live.get(id)?;
                     Some((
                         *gpu,
                         Holder {
@@ -1572,7 +1530,7 @@ impl Daemon {
         let mut gpu_jobs_wait = plan.waiting_for_gpus || snapshot.is_none();
         let mut placements = plan.placements;
         // Jobs with and without GPUs start in one planning order.
-        placements.sort_by_key(|p| self.queue.position(&p.id));
+        placements.sort_by_key(|p| self.live.queue().position(&p.id));
         let pass = std::time::Instant::now();
         for (n, placement) in placements.into_iter().enumerate() {
             if self.tracked_units() >= MAX_TRACKED_UNITS {
@@ -1604,7 +1562,7 @@ impl Daemon {
         for (job, warning) in self.inventory.take_new_warnings() {
             let Some(record) = JobId::parse(&job)
                 .ok()
-                .and_then(|id| self.jobs.get_mut(&id))
+                .and_then(|id| self.live.get_mut(&id))
             else {
                 continue;
             };
@@ -1632,7 +1590,8 @@ impl Daemon {
     /// the pool under a running job names the job in its log entry.
     fn held_changed(&self) {
         self.inventory.set_holders(
-            self.held
+            self.live
+                .held()
                 .iter()
                 .map(|(gpu, id)| (*gpu, id.to_string()))
                 .collect(),
@@ -1652,7 +1611,7 @@ impl Daemon {
     /// Write-ahead: the record says "launching as unit U on these GPUs"
     /// durably before systemd is asked.
     async fn launch(&mut self, id: &JobId, gpus: &[u32], snapshot: &[GpuInfo]) {
-        let Some(record) = self.jobs.get_mut(id) else {
+        let Some(record) = self.live.get_mut(id) else {
             return;
         };
         let before = record.clone();
@@ -1674,11 +1633,7 @@ impl Daemon {
         }
         self.metrics
             .job_launched(now_micros().saturating_sub(record.submitted_at));
-        let owner_uid = record.owner.uid;
-        self.dequeue(id, owner_uid);
-        for gpu in gpus {
-            self.held.insert(*gpu, id.clone());
-        }
+        self.live.launched(id);
         self.held_changed();
         self.emit_changed(id);
         self.start_unit(id).await;
@@ -1715,7 +1670,7 @@ impl Daemon {
     /// Prepares the job's launch files and sends its StartTransientUnit
     /// from a task of its own.
     async fn dispatch_launch(&mut self, id: &JobId) {
-        let Some(record) = self.jobs.get(id).filter(|r| r.state == JobState::Launching) else {
+        let Some(record) = self.live.get(id).filter(|r| r.state == JobState::Launching) else {
             return;
         };
         let unit = record.unit.clone();
@@ -1773,7 +1728,7 @@ impl Daemon {
         self.launches_in_flight = self.launches_in_flight.saturating_sub(1);
         match result {
             Ok(()) => {
-                if let Some(record) = self.jobs.get(id) {
+                if let Some(record) = self.live.get(id) {
                     let gpus: Vec<u32> = record.gpus.iter().map(|g| g.index).collect();
                     info!(job = %id, PTRAIN_JOB = %id, unit, gpus = ?gpus, "unit started");
                     if record.stop_requested_by.is_some() && record.state == JobState::Launching {
@@ -1818,7 +1773,7 @@ impl Daemon {
                 // The job may have ended meanwhile (stopped): only a job
                 // still launching failed to launch.
                 if self
-                    .jobs
+                    .live
                     .get(id)
                     .is_some_and(|r| r.state == JobState::Launching)
                 {
@@ -1846,7 +1801,7 @@ impl Daemon {
     /// UnitExists ended before this job was submitted: then it ran an
     /// earlier job of the same id, not this one.
     async fn is_an_earlier_jobs_unit(&self, id: &JobId, unit: &str) -> bool {
-        let Some(submitted_at) = self.jobs.get(id).map(|r| r.submitted_at) else {
+        let Some(submitted_at) = self.live.get(id).map(|r| r.submitted_at) else {
             return false;
         };
         match self.systemd.unit_state(unit).await {
@@ -1889,7 +1844,7 @@ impl Daemon {
         let Some(job_state) = self
             .by_unit
             .get(signal.unit())
-            .and_then(|id| self.jobs.get(id))
+            .and_then(|id| self.live.get(id))
             .map(|r| r.state)
         else {
             return;
@@ -1949,7 +1904,7 @@ impl Daemon {
         let Some(id) = self.by_unit.get(unit) else {
             return;
         };
-        let record = &self.jobs[id];
+        let record = &self.live[id];
         if record.stop_requested_by.is_none()
             && record.idle_timeout_hit.is_none()
             && self.stopping_outside.insert(id.clone())
@@ -2056,7 +2011,7 @@ impl Daemon {
             return;
         };
         if state.has_ended() {
-            let stop_requested_by = self.jobs[&id].stop_requested_by;
+            let stop_requested_by = self.live[&id].stop_requested_by;
             let mut outcome = crate::job::outcome_of_unit(
                 &state.result,
                 state.exec_main_code,
@@ -2075,7 +2030,7 @@ impl Daemon {
             }
             self.finish(&id, outcome, Some(state)).await;
         } else if state.active_state == "active" || state.active_state == "deactivating" {
-            let record = self.jobs.get_mut(&id).expect("tracked job exists");
+            let record = self.live.get_mut(&id).expect("tracked job exists");
             if record.state == JobState::Launching {
                 record.state = JobState::Running;
                 record.started_at = Some(state.exec_main_start)
@@ -2126,7 +2081,7 @@ impl Daemon {
             found = ?uids,
             "job process runs with the wrong uid; stopping it"
         );
-        if let Some(record) = self.jobs.get_mut(id) {
+        if let Some(record) = self.live.get_mut(id) {
             record.stop_requested_by = Some(0);
         }
         if let Err(e) = self.systemd.stop_unit(unit).await {
@@ -2137,7 +2092,7 @@ impl Daemon {
     /// Records a job's end durably, then frees its GPUs and lets systemd
     /// collect the unit.
     async fn finish(&mut self, id: &JobId, outcome: Outcome, state: Option<&UnitState>) {
-        let Some(current) = self.jobs.get(id) else {
+        let Some(current) = self.live.get(id) else {
             return;
         };
         self.stopping_outside.remove(id);
@@ -2153,12 +2108,11 @@ impl Daemon {
                 uid => self.owners.owner_of_uid(uid).map(|o| o.name),
             };
         }
-        let Some(current) = self.jobs.get(id) else {
+        let Some(current) = self.live.get(id) else {
             return;
         };
         // Changed on a copy: memory says "ended" only once the disk does.
         let mut record = current.clone();
-        let was_queued = record.state == JobState::Queued;
         record.state = JobState::Ended;
         let now = now_micros();
         if let Some(state) = state {
@@ -2218,10 +2172,7 @@ impl Daemon {
         self.metrics
             .job_finished(outcome.status(), ran.map(|(s, e)| e.saturating_sub(s)));
         self.notifier.deliver(intents);
-        if was_queued {
-            self.dequeue(id, record.owner.uid);
-        }
-        self.jobs.remove(id);
+        self.live.ended(id);
         info!(
             job = %id,
             PTRAIN_JOB = %id,
@@ -2234,7 +2185,6 @@ impl Daemon {
         self.store.remove_exit_record(id);
         self.runtime.remove(id);
         let unit = record.unit.clone();
-        self.held.retain(|_, holder| holder != id);
         self.held_changed();
         if self.by_unit.remove(&unit).is_some() && state.is_some() {
             // Kept loaded a while, so that `systemctl status` shows how
@@ -2268,13 +2218,14 @@ impl Daemon {
             ApiRequest::List(reply) => {
                 // At most MAX_LIST_ALL, newest first, so the reply stays
                 // under the system bus's message size limit.
-                let room = MAX_LIST_ALL.saturating_sub(self.queue.len() + self.by_unit.len());
+                let room =
+                    MAX_LIST_ALL.saturating_sub(self.live.queue().len() + self.by_unit.len());
                 let _ = reply.send(self.listing(room, 0));
             }
             ApiRequest::Status(id, reply) => {
                 let view = JobId::parse(&id)
                     .ok()
-                    .and_then(|id| match self.jobs.get(&id) {
+                    .and_then(|id| match self.live.get(&id) {
                         Some(record) => Some(JobView {
                             source: Some(record.source.clone()),
                             gpu_warning: self.inventory.job_warning(id.as_str()),
@@ -2322,7 +2273,7 @@ impl Daemon {
                     gpus: gpus
                         .into_iter()
                         .map(|gpu| {
-                            let held_by = self.held.get(&gpu.index).map(|id| id.to_string());
+                            let held_by = self.live.held().get(&gpu.index).map(|id| id.to_string());
                             let reserved_for =
                                 self.reserved.get(&gpu.index).map(|id| id.to_string());
                             let state = GpuState::of(
@@ -2369,8 +2320,8 @@ impl Daemon {
                 break;
             }
             // A queued job still needs its parents' outcomes (and results).
-            let needed = self.constrained.iter().any(|q| {
-                let after = self.jobs[q].spec.after.all();
+            let needed = self.live.constrained().iter().any(|q| {
+                let after = self.live[q].spec.after.all();
                 after.contains(&id) || oldest.group.as_ref().is_some_and(|g| after.contains(g))
             });
             if needed {
@@ -2435,7 +2386,8 @@ impl Daemon {
     /// what a listing shows (`ptrain status ID` reads its full record).
     fn listing(&self, ended: usize, whole: usize) -> Vec<JobView> {
         let mut live: Vec<&JobId> = self
-            .queue
+            .live
+            .queue()
             .iter()
             .chain(self.by_unit.values())
             .chain(&self.launch_backlog)
@@ -2444,7 +2396,7 @@ impl Daemon {
         live.dedup();
         let mut views: Vec<JobView> = live
             .into_iter()
-            .filter_map(|id| self.jobs.get(id))
+            .filter_map(|id| self.live.get(id))
             .map(|record| self.view(record))
             .chain(
                 self.history
@@ -2512,7 +2464,7 @@ impl Daemon {
             // A sweep id stops every member still queued or running.
             let mut lines = Vec::new();
             for member in members {
-                if self.jobs.contains_key(&member) {
+                if self.live.contains(&member) {
                     lines.push(Box::pin(self.stop(member.as_str(), caller_uid)).await?);
                 }
             }
@@ -2532,7 +2484,7 @@ impl Daemon {
             return Ok(format!("job {id} already ended ({})", ended.status()));
         }
         let record = self
-            .jobs
+            .live
             .get_mut(&job_id)
             .ok_or_else(|| ApiError::NotFound(id.to_owned()))?;
         if caller_uid != 0 && caller_uid != record.owner.uid {
@@ -2578,7 +2530,7 @@ impl Daemon {
 
     /// Tells the output readers and D-Bus listeners that a live job moved.
     fn emit_changed(&self, id: &JobId) {
-        if let Some(record) = self.jobs.get(id) {
+        if let Some(record) = self.live.get(id) {
             self.announce(record);
         }
     }
