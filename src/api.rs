@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::board::Board;
 use crate::logs::{JobLookup, JobOutput, Logs, LogsError, ReadOptions};
 use crate::notifications::{DeliveriesError, RetryTarget};
 use crate::requests::{ApiError, ApiRequest};
@@ -52,6 +53,8 @@ impl From<DeliveriesError> for zbus::fdo::Error {
 /// The object served at [`crate::DBUS_PATH`].
 pub struct DaemonApi {
     pub requests: mpsc::UnboundedSender<ApiRequest>,
+    /// What `Status` reads without the state task.
+    pub board: Arc<Board>,
     /// `[privacy]`: what callers see of others' jobs.
     pub privacy: Privacy,
     /// Serves job output ([`crate::logs`]).
@@ -71,7 +74,7 @@ impl DaemonApi {
 
     /// The job whose output `caller_uid` asks for: theirs, or any for root.
     async fn output_of(&self, id: String, caller_uid: u32) -> zbus::fdo::Result<JobOutput> {
-        let job = match self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await? {
+        let job = match self.board.status(&id).await {
             Ok(job) => job,
             Err(ApiError::NotFound(_)) => {
                 return self
@@ -99,21 +102,15 @@ impl DaemonApi {
         (caller_uid == 0 || caller_uid == output.uid).then_some(output)
     }
 
-    /// How a log follower that fell behind asks the state task where its
-    /// job stands.
+    /// How a log follower that fell behind looks up where its job stands.
     fn lookup(&self) -> JobLookup {
-        let requests = self.requests.clone();
+        let board = self.board.clone();
         Arc::new(move |id| {
-            let requests = requests.clone();
+            let board = board.clone();
             Box::pin(async move {
-                let gone = || std::io::Error::other("ptraind is shutting down");
-                let (tx, rx) = oneshot::channel();
-                requests
-                    .send(ApiRequest::Status(id, tx))
-                    .map_err(|_| gone())?;
-                let view = rx
+                let view = board
+                    .status(&id)
                     .await
-                    .map_err(|_| gone())?
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 Ok(JobOutput::of_view(&view))
             })
@@ -198,7 +195,7 @@ impl DaemonApi {
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
         let caller = caller_uid(conn, &header).await?;
-        let view = match self.ask(|tx| ApiRequest::Status(id.clone(), tx)).await? {
+        let view = match self.board.status(&id).await {
             Ok(view) => view,
             Err(ApiError::NotFound(_)) if self.compacted(&id, caller).await.is_some() => {
                 return Err(ApiError::Compacted(id).into());

@@ -110,6 +110,7 @@
 //! loads; [`logs`] takes only its own ([`logs::LogSettings`]).
 
 pub mod api;
+pub mod board;
 pub mod chain;
 pub mod config;
 pub mod daemon;

@@ -46,7 +46,6 @@ pub enum ApiRequest {
     List(oneshot::Sender<Vec<JobView>>),
     /// Queued and running jobs plus the `limit` most recently ended.
     ListRecent(u32, oneshot::Sender<Vec<JobView>>),
-    Status(String, oneshot::Sender<Result<JobView, ApiError>>),
     Stop {
         id: String,
         caller_uid: u32,

@@ -51,6 +51,7 @@ const PURE_FILES: &[&str] = &["src/daemon/admission.rs", "src/daemon/live.rs"];
 /// one up reads the user database).
 const IO: &[&str] = &[
     "api",
+    "board",
     "config::load",
     "daemon",
     "fsutil",

@@ -24,16 +24,16 @@ pub struct Rules<'a> {
 }
 
 /// A job ptraind knows under some id, live or ended.
-pub struct Namesake<'a> {
-    pub source: &'a SpoolSource,
+pub struct Namesake {
+    pub source: SpoolSource,
     pub status: &'static str,
-    pub owner_name: &'a str,
+    pub owner_name: String,
 }
 
 /// What admission asks of the jobs ptraind knows.
 pub trait Known {
     /// The job (or, for a sweep's id, its first member) known as `id`.
-    fn namesake(&self, id: &JobId) -> Option<Namesake<'_>>;
+    fn namesake(&self, id: &JobId) -> Option<Namesake>;
     /// The members of sweep `id`, in expansion order, if it is one.
     fn sweep_members(&self, id: &JobId) -> Option<&[JobId]>;
     /// Whether `id` names a job or a sweep, live or ended.
@@ -168,7 +168,7 @@ fn check(
     };
     if let Some(id) = existing_id {
         if let Some(namesake) = known.namesake(&id) {
-            if *namesake.source == file.source && known.claimed_from(&id, file.bytes) {
+            if namesake.source == file.source && known.claimed_from(&id, file.bytes) {
                 return Ok(Checked::ClaimedBefore(spec.id));
             }
             return Err(format!(
@@ -250,11 +250,11 @@ mod tests {
     }
 
     impl Known for Jobs {
-        fn namesake(&self, id: &JobId) -> Option<Namesake<'_>> {
+        fn namesake(&self, id: &JobId) -> Option<Namesake> {
             self.records.get(id).map(|r| Namesake {
-                source: &r.source,
+                source: r.source.clone(),
                 status: r.status(),
-                owner_name: &r.owner.name,
+                owner_name: r.owner.name.clone(),
             })
         }
         fn sweep_members(&self, id: &JobId) -> Option<&[JobId]> {

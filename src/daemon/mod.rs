@@ -14,7 +14,10 @@ mod live;
 
 use admission::Admission;
 
+use std::sync::Arc;
+
 use crate::api::DaemonApi;
+use crate::board::{Board, QueuedDetail};
 use crate::config::Config;
 use crate::fsutil::{self, FileIdentity};
 use crate::gpu::{GpuInfo, GpuInventory, GpuState};
@@ -123,14 +126,15 @@ const LAUNCH_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 pub struct Daemon {
     config: Config,
-    store: Store,
+    store: Arc<Store>,
     systemd: Systemd,
-    inventory: Box<dyn GpuInventory>,
+    inventory: Arc<dyn GpuInventory>,
     spool_fd: OwnedFd,
     /// Queued, launching and running jobs, and the indices over them.
     live: live::Live,
-    /// Finished jobs: a compact summary each (full records stay on disk).
-    history: crate::history::History,
+    /// What callers read without the state task: each live job's view,
+    /// and the finished jobs' summaries (full records stay on disk).
+    board: Arc<Board>,
     /// Units we started (or adopted) and still wait to see end.
     by_unit: HashMap<String, JobId>,
     /// Spool file owners looked up recently.
@@ -312,9 +316,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     spool::check_spool_dir(&config.spool_dir).map_err(DaemonError::UnsafeSpool)?;
     let spool_fd =
         fsutil::open_dir(&config.spool_dir).map_err(setup("spool directory", &config.spool_dir))?;
-    let store = Store::open(&config.state_dir)?;
+    let store = Arc::new(Store::open(&config.state_dir)?);
     let runtime = crate::runtime::JobRuntime::open(&config.runtime_dir)?;
-    let inventory = crate::gpu::open_inventory(&config.gpus)?;
+    let inventory: Arc<dyn GpuInventory> = crate::gpu::open_inventory(&config.gpus)?.into();
     info!(backend = inventory.backend(), "GPU inventory ready");
 
     // Two queues: systemd, API and idle events first, spool files after
@@ -357,7 +361,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     // Callers' requests: the loop takes them first, and a pass under way
     // yields to them between its steps ([`Daemon::callers_waiting`]).
     let (api_tx, api_rx) = mpsc::unbounded_channel();
+    let board = Arc::new(Board::new(store.clone(), inventory.clone()));
     let mut daemon = Daemon {
+        board: board.clone(),
         logs,
         job_signals,
         notifier,
@@ -368,7 +374,6 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         inventory,
         spool_fd,
         live: live::Live::default(),
-        history: Default::default(),
         owners: Default::default(),
         quarantine: Default::default(),
         by_unit: HashMap::new(),
@@ -406,6 +411,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
     daemon.restore().await?;
     daemon.logs.restored(daemon.live.records());
+    let restored: Vec<JobId> = daemon.live.records().map(|r| r.id.clone()).collect();
+    for id in &restored {
+        daemon.post_view(id);
+    }
     daemon.prune_history();
 
     // The API comes up after the state is restored, so no caller ever sees
@@ -417,6 +426,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             DBUS_PATH,
             DaemonApi {
                 requests: api_tx,
+                board,
                 privacy: daemon.config.privacy,
                 logs: daemon.logs.clone(),
                 spool_dir: daemon.config.spool_dir.clone(),
@@ -451,7 +461,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
 
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     daemon.notify_status();
-    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.live.len(), finished = daemon.history.len(), "ptraind ready");
+    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.live.len(), finished = daemon.board.history().len(), "ptraind ready");
 
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut watchdog_tick =
@@ -561,20 +571,21 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
 /// What admission knows of the jobs: the live map, the history, the
 /// sweeps, and each claim's stored descriptor.
 impl admission::Known for Daemon {
-    fn namesake(&self, id: &JobId) -> Option<admission::Namesake<'_>> {
-        match (self.live.get(id), self.history.get(id)) {
-            (Some(live), _) => Some(admission::Namesake {
-                source: &live.source,
+    fn namesake(&self, id: &JobId) -> Option<admission::Namesake> {
+        if let Some(live) = self.live.get(id) {
+            return Some(admission::Namesake {
+                source: live.source.clone(),
                 status: live.status(),
-                owner_name: &live.owner.name,
-            }),
-            (None, Some(ended)) => Some(admission::Namesake {
-                source: &ended.source,
-                status: ended.status(),
-                owner_name: &ended.owner_name,
-            }),
-            (None, None) => None,
+                owner_name: live.owner.name.clone(),
+            });
         }
+        let history = self.board.history();
+        let ended = history.get(id)?;
+        Some(admission::Namesake {
+            source: ended.source.clone(),
+            status: ended.status(),
+            owner_name: ended.owner_name.to_string(),
+        })
     }
 
     fn sweep_members(&self, id: &JobId) -> Option<&[JobId]> {
@@ -582,11 +593,11 @@ impl admission::Known for Daemon {
     }
 
     fn is_taken(&self, id: &JobId) -> bool {
-        self.live.contains(id) || self.history.contains(id) || self.groups.contains_key(id)
+        self.live.contains(id) || self.board.history().contains(id) || self.groups.contains_key(id)
     }
 
     fn owner_of(&self, id: &JobId) -> Option<(u32, String)> {
-        match (self.live.get(id), self.history.get(id)) {
+        match (self.live.get(id), self.board.history().get(id)) {
             (Some(live), _) => Some((live.owner.uid, live.owner.name.clone())),
             (None, Some(ended)) => Some((ended.owner_uid, ended.owner_name.to_string())),
             (None, None) => None,
@@ -822,12 +833,12 @@ impl Daemon {
                 members.push((record.submitted_at, record.id.clone(), group.clone()));
             }
             if record.state == JobState::Ended {
-                self.history.insert(&record);
+                self.board.history_mut().insert(&record);
             } else {
                 live.push(record);
             }
         })?;
-        self.history.shrink_to_fit();
+        self.board.history_mut().shrink_to_fit();
         let per_user = self.config.retention.rejected_per_user;
         for (entry, uid) in self.store.rejected_entries()? {
             for gone in self.quarantine.add(uid, entry, per_user) {
@@ -1217,7 +1228,7 @@ impl Daemon {
     /// a sweep.
     fn parents(&self, named: &JobId) -> Vec<(JobId, crate::chain::ParentState)> {
         use crate::chain::ParentState;
-        let state = |id: &JobId| match self.history.get(id) {
+        let state = |id: &JobId| match self.board.history().get(id) {
             Some(ended) if ended.succeeded() => ParentState::Succeeded,
             Some(ended) if matches!(ended.outcome, Some(Outcome::NotNeeded { .. })) => {
                 ParentState::NotNeeded
@@ -1306,7 +1317,7 @@ impl Daemon {
         for named in record.spec.after.all() {
             for (id, _) in self.parents(named) {
                 // Only a finished parent has a result; memory knows whether.
-                let has_result = self.history.get(&id).is_some_and(|p| p.has_result);
+                let has_result = self.board.history().get(&id).is_some_and(|p| p.has_result);
                 let parent = has_result.then(|| self.ended_record(&id)).flatten();
                 if let Some(result) = parent.and_then(|p| p.result) {
                     results.insert(id.to_string(), result);
@@ -1427,6 +1438,7 @@ impl Daemon {
         self.schedule_again = false;
         self.announce_gpu_warnings();
         self.resolve_dependencies().await;
+        self.refresh_queued(self.live.constrained());
         if self.live.queue().is_empty() {
             self.reserved.clear();
             self.waits.clear();
@@ -1511,7 +1523,8 @@ impl Daemon {
             self.never_checked_against = fingerprint;
         }
         self.reserved = plan.reserved;
-        self.waits = plan.waits;
+        let before = std::mem::replace(&mut self.waits, plan.waits);
+        self.refresh_queued(before.keys().chain(self.waits.keys()));
         if snapshot.is_some() {
             // Queued before the GPUs or the policy changed (a restart).
             for (id, reason) in plan.never {
@@ -2083,6 +2096,7 @@ impl Daemon {
         );
         if let Some(record) = self.live.get_mut(id) {
             record.stop_requested_by = Some(0);
+            self.post_view(id);
         }
         if let Err(e) = self.systemd.stop_unit(unit).await {
             error!(job = %id, unit, error = %e, "cannot stop a job running with the wrong uid");
@@ -2195,7 +2209,7 @@ impl Daemon {
                 self.systemd.release_in_background(unit);
             }
         }
-        self.history.insert(&record);
+        self.board.history_mut().insert(&record);
         self.announce(&record);
     }
 
@@ -2221,27 +2235,6 @@ impl Daemon {
                 let room =
                     MAX_LIST_ALL.saturating_sub(self.live.queue().len() + self.by_unit.len());
                 let _ = reply.send(self.listing(room, 0));
-            }
-            ApiRequest::Status(id, reply) => {
-                let view = JobId::parse(&id)
-                    .ok()
-                    .and_then(|id| match self.live.get(&id) {
-                        Some(record) => Some(JobView {
-                            source: Some(record.source.clone()),
-                            gpu_warning: self.inventory.job_warning(id.as_str()),
-                            ..self.view(record)
-                        }),
-                        // Also after the job ended: it may be why it failed.
-                        None => self.history.get(&id).map(|summary| JobView {
-                            source: Some(summary.source.clone()),
-                            gpu_warning: self.inventory.job_warning(id.as_str()),
-                            ..self
-                                .ended_record(&id)
-                                .map_or_else(|| summary.view(), |full| JobView::of(&full))
-                        }),
-                    })
-                    .ok_or(ApiError::NotFound(id));
-                let _ = reply.send(view);
             }
             ApiRequest::Stop {
                 id,
@@ -2310,19 +2303,30 @@ impl Daemon {
         for gone in self.quarantine.expire(cutoff) {
             self.store.forget_rejected(&gone);
         }
-        while let Some(oldest) = self.history.oldest() {
-            let id = oldest.id.clone();
-            let too_many = self.history.len() > retention.max_ended_jobs;
+        loop {
+            // Copied out: the history's lock is not held across the rest.
+            let (oldest, ended) = {
+                let history = self.board.history();
+                let Some(oldest) = history.oldest() else {
+                    break;
+                };
+                (
+                    (oldest.id.clone(), oldest.ended_at, oldest.group.clone()),
+                    history.len(),
+                )
+            };
+            let (id, ended_at, group) = oldest;
+            let too_many = ended > retention.max_ended_jobs;
             let too_old = retention
                 .max_age
-                .is_some_and(|age| oldest.ended_at.saturating_add(age.as_micros() as u64) < now);
+                .is_some_and(|age| ended_at.saturating_add(age.as_micros() as u64) < now);
             if !too_many && !too_old {
                 break;
             }
             // A queued job still needs its parents' outcomes (and results).
             let needed = self.live.constrained().iter().any(|q| {
                 let after = self.live[q].spec.after.all();
-                after.contains(&id) || oldest.group.as_ref().is_some_and(|g| after.contains(g))
+                after.contains(&id) || group.as_ref().is_some_and(|g| after.contains(g))
             });
             if needed {
                 break;
@@ -2366,7 +2370,7 @@ impl Daemon {
             if self.kept.forget(&record.unit) {
                 self.systemd.release_in_background(record.unit.clone());
             }
-            let Some(oldest) = self.history.remove(&id) else {
+            let Some(oldest) = self.board.history_mut().remove(&id) else {
                 break;
             };
             if let Some(group) = oldest.group {
@@ -2394,21 +2398,29 @@ impl Daemon {
             .collect();
         live.sort();
         live.dedup();
+        // Copied out first: reading records from disk, and a view's
+        // parents, must not hold the history's lock.
+        let newest: Vec<(JobId, JobView)> = self
+            .board
+            .history()
+            .newest(ended)
+            .map(|summary| (summary.id.clone(), summary.view()))
+            .collect();
         let mut views: Vec<JobView> = live
             .into_iter()
             .filter_map(|id| self.live.get(id))
             .map(|record| self.view(record))
             .chain(
-                self.history
-                    .newest(ended)
+                newest
+                    .into_iter()
                     .enumerate()
-                    .map(|(newer, summary)| match newer < whole {
+                    .map(|(newer, (id, summary))| match newer < whole {
                         // The recent ends whole, as `status` shows them.
                         true => self
-                            .ended_record(&summary.id)
+                            .ended_record(&id)
                             .map(|record| JobView::of(&record))
-                            .unwrap_or_else(|| summary.view()),
-                        false => summary.view(),
+                            .unwrap_or(summary),
+                        false => summary,
                     }),
             )
             .collect();
@@ -2432,16 +2444,25 @@ impl Daemon {
             };
             view.detail = format!("stopping (asked by {who}): SIGTERM, then SIGKILL if it is still there after the stop grace");
         }
+        if let Some((detail, waiting_for)) = self.queued_detail(record) {
+            view.detail = detail;
+            view.waiting_for = waiting_for;
+        }
+        view
+    }
+
+    /// What a queued job waits for, and the ids it waits on: its parents,
+    /// its sweep's max_parallel, or what the last plan said. None: nothing
+    /// beyond its state (or it is not queued).
+    fn queued_detail(&self, record: &JobRecord) -> QueuedDetail {
         if record.state != JobState::Queued {
-            return view;
+            return None;
         }
         if !record.spec.after.is_empty() {
             if let crate::chain::Readiness::Waiting(ids) =
                 crate::chain::readiness(&record.spec.after, |named| self.parents(named))
             {
-                view.detail = format!("waiting for {}", ids.join(", "));
-                view.waiting_for = ids;
-                return view;
+                return Some((format!("waiting for {}", ids.join(", ")), ids));
             }
         }
         if let (true, Some(group), Some(max)) = (
@@ -2449,13 +2470,16 @@ impl Daemon {
             &record.group,
             record.max_parallel,
         ) {
-            view.detail = format!(
-                "waiting: sweep {group} runs at most {max} job(s) at once (its max_parallel)"
-            );
-        } else if let Some(wait) = self.waits.get(&record.id) {
-            view.detail = wait.describe(&record.spec.gpus);
+            return Some((
+                format!(
+                    "waiting: sweep {group} runs at most {max} job(s) at once (its max_parallel)"
+                ),
+                Vec::new(),
+            ));
         }
-        view
+        self.waits
+            .get(&record.id)
+            .map(|wait| (wait.describe(&record.spec.gpus), Vec::new()))
     }
 
     async fn stop(&mut self, id: &str, caller_uid: u32) -> Result<String, ApiError> {
@@ -2473,15 +2497,20 @@ impl Daemon {
             }
             return Ok(lines.join("\n"));
         }
-        if let Some(ended) = self.history.get(&job_id) {
-            if caller_uid != 0 && caller_uid != ended.owner_uid {
+        let ended = self
+            .board
+            .history()
+            .get(&job_id)
+            .map(|e| (e.owner_uid, e.owner_name.to_string(), e.status()));
+        if let Some((owner_uid, owner, status)) = ended {
+            if caller_uid != 0 && caller_uid != owner_uid {
                 return Err(ApiError::NotYours {
                     id: id.to_owned(),
-                    owner: ended.owner_name.to_string(),
+                    owner,
                     action: "stop",
                 });
             }
-            return Ok(format!("job {id} already ended ({})", ended.status()));
+            return Ok(format!("job {id} already ended ({status})"));
         }
         let record = self
             .live
@@ -2515,6 +2544,7 @@ impl Daemon {
                 })?;
                 let unit = record.unit.clone();
                 let launching = record.state == JobState::Launching;
+                self.post_view(&job_id);
                 info!(job = %id, PTRAIN_JOB = %id, unit, by_uid = caller_uid, "stopping job");
                 match self.systemd.stop_unit(&unit).await {
                     Ok(()) => {}
@@ -2528,6 +2558,34 @@ impl Daemon {
         }
     }
 
+    /// Posts a live job's view, as `ptrain status` shows it, on the board.
+    fn post_view(&self, id: &JobId) {
+        let Some(record) = self.live.get(id) else {
+            return;
+        };
+        let view = JobView {
+            source: Some(record.source.clone()),
+            ..self.view(record)
+        };
+        self.board.post(id, view, self.queued_detail(record));
+    }
+
+    /// Posts again the queued jobs among `ids` whose detail changed (a
+    /// plan's wait, their parents, their sweep's slots).
+    fn refresh_queued<'a>(&self, ids: impl IntoIterator<Item = &'a JobId>) {
+        for id in ids {
+            let Some(record) = self.live.get(id).filter(|r| r.state == JobState::Queued) else {
+                continue;
+            };
+            if self
+                .board
+                .queued_detail_differs(id, &self.queued_detail(record))
+            {
+                self.post_view(id);
+            }
+        }
+    }
+
     /// Tells the output readers and D-Bus listeners that a live job moved.
     fn emit_changed(&self, id: &JobId) {
         if let Some(record) = self.live.get(id) {
@@ -2536,6 +2594,11 @@ impl Daemon {
     }
 
     fn announce(&self, record: &JobRecord) {
+        // Before the signal: a caller who saw it reads the change.
+        match record.state {
+            JobState::Ended => self.board.take_down(&record.id),
+            _ => self.post_view(&record.id),
+        }
         self.logs.job_changed(record);
         // Never waits: a slow bus must not hold up the state task.
         let _ = self

@@ -1,0 +1,168 @@
+//! What callers read without waiting for the state task: the view of each
+//! job that has not ended, as the state task last posted it, and the
+//! summaries of the ended ones ([`History`], which the state task keeps
+//! here rather than beside it). `ptrain status` (`Status` on the bus) and
+//! a log follower's look at its job are answered from it, so that a burst
+//! of 10,000 jobs, whose every claim, launch and end costs the state task
+//! fsyncs, does not make another user wait for them (`make bench`,
+//! `responsive.api`).
+//!
+//! The state task posts a job's view at each change of its record (with
+//! its JobChanged signal, after: a caller who saw the signal reads the
+//! change) and when what a queued job waits for changes (a plan, its
+//! parents, its sweep's `max_parallel`); it takes the view down when the
+//! job's end is in the history. Locks are held for map operations only;
+//! an ended job's full record is read from disk outside them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::gpu::GpuInventory;
+use crate::history::History;
+use crate::requests::ApiError;
+use crate::spec::JobId;
+use crate::store::Store;
+use crate::views::JobView;
+
+/// What a queued job's detail was made of when posted: what it waits for
+/// and the ids it waits on (None: nothing beyond its state).
+pub type QueuedDetail = Option<(String, Vec<String>)>;
+
+struct Posted {
+    view: Arc<JobView>,
+    queued: QueuedDetail,
+}
+
+#[derive(Default)]
+struct Shelf {
+    posted: HashMap<JobId, Posted>,
+    history: History,
+}
+
+pub struct Board {
+    shelf: RwLock<Shelf>,
+    store: Arc<Store>,
+    inventory: Arc<dyn GpuInventory>,
+}
+
+/// The history, read.
+pub struct HistoryRead<'a>(RwLockReadGuard<'a, Shelf>);
+
+impl std::ops::Deref for HistoryRead<'_> {
+    type Target = History;
+    fn deref(&self) -> &History {
+        &self.0.history
+    }
+}
+
+/// The history, for the state task to change.
+pub struct HistoryWrite<'a>(RwLockWriteGuard<'a, Shelf>);
+
+impl std::ops::Deref for HistoryWrite<'_> {
+    type Target = History;
+    fn deref(&self) -> &History {
+        &self.0.history
+    }
+}
+
+impl std::ops::DerefMut for HistoryWrite<'_> {
+    fn deref_mut(&mut self) -> &mut History {
+        &mut self.0.history
+    }
+}
+
+impl Board {
+    pub fn new(store: Arc<Store>, inventory: Arc<dyn GpuInventory>) -> Board {
+        Board {
+            shelf: RwLock::default(),
+            store,
+            inventory,
+        }
+    }
+
+    // A panic while a lock was held left whole maps: every change here is
+    // one map operation.
+    fn read(&self) -> RwLockReadGuard<'_, Shelf> {
+        self.shelf.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Shelf> {
+        self.shelf.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn history(&self) -> HistoryRead<'_> {
+        HistoryRead(self.read())
+    }
+
+    pub fn history_mut(&self) -> HistoryWrite<'_> {
+        HistoryWrite(self.write())
+    }
+
+    /// A live job's view now, with what its queued detail was made of.
+    pub fn post(&self, id: &JobId, view: JobView, queued: QueuedDetail) {
+        let posted = Posted {
+            view: Arc::new(view),
+            queued,
+        };
+        self.write().posted.insert(id.clone(), posted);
+    }
+
+    /// Whether the queued detail posted for `id` differs from `queued`
+    /// (true when nothing is posted).
+    pub fn queued_detail_differs(&self, id: &JobId, queued: &QueuedDetail) -> bool {
+        self.read()
+            .posted
+            .get(id)
+            .is_none_or(|p| p.queued != *queued)
+    }
+
+    /// The job ended (its summary is in the history) or is gone.
+    pub fn take_down(&self, id: &JobId) {
+        self.write().posted.remove(id);
+    }
+
+    /// `ptrain status ID`: a live job's posted view, or an ended job's
+    /// full record read from disk (its summary if that fails), with the
+    /// GPU warning the inventory holds for it.
+    pub async fn status(&self, id: &str) -> Result<JobView, ApiError> {
+        let not_found = || ApiError::NotFound(id.to_owned());
+        let job_id = JobId::parse(id).map_err(|_| not_found())?;
+        let (live, ended) = {
+            let shelf = self.read();
+            match shelf.posted.get(&job_id) {
+                Some(posted) => (Some(posted.view.clone()), None),
+                None => (
+                    None,
+                    shelf
+                        .history
+                        .get(&job_id)
+                        .map(|summary| (summary.view(), summary.source.clone())),
+                ),
+            }
+        };
+        let gpu_warning = self.inventory.job_warning(id);
+        if let Some(view) = live {
+            return Ok(JobView {
+                gpu_warning,
+                ..(*view).clone()
+            });
+        }
+        let (summary, source) = ended.ok_or_else(not_found)?;
+        let store = self.store.clone();
+        let full = tokio::task::spawn_blocking(move || match store.load(&job_id) {
+            Ok(record) => Some(JobView::of(&record)),
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "cannot read a finished job's record");
+                None
+            }
+        })
+        .await
+        .ok()
+        .flatten();
+        Ok(JobView {
+            source: Some(source),
+            gpu_warning,
+            ..full.unwrap_or(summary)
+        })
+    }
+}
