@@ -48,7 +48,12 @@
 //!    file becomes jobs is its admission room (`daemon/admission.rs`,
 //!    pure: the rules in refusal order over what the daemon knows, behind
 //!    a trait; the passwd lookup, the workdir check as the owner and the
-//!    claim's writes stay in the state task). [`api`] is the
+//!    claim's writes stay in the state task). The unended jobs and the
+//!    indices over them (queue, per-user counts, GPU holders) are its
+//!    `Live` room (`daemon/live.rs`, pure), changed only by one method
+//!    per step of a job's life. What callers read without waiting for the
+//!    state task is on the [`board`]: each live job's view as last posted,
+//!    and the history's summaries. [`api`] is the
 //!    D-Bus object the `ptrain` CLI talks to (and its proxy); it asks the
 //!    state task through [`requests`] (each request carries its reply
 //!    channel; [`requests::ApiError`]) and answers with [`views`], the
@@ -93,9 +98,11 @@
 //! (render, retry and pacing are pure; the sender, transports, outbox and
 //! output tail are not).
 //!
-//! The rest is I/O: [`daemon`] (but for its admission room), [`systemd`], [`api`], [`requests`] (the
-//! channel to the state task), [`spool`], [`logs`], [`metrics`],
-//! [`fsutil`], and [`history`] (in memory, but built on [`views`]).
+//! The rest is I/O: [`daemon`] (but for its admission and live rooms),
+//! [`board`] (it reads an ended job's record from disk), [`systemd`],
+//! [`api`], [`requests`] (the channel to the state task), [`spool`],
+//! [`logs`], [`metrics`], [`fsutil`], and [`history`] (in memory, but
+//! built on [`views`]).
 //!
 //! No import cycle is left, and `tests/module_graph.rs` keeps it so. The
 //! service wings import downwards only: [`api`] imports [`requests`],

@@ -94,7 +94,7 @@ pub enum Event {
     /// Time to send a launch again whose StartTransientUnit got no answer.
     Relaunch(JobId),
     /// What a unit looked like when ptraind asked off the state task
-    /// (after systemd came back on the bus: [`Daemon::look_again_at_all`]).
+    /// (after systemd came back on the bus: `Daemon::look_again_at_all`).
     Looked {
         unit: String,
         state: Result<UnitState, SystemdError>,
