@@ -8,6 +8,7 @@
 //! stop only their own jobs (root any). Reads are open to every local user,
 //! as `squeue` and `systemctl list-units` are.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -55,6 +56,8 @@ pub struct DaemonApi {
     pub requests: mpsc::UnboundedSender<ApiRequest>,
     /// What `Status` reads without the state task.
     pub board: Arc<Board>,
+    /// Each caller's uid, asked of dbus-daemon once per connection.
+    pub callers: Callers,
     /// `[privacy]`: what callers see of others' jobs.
     pub privacy: Privacy,
     /// Serves job output ([`crate::logs`]).
@@ -130,15 +133,56 @@ impl DaemonApi {
     }
 }
 
-async fn caller_uid(
-    conn: &zbus::Connection,
-    header: &zbus::message::Header<'_>,
-) -> zbus::fdo::Result<u32> {
-    let sender = header
-        .sender()
-        .ok_or_else(|| zbus::fdo::Error::AccessDenied("caller has no bus name".into()))?;
-    let dbus = zbus::fdo::DBusProxy::new(conn).await?;
-    dbus.get_connection_unix_user(sender.clone().into()).await
+/// Who calls: the uid dbus-daemon vouches for, asked once per caller's
+/// connection. A unique bus name is never given to another connection
+/// while the bus runs (and ptraind restarts when it loses the bus), so its
+/// uid cannot change; a call then costs no round trip to dbus-daemon,
+/// which a burst keeps busy with systemd's signals.
+#[derive(Default)]
+pub struct Callers {
+    uids: std::sync::Mutex<HashMap<String, u32>>,
+    dbus: tokio::sync::OnceCell<zbus::fdo::DBusProxy<'static>>,
+}
+
+/// Callers remembered at most; past it the map starts again.
+const MAX_CALLERS: usize = 4096;
+
+impl Callers {
+    async fn uid(
+        &self,
+        conn: &zbus::Connection,
+        header: &zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<u32> {
+        let sender = header
+            .sender()
+            .ok_or_else(|| zbus::fdo::Error::AccessDenied("caller has no bus name".into()))?;
+        let known = |uids: &HashMap<String, u32>| uids.get(sender.as_str()).copied();
+        if let Some(uid) = known(&self.lock()) {
+            return Ok(uid);
+        }
+        let dbus = self
+            .dbus
+            .get_or_try_init(|| async {
+                zbus::fdo::DBusProxy::builder(conn)
+                    .cache_properties(zbus::proxy::CacheProperties::No)
+                    .build()
+                    .await
+            })
+            .await?;
+        let uid = dbus.get_connection_unix_user(sender.clone().into()).await?;
+        let mut uids = self.lock();
+        if uids.len() >= MAX_CALLERS {
+            uids.clear();
+        }
+        uids.insert(sender.to_string(), uid);
+        Ok(uid)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.uids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Hands freed heap pages back to the kernel. A listing of the whole
@@ -165,7 +209,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller = caller_uid(conn, &header).await?;
+        let caller = self.callers.uid(conn, &header).await?;
         let views = self.seen_by(self.ask(ApiRequest::List).await?, caller);
         let json = to_json(&views);
         drop(views);
@@ -182,7 +226,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller = caller_uid(conn, &header).await?;
+        let caller = self.callers.uid(conn, &header).await?;
         let views = self.ask(|tx| ApiRequest::ListRecent(limit, tx)).await?;
         Ok(to_json(&self.seen_by(views, caller)))
     }
@@ -194,7 +238,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller = caller_uid(conn, &header).await?;
+        let caller = self.callers.uid(conn, &header).await?;
         let view = match self.board.status(&id).await {
             Ok(view) => view,
             Err(ApiError::NotFound(_)) if self.compacted(&id, caller).await.is_some() => {
@@ -212,7 +256,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller_uid = caller_uid(conn, &header).await?;
+        let caller_uid = self.callers.uid(conn, &header).await?;
         Ok(self
             .ask(|reply| ApiRequest::Stop {
                 id,
@@ -228,7 +272,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller_uid = caller_uid(conn, &header).await?;
+        let caller_uid = self.callers.uid(conn, &header).await?;
         let list = self
             .ask(|reply| ApiRequest::Rejected { caller_uid, reply })
             .await??;
@@ -245,7 +289,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller_uid = caller_uid(conn, &header).await?;
+        let caller_uid = self.callers.uid(conn, &header).await?;
         let job = self.output_of(id, caller_uid).await?;
         Ok(self
             .logs
@@ -269,7 +313,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<zbus::OwnedFd> {
-        let caller_uid = caller_uid(conn, &header).await?;
+        let caller_uid = self.callers.uid(conn, &header).await?;
         // Subscribed before the job is looked up, so no change falls in
         // between.
         let changes = self.logs.subscribe();
@@ -292,7 +336,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller_uid = caller_uid(conn, &header).await?;
+        let caller_uid = self.callers.uid(conn, &header).await?;
         Ok(to_json(&self.logs.usage(caller_uid).await?))
     }
 
@@ -309,7 +353,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        if caller_uid(conn, &header).await? != 0 {
+        if self.callers.uid(conn, &header).await? != 0 {
             return Err(ApiError::RootOnly("list notifications").into());
         }
         Ok(to_json(&self.ask(ApiRequest::Notifications).await??))
@@ -324,7 +368,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        if caller_uid(conn, &header).await? != 0 {
+        if self.callers.uid(conn, &header).await? != 0 {
             return Err(ApiError::RootOnly("re-send notifications").into());
         }
         let target = if all_dead {

@@ -427,6 +427,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             DaemonApi {
                 requests: api_tx,
                 board,
+                callers: Default::default(),
                 privacy: daemon.config.privacy,
                 logs: daemon.logs.clone(),
                 spool_dir: daemon.config.spool_dir.clone(),
