@@ -21,7 +21,7 @@ use crate::gpu::GpuInventory;
 use crate::history::History;
 use crate::requests::ApiError;
 use crate::spec::JobId;
-use crate::store::Store;
+use crate::store::{JobState, Store, StoreError};
 use crate::views::JobView;
 
 /// What a queued job's detail was made of when posted: what it waits for
@@ -133,10 +133,9 @@ impl Board {
                 Some(posted) => (Some(posted.view.clone()), None),
                 None => (
                     None,
-                    shelf
-                        .history
-                        .get(&job_id)
-                        .map(|summary| (summary.view(), summary.source.clone())),
+                    shelf.history.get(&job_id).map(|summary| {
+                        (summary.view(), summary.source.clone(), summary.submitted_at)
+                    }),
                 ),
             }
         };
@@ -147,10 +146,20 @@ impl Board {
                 ..(*view).clone()
             });
         }
-        let (summary, source) = ended.ok_or_else(not_found)?;
+        let (summary, source, submitted_at) = ended.ok_or_else(not_found)?;
         let store = self.store.clone();
         let full = tokio::task::spawn_blocking(move || match store.load(&job_id) {
-            Ok(record) => Some(JobView::of(&record)),
+            // Read outside the lock: the job may have been compacted since,
+            // and its id claimed again; only its own ended record will do.
+            Ok(record)
+                if record.state == JobState::Ended && record.submitted_at == submitted_at =>
+            {
+                Some(JobView::of(&record))
+            }
+            Ok(_) => None,
+            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                None
+            }
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "cannot read a finished job's record");
                 None

@@ -643,8 +643,12 @@ impl Daemon {
             notifier,
             tasks,
             job_signals,
+            requests,
             ..
         } = self;
+        // Callers that need the state task are told at once that it is
+        // gone, not after the drain.
+        drop(requests);
         // The emitter ends once it has sent what the channel holds.
         drop(job_signals);
         tasks.close();
@@ -1229,7 +1233,9 @@ impl Daemon {
     /// a sweep.
     fn parents(&self, named: &JobId) -> Vec<(JobId, crate::chain::ParentState)> {
         use crate::chain::ParentState;
-        let state = |id: &JobId| match self.board.history().get(id) {
+        // Taken once: a sweep's members are looked up under one lock.
+        let history = self.board.history();
+        let state = |id: &JobId| match history.get(id) {
             Some(ended) if ended.succeeded() => ParentState::Succeeded,
             Some(ended) if matches!(ended.outcome, Some(Outcome::NotNeeded { .. })) => {
                 ParentState::NotNeeded
@@ -2211,6 +2217,9 @@ impl Daemon {
             }
         }
         self.board.history_mut().insert(&record);
+        // Its dependents' detail ("waiting for ID") changed with it:
+        // posted before its signal, which a caller may act on.
+        self.refresh_queued(self.live.constrained());
         self.announce(&record);
     }
 
@@ -2540,9 +2549,11 @@ impl Daemon {
             }
             JobState::Launching | JobState::Running => {
                 record.stop_requested_by = Some(caller_uid);
-                self.store.save(record).map_err(|e| {
-                    ApiError::Failed(format!("cannot record the stop request: {e}"))
-                })?;
+                if let Err(e) = self.store.save(record) {
+                    // Not recorded, so not made: memory says what disk says.
+                    record.stop_requested_by = None;
+                    return Err(ApiError::RecordStop(e));
+                }
                 let unit = record.unit.clone();
                 let launching = record.state == JobState::Launching;
                 self.post_view(&job_id);
