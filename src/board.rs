@@ -175,3 +175,93 @@ impl Board {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{GpuError, GpuInfo};
+    use crate::store::{test_kit, Outcome};
+
+    /// No GPUs, and a warning for job "warned".
+    struct Warns;
+
+    impl GpuInventory for Warns {
+        fn backend(&self) -> &'static str {
+            "declared"
+        }
+        fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
+            Ok(Vec::new())
+        }
+        fn job_warning(&self, job: &str) -> Option<String> {
+            (job == "warned").then(|| "GPU 0 left the pool".to_owned())
+        }
+    }
+
+    fn board() -> (tempfile::TempDir, Arc<Store>, Board) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let board = Board::new(store.clone(), Arc::new(Warns));
+        (dir, store, board)
+    }
+
+    fn record(id: &str, submitted_at: u64) -> crate::store::JobRecord {
+        let json = r#"{"version": 1, "command": ["true"], "comment": "full"}"#;
+        test_kit::record(json, id, test_kit::owner(1000, "alice"), submitted_at)
+    }
+
+    fn ended(mut r: crate::store::JobRecord) -> crate::store::JobRecord {
+        r.state = JobState::Ended;
+        r.ended_at = Some(r.submitted_at + 5);
+        r.outcome = Some(Outcome::Succeeded);
+        r
+    }
+
+    #[tokio::test]
+    async fn a_live_job_is_answered_as_posted_with_its_gpu_warning() {
+        let (_dir, _store, board) = board();
+        let r = record("warned", 1);
+        let view = JobView {
+            detail: "waiting for 1 GPU".into(),
+            ..JobView::of(&r)
+        };
+        board.post(&r.id, view, Some(("waiting for 1 GPU".into(), Vec::new())));
+        let seen = board.status("warned").await.unwrap();
+        assert_eq!(seen.detail, "waiting for 1 GPU");
+        assert_eq!(seen.gpu_warning.as_deref(), Some("GPU 0 left the pool"));
+        assert!(
+            !board.queued_detail_differs(&r.id, &Some(("waiting for 1 GPU".into(), Vec::new())))
+        );
+        assert!(board.queued_detail_differs(&r.id, &None));
+        assert!(matches!(
+            board.status("nobody").await,
+            Err(ApiError::NotFound(_))
+        ));
+        assert!(matches!(
+            board.status("../x").await,
+            Err(ApiError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_ended_job_is_read_whole_from_its_own_record_only() {
+        let (_dir, store, board) = board();
+        let r = ended(record("done", 10));
+        store.claim(&r, b"{}").unwrap();
+        store.save(&r).unwrap();
+        board.post(&r.id, JobView::of(&r), None);
+        board.history_mut().insert(&r);
+        board.take_down(&r.id);
+        let seen = board.status("done").await.unwrap();
+        assert_eq!(seen.status, "succeeded");
+        assert_eq!(seen.comment.as_deref(), Some("full"), "not read whole");
+        assert_eq!(seen.source, Some(r.source.clone()));
+        // Compacted and claimed again under its id: the new job's record
+        // is not the old job's, which is then shown as summarised.
+        let again = record("done", 99);
+        store.save(&again).unwrap();
+        let seen = board.status("done").await.unwrap();
+        assert_eq!(seen.status, "succeeded");
+        assert_eq!(seen.comment, None);
+        assert_eq!(seen.submitted_at, 10);
+    }
+}
