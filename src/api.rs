@@ -59,6 +59,9 @@ pub struct DaemonApi {
     /// The spool directory ptraind watches, for `ptrain submit` when the
     /// config is not readable to its user.
     pub spool_dir: std::path::PathBuf,
+    /// The accounting database (`STATE/accounting.sqlite`), queried from a
+    /// blocking thread for `History` and `Report`.
+    pub accounting_db: std::path::PathBuf,
 }
 
 impl DaemonApi {
@@ -154,6 +157,26 @@ fn release_freed_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// An accounting query's JSON, strictly (unknown fields are refused).
+fn parse_query<T: serde::de::DeserializeOwned>(json: &str) -> zbus::fdo::Result<T> {
+    serde_json::from_str(json).map_err(|e| {
+        zbus::fdo::Error::InvalidArgs(format!(
+            "the accounting query is not one this ptraind knows ({e}); use the ptrain of the same release"
+        ))
+    })
+}
+
+/// Runs an accounting query on a blocking thread: SQLite never runs on
+/// the async workers, nor in the state task.
+async fn accounting_blocking<T: Send + 'static>(
+    query: impl FnOnce() -> Result<T, crate::accounting::db::AccountingError> + Send + 'static,
+) -> zbus::fdo::Result<T> {
+    tokio::task::spawn_blocking(query)
+        .await
+        .map_err(|e| zbus::fdo::Error::Failed(format!("the accounting query failed: {e}")))?
+        .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))
 }
 
 fn to_json<T: Serialize>(value: &T) -> String {
@@ -288,6 +311,42 @@ impl DaemonApi {
         Ok(fd.into())
     }
 
+    /// Ended runs from the accounting database (`ptrain history`): `query`
+    /// is a JSON HistoryQuery; returns a JSON array of HistoryRow, oldest
+    /// first. A caller other than root gets only their own runs.
+    async fn history(
+        &self,
+        query: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller = caller_uid(conn, &header).await?;
+        let query: crate::accounting::query::HistoryQuery = parse_query(&query)?;
+        let path = self.accounting_db.clone();
+        let rows =
+            accounting_blocking(move || crate::accounting::db::history(&path, &query, caller))
+                .await?;
+        Ok(to_json(&rows))
+    }
+
+    /// Usage summed per user or group (`ptrain report`): `query` is a
+    /// JSON ReportQuery; returns a JSON array of ReportRow. A caller other
+    /// than root gets only their own line.
+    async fn report(
+        &self,
+        query: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller = caller_uid(conn, &header).await?;
+        let query: crate::accounting::query::ReportQuery = parse_query(&query)?;
+        let path = self.accounting_db.clone();
+        let rows =
+            accounting_blocking(move || crate::accounting::db::report(&path, &query, caller))
+                .await?;
+        Ok(to_json(&rows))
+    }
+
     /// The log archive's retention policy and usage (`ptrain du`), JSON
     /// LogUsage; a user's own row only, root sees every user.
     async fn log_usage(
@@ -379,6 +438,8 @@ pub trait Daemon1 {
         follow: bool,
     ) -> zbus::Result<zbus::OwnedFd>;
     fn log_usage(&self) -> zbus::Result<String>;
+    fn history(&self, query: &str) -> zbus::Result<String>;
+    fn report(&self, query: &str) -> zbus::Result<String>;
     fn notifications(&self) -> zbus::Result<String>;
     fn retry_notifications(&self, key: &str, all_dead: bool) -> zbus::Result<String>;
     #[zbus(property)]

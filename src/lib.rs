@@ -61,6 +61,13 @@
 //!     compact in-memory summary (the full record stays on disk), so memory
 //!     and per-job cost stay flat over a long history; `[retention]`
 //!     compacts the oldest into `STATE/history.jsonl`.
+//! 11. [`accounting`]: what each run used (its cgroup's counters, read by
+//!     the unit's `ExecStopPost=` as the job's user and kept in the end
+//!     record; GPU-seconds from its times and GPUs), one row per ended run
+//!     in `STATE/accounting.sqlite`, written by a thread of its own and
+//!     back-filled from the records at start; `ptrain history` and `ptrain
+//!     report` query it from a blocking thread ([`accounting::query`]
+//!     builds the SQL, pure; [`accounting::db`] is SQLite).
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml` (each section
 //! checks its own values and answers a [`setting::InvalidSetting`]: the
@@ -85,9 +92,11 @@
 //! reads and writes the state directory), [`gpu`] (the snapshot and the
 //! choice of GPUs; NVML), [`runtime`] (the launch file; preparing it writes
 //! files), [`users`] (`Owner`; the passwd and group lookups), [`config`]
-//! (the validated settings; loading the file) and [`notifications`]
+//! (the validated settings; loading the file), [`notifications`]
 //! (render, retry and pacing are pure; the sender, transports, outbox and
-//! output tail are not).
+//! output tail are not) and [`accounting`] (the rows, the queries' SQL and
+//! the cgroup parsers are pure; the database and the cgroup reader are
+//! not).
 //!
 //! The rest is I/O: [`daemon`], [`systemd`], [`api`], [`requests`] (the
 //! channel to the state task), [`spool`], [`logs`], [`metrics`],
@@ -105,6 +114,7 @@
 //! ([`logs::LogsConfig`], [`views::Privacy`], ...), which [`config`]
 //! loads; [`logs`] takes only its own ([`logs::LogSettings`]).
 
+pub mod accounting;
 pub mod api;
 pub mod chain;
 pub mod config;

@@ -45,6 +45,9 @@ const PURE: &[&str] = &[
 /// value, its preparation writes files; `users::Owner` is a value, looking
 /// one up reads the user database).
 const IO: &[&str] = &[
+    "accounting::db",
+    "accounting::usage::collect",
+    "accounting::usage::write",
     "api",
     "config::load",
     "daemon",
@@ -77,6 +80,7 @@ const IO: &[&str] = &[
 /// Modules with both pure and I/O items: the pure core names their items
 /// one by one (never the module whole), so [`IO`] can tell them apart.
 const MIXED: &[&str] = &[
+    "accounting",
     "config",
     "gpu",
     "notifications",
