@@ -59,9 +59,9 @@ pub struct DaemonApi {
     /// The spool directory ptraind watches, for `ptrain submit` when the
     /// config is not readable to its user.
     pub spool_dir: std::path::PathBuf,
-    /// The accounting database (`STATE/accounting.sqlite`), queried from a
-    /// blocking thread for `History` and `Report`.
-    pub accounting_db: std::path::PathBuf,
+    /// The state directory, whose accounting database
+    /// (`STATE/accounting.sqlite`) `History` and `Report` query.
+    pub state_dir: std::path::PathBuf,
 }
 
 impl DaemonApi {
@@ -168,15 +168,20 @@ fn parse_query<T: serde::de::DeserializeOwned>(json: &str) -> zbus::fdo::Result<
     })
 }
 
-/// Runs an accounting query on a blocking thread: SQLite never runs on
-/// the async workers, nor in the state task.
-async fn accounting_blocking<T: Send + 'static>(
-    query: impl FnOnce() -> Result<T, crate::accounting::db::AccountingError> + Send + 'static,
-) -> zbus::fdo::Result<T> {
-    tokio::task::spawn_blocking(query)
+/// Runs an accounting query in its child (`ptraind accounting`, from a
+/// blocking thread): SQLite never runs in ptraind, whose idle RSS it would
+/// keep. The query was parsed strictly here; the child gets it re-written.
+async fn accounting_query<Q: Serialize>(
+    task: crate::accounting::helper::Task,
+    state_dir: &std::path::Path,
+    query: &Q,
+) -> zbus::fdo::Result<String> {
+    let input = serde_json::to_vec(query).expect("queries always serialise");
+    let state_dir = state_dir.to_owned();
+    tokio::task::spawn_blocking(move || crate::accounting::helper::run(task, &state_dir, &input))
         .await
         .map_err(|e| zbus::fdo::Error::Failed(format!("the accounting query failed: {e}")))?
-        .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))
+        .map_err(zbus::fdo::Error::Failed)
 }
 
 fn to_json<T: Serialize>(value: &T) -> String {
@@ -322,11 +327,12 @@ impl DaemonApi {
     ) -> zbus::fdo::Result<String> {
         let caller = caller_uid(conn, &header).await?;
         let query: crate::accounting::query::HistoryQuery = parse_query(&query)?;
-        let path = self.accounting_db.clone();
-        let rows =
-            accounting_blocking(move || crate::accounting::db::history(&path, &query, caller))
-                .await?;
-        Ok(to_json(&rows))
+        accounting_query(
+            crate::accounting::helper::Task::History { caller },
+            &self.state_dir,
+            &query,
+        )
+        .await
     }
 
     /// Usage summed per user or group (`ptrain report`): `query` is a
@@ -340,11 +346,12 @@ impl DaemonApi {
     ) -> zbus::fdo::Result<String> {
         let caller = caller_uid(conn, &header).await?;
         let query: crate::accounting::query::ReportQuery = parse_query(&query)?;
-        let path = self.accounting_db.clone();
-        let rows =
-            accounting_blocking(move || crate::accounting::db::report(&path, &query, caller))
-                .await?;
-        Ok(to_json(&rows))
+        accounting_query(
+            crate::accounting::helper::Task::Report { caller },
+            &self.state_dir,
+            &query,
+        )
+        .await
     }
 
     /// The log archive's retention policy and usage (`ptrain du`), JSON

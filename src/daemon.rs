@@ -432,7 +432,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 privacy: daemon.config.privacy,
                 logs: daemon.logs.clone(),
                 spool_dir: daemon.config.spool_dir.clone(),
-                accounting_db: crate::accounting::db::db_path(&daemon.config.state_dir),
+                state_dir: daemon.config.state_dir.clone(),
             },
         )
         .await

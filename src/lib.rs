@@ -66,8 +66,9 @@
 //!     record; GPU-seconds from its times and GPUs), one row per ended run
 //!     in `STATE/accounting.sqlite`, written by a thread of its own and
 //!     back-filled from the records at start; `ptrain history` and `ptrain
-//!     report` query it from a blocking thread ([`accounting::query`]
-//!     builds the SQL, pure; [`accounting::db`] is SQLite).
+//!     report` query it ([`accounting::query`] builds the SQL, pure;
+//!     [`accounting::db`] is SQLite, which runs only in ptraind's
+//!     short-lived children, [`accounting::helper`]).
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml` (each section
 //! checks its own values and answers a [`setting::InvalidSetting`]: the
@@ -95,8 +96,8 @@
 //! (the validated settings; loading the file), [`notifications`]
 //! (render, retry and pacing are pure; the sender, transports, outbox and
 //! output tail are not) and [`accounting`] (the rows, the queries' SQL and
-//! the cgroup parsers are pure; the database and the cgroup reader are
-//! not).
+//! the cgroup parsers are pure; the database, its child process and the
+//! cgroup reader are not).
 //!
 //! The rest is I/O: [`daemon`], [`systemd`], [`api`], [`requests`] (the
 //! channel to the state task), [`spool`], [`logs`], [`metrics`],

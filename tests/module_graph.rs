@@ -46,6 +46,7 @@ const PURE: &[&str] = &[
 /// one up reads the user database).
 const IO: &[&str] = &[
     "accounting::db",
+    "accounting::helper",
     "accounting::usage::collect",
     "accounting::usage::write",
     "api",

@@ -1,5 +1,6 @@
 //! The accounting database, `STATE/accounting.sqlite` (root's, 0600, WAL):
-//! its writer thread, fed the ended records, and the queries.
+//! its writer thread, fed the ended records, and the queries. The SQLite
+//! side runs only in ptraind's short-lived children ([`super::helper`]).
 //!
 //! The end record on disk comes first ([`crate::store::Store::save`]); the
 //! row follows it, from a thread of its own, so the state task never waits
@@ -256,21 +257,20 @@ pub fn report(
     run().map_err(sqlite_err(path))
 }
 
-/// The writer: a thread that owns the database's one writing connection
-/// and takes ended records from a channel. Sending never blocks.
+/// The writer: a thread of ptraind that takes ended records from a
+/// channel and hands them to a short-lived `ptraind accounting write`
+/// ([`super::helper`]): SQLite never runs in ptraind itself. Sending never
+/// blocks.
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::Sender<Box<HistoryRow>>,
 }
 
-/// How many rows the back-fill inserts per transaction.
-const BACKFILL_BATCH: usize = 1000;
-
 impl Writer {
-    /// Starts the writer thread: it opens the database, back-fills every
-    /// ended record of `STATE/jobs/` it lacks (jobs that ended while
-    /// ptraind was down, or whose row a crash lost), then writes each row
-    /// it is sent. Call it after the state is restored.
+    /// Starts the writer thread: its first child back-fills every ended
+    /// record of `STATE/jobs/` the database lacks (jobs that ended while
+    /// ptraind was down, or whose row a crash lost), then each child writes
+    /// the rows that waited. Call it after the state is restored.
     pub fn start(state_dir: &Path) -> Writer {
         let (tx, rx) = mpsc::channel::<Box<HistoryRow>>();
         let state_dir = state_dir.to_owned();
@@ -293,56 +293,30 @@ impl Writer {
 
 fn writer_thread(state_dir: &Path, rx: mpsc::Receiver<Box<HistoryRow>>) {
     let path = db_path(state_dir);
-    match open_for_writing(&path) {
-        Ok(mut conn) => match backfill(&mut conn, state_dir) {
-            Ok((seen, added)) => info!(
-                seen,
-                added, "accounting database back-filled from the job records"
-            ),
-            Err(e) => {
-                warn!(error = %e, path = %path.display(), "cannot back-fill the accounting database")
-            }
-        },
+    match super::helper::write(state_dir, &[], true) {
+        Ok(s) => info!(
+            seen = s.seen,
+            added = s.added,
+            "accounting database back-filled from the job records"
+        ),
         Err(e) => {
-            warn!(error = %e, "cannot open the accounting database; rows of jobs that end now are added at the next start")
+            warn!(error = %e, path = %path.display(), "cannot back-fill the accounting database; the next start tries again")
         }
     }
-    release_idle_memory();
-    // The connection is open only while rows wait: an idle ptraind keeps
-    // none of SQLite's heap (its RSS target is 20 MiB, `make bench`).
     while let Ok(first) = rx.recv() {
-        let mut conn = match open_for_writing(&path) {
-            Ok(conn) => conn,
-            Err(e) => {
-                // The records are on disk: the next start's back-fill adds them.
-                warn!(error = %e, "cannot open the accounting database; the rows are added at the next start");
-                rx.try_iter().for_each(drop);
-                continue;
-            }
-        };
-        let mut next = Some(first);
-        while let Some(first) = next {
-            // Whatever else is waiting goes in the same transaction.
-            let mut rows = vec![*first];
-            rows.extend(rx.try_iter().map(|r| *r));
-            if let Err(e) = insert_rows(&mut conn, &rows) {
-                warn!(error = %e, path = %path.display(), rows = rows.len(), "cannot write to the accounting database; the rows are added at the next start");
-            }
-            next = rx.try_recv().ok();
+        // Whatever else is waiting goes to the same child, in one
+        // transaction.
+        let mut rows = vec![*first];
+        rows.extend(rx.try_iter().map(|r| *r));
+        if let Err(e) = super::helper::write(state_dir, &rows, false) {
+            // The records are on disk: the next start's back-fill adds them.
+            warn!(error = %e, path = %path.display(), rows = rows.len(), "cannot write to the accounting database; the rows are added at the next start");
         }
-        drop(conn);
-        release_idle_memory();
     }
 }
 
-/// Gives the heap SQLite freed back to the kernel.
-fn release_idle_memory() {
-    // SAFETY: malloc_trim only returns free memory; it is thread-safe.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
+/// How many rows the back-fill inserts per transaction.
+const BACKFILL_BATCH: usize = 1000;
 
 /// Inserts a row for every ended record in `STATE/jobs/`; those already
 /// there are ignored. Returns (ended records seen, rows added).

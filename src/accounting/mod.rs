@@ -6,9 +6,12 @@
 //! (root-only, WAL), one row per ended run, from a writer thread of its own
 //! ([`db`]), never from the state task; `ptrain history` and `ptrain
 //! report` query it from a blocking thread ([`query`] builds their SQL, pure,
-//! with every value a bound parameter).
+//! with every value a bound parameter). SQLite itself runs only in
+//! short-lived children, `ptraind accounting ...` ([`helper`]), so none of
+//! it stays in the daemon's memory.
 
 pub mod db;
+pub mod helper;
 pub mod query;
 pub mod usage;
 

@@ -55,6 +55,36 @@ enum Sub {
     /// ExecStopPost=, as the job's user, once its processes are gone.
     #[command(hide = true)]
     JobUsage { result_dir: PathBuf },
+    /// The accounting database's side (writing the rows of ended jobs,
+    /// back-filling them, `ptrain history` and `ptrain report`): ptraind
+    /// runs it as its own short-lived child, as root, so that SQLite never
+    /// stays in the daemon's memory. ARGS are as ptraind gives them.
+    #[command(hide = true)]
+    Accounting {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// `ptraind accounting ARGS`: the child of [`ptrain::accounting::helper`];
+/// its errors go to stderr (ptraind's journal) and its exit status.
+fn accounting(args: &[String]) -> ExitCode {
+    use ptrain::accounting::helper;
+    let ran = helper::Task::parse(args).and_then(|(task, state_dir)| {
+        helper::run_child(
+            task,
+            state_dir,
+            std::io::stdin().lock(),
+            std::io::stdout().lock(),
+        )
+    });
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ptraind accounting: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `ptraind job-usage DIR`: never fails the unit (its ExecStopPost is
@@ -193,6 +223,7 @@ fn main() -> ExitCode {
         Some(Sub::RecordExit { instance }) => return record_exit(&args.config, instance),
         Some(Sub::ExecJob { launch_file }) => return ptrain::runtime::exec_job(launch_file),
         Some(Sub::JobUsage { result_dir }) => return job_usage(result_dir),
+        Some(Sub::Accounting { args }) => return accounting(args),
         _ => {}
     }
     let config = match Config::load(&args.config) {
