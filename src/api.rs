@@ -168,19 +168,22 @@ fn parse_query<T: serde::de::DeserializeOwned>(json: &str) -> zbus::fdo::Result<
     })
 }
 
-/// Runs an accounting query in its child (`ptraind accounting`, from a
-/// blocking thread): SQLite never runs in ptraind, whose idle RSS it would
-/// keep. The query was parsed strictly here; the child gets it re-written.
-async fn accounting_query<Q: Serialize>(
-    task: crate::accounting::helper::Task,
+/// Runs an accounting query in its child (`ptraind accounting`): SQLite
+/// never runs in ptraind, whose idle RSS it would keep. The query is
+/// parsed strictly here and written again for the child, which is told
+/// the caller's uid (a user other than root gets only their own rows).
+async fn accounting_query<Q: serde::de::DeserializeOwned + Serialize>(
+    conn: &zbus::Connection,
+    header: &zbus::message::Header<'_>,
     state_dir: &std::path::Path,
-    query: &Q,
+    query: &str,
+    task: impl FnOnce(u32) -> crate::accounting::helper::Task,
 ) -> zbus::fdo::Result<String> {
-    let input = serde_json::to_vec(query).expect("queries always serialise");
-    let state_dir = state_dir.to_owned();
-    tokio::task::spawn_blocking(move || crate::accounting::helper::run(task, &state_dir, &input))
+    let caller = caller_uid(conn, header).await?;
+    let query: Q = parse_query(query)?;
+    let input = serde_json::to_vec(&query).expect("queries always serialise");
+    crate::accounting::helper::run(task(caller), state_dir, input)
         .await
-        .map_err(|e| zbus::fdo::Error::Failed(format!("the accounting query failed: {e}")))?
         .map_err(zbus::fdo::Error::Failed)
 }
 
@@ -325,12 +328,12 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller = caller_uid(conn, &header).await?;
-        let query: crate::accounting::query::HistoryQuery = parse_query(&query)?;
-        accounting_query(
-            crate::accounting::helper::Task::History { caller },
+        accounting_query::<crate::accounting::query::HistoryQuery>(
+            conn,
+            &header,
             &self.state_dir,
             &query,
+            |caller| crate::accounting::helper::Task::History { caller },
         )
         .await
     }
@@ -344,12 +347,12 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        let caller = caller_uid(conn, &header).await?;
-        let query: crate::accounting::query::ReportQuery = parse_query(&query)?;
-        accounting_query(
-            crate::accounting::helper::Task::Report { caller },
+        accounting_query::<crate::accounting::query::ReportQuery>(
+            conn,
+            &header,
             &self.state_dir,
             &query,
+            |caller| crate::accounting::helper::Task::Report { caller },
         )
         .await
     }

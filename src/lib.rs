@@ -64,7 +64,7 @@
 //! 11. [`accounting`]: what each run used (its cgroup's counters, read by
 //!     the unit's `ExecStopPost=` as the job's user and kept in the end
 //!     record; GPU-seconds from its times and GPUs), one row per ended run
-//!     in `STATE/accounting.sqlite`, written by a thread of its own and
+//!     in `STATE/accounting.sqlite`, written by a task of its own and
 //!     back-filled from the records at start; `ptrain history` and `ptrain
 //!     report` query it ([`accounting::query`] builds the SQL, pure;
 //!     [`accounting::db`] is SQLite, which runs only in ptraind's

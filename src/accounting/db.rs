@@ -1,16 +1,15 @@
 //! The accounting database, `STATE/accounting.sqlite` (root's, 0600, WAL):
-//! its writer thread, fed the ended records, and the queries. The SQLite
+//! its writer task, fed the ended records, and the queries. The SQLite
 //! side runs only in ptraind's short-lived children ([`super::helper`]).
 //!
 //! The end record on disk comes first ([`crate::store::Store::save`]); the
-//! row follows it, from a thread of its own, so the state task never waits
+//! row follows it, from a task of its own, so the state task never waits
 //! on SQLite. A crash between the two loses no row: at every start the
 //! writer back-fills the ended records the database lacks, and a row that
 //! is already there is ignored ([`super::query::insert_sql`]), so none is
 //! doubled either.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 
 use rusqlite::{params_from_iter, Connection, OpenFlags};
 use tracing::{info, warn};
@@ -208,24 +207,33 @@ fn open_for_reading(path: &Path) -> Result<Option<Connection>, AccountingError> 
     Ok(Some(conn))
 }
 
+/// The rows of one query, each made by `row`; a database not made yet is
+/// no rows.
+fn query_rows<T>(
+    path: &Path,
+    (sql, params): (String, Vec<Param>),
+    row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<Vec<T>, AccountingError> {
+    let Some(conn) = open_for_reading(path)? else {
+        return Ok(Vec::new());
+    };
+    let run = || -> rusqlite::Result<Vec<T>> {
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map(params_from_iter(bind(&params)), row)?;
+        rows.collect()
+    };
+    run().map_err(sqlite_err(path))
+}
+
 /// `ptrain history`, as `caller_uid` may see it: oldest first.
 pub fn history(
     path: &Path,
     q: &HistoryQuery,
     caller_uid: u32,
 ) -> Result<Vec<HistoryRow>, AccountingError> {
-    let Some(conn) = open_for_reading(path)? else {
-        return Ok(Vec::new());
-    };
-    let (sql, params) = history_sql(q, caller_uid);
-    let run = || -> rusqlite::Result<Vec<HistoryRow>> {
-        let mut stmt = conn.prepare(&sql)?;
-        let rows = stmt.query_map(params_from_iter(bind(&params)), row_of)?;
-        let mut rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
-        rows.reverse();
-        Ok(rows)
-    };
-    run().map_err(sqlite_err(path))
+    let mut rows = query_rows(path, history_sql(q, caller_uid), row_of)?;
+    rows.reverse();
+    Ok(rows)
 }
 
 /// `ptrain report`, as `caller_uid` may see it.
@@ -234,52 +242,39 @@ pub fn report(
     q: &ReportQuery,
     caller_uid: u32,
 ) -> Result<Vec<ReportRow>, AccountingError> {
-    let Some(conn) = open_for_reading(path)? else {
-        return Ok(Vec::new());
-    };
-    let (sql, params) = report_sql(q, caller_uid);
-    let run = || -> rusqlite::Result<Vec<ReportRow>> {
-        let mut stmt = conn.prepare(&sql)?;
-        let rows = stmt.query_map(params_from_iter(bind(&params)), |r| {
-            Ok(ReportRow {
-                key: r.get(0)?,
-                id: r.get(1)?,
-                jobs: r.get::<_, i64>(2)?.max(0) as u64,
-                succeeded: r.get::<_, i64>(3)?.max(0) as u64,
-                counted: r.get::<_, i64>(4)?.max(0) as u64,
-                gpu_hours: r.get(5)?,
-                cpu_hours: r.get(6)?,
-                wall_hours: r.get(7)?,
-            })
-        })?;
-        rows.collect()
-    };
-    run().map_err(sqlite_err(path))
+    query_rows(path, report_sql(q, caller_uid), |r| {
+        Ok(ReportRow {
+            key: r.get(0)?,
+            id: r.get(1)?,
+            jobs: r.get::<_, i64>(2)?.max(0) as u64,
+            succeeded: r.get::<_, i64>(3)?.max(0) as u64,
+            counted: r.get::<_, i64>(4)?.max(0) as u64,
+            gpu_hours: r.get(5)?,
+            cpu_hours: r.get(6)?,
+            wall_hours: r.get(7)?,
+        })
+    })
 }
 
-/// The writer: a thread of ptraind that takes ended records from a
-/// channel and hands them to a short-lived `ptraind accounting write`
-/// ([`super::helper`]): SQLite never runs in ptraind itself. Sending never
-/// blocks.
+/// The writer: a task of ptraind that takes ended records from a channel
+/// and hands them to a short-lived `ptraind accounting write`
+/// ([`super::helper`]): SQLite never runs in ptraind itself, and the state
+/// task never waits on it. Sending never blocks.
 #[derive(Clone)]
 pub struct Writer {
-    tx: mpsc::Sender<Box<HistoryRow>>,
+    tx: tokio::sync::mpsc::UnboundedSender<Box<HistoryRow>>,
 }
 
 impl Writer {
-    /// Starts the writer thread: its first child back-fills every ended
-    /// record of `STATE/jobs/` the database lacks (jobs that ended while
-    /// ptraind was down, or whose row a crash lost), then each child writes
-    /// the rows that waited. Call it after the state is restored.
+    /// Starts the writer task (in the current tokio runtime): its first
+    /// child back-fills every ended record of `STATE/jobs/` the database
+    /// lacks (jobs that ended while ptraind was down, or whose row a crash
+    /// lost), then each child writes the rows that waited. Call it after
+    /// the state is restored.
     pub fn start(state_dir: &Path) -> Writer {
-        let (tx, rx) = mpsc::channel::<Box<HistoryRow>>();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Box<HistoryRow>>();
         let state_dir = state_dir.to_owned();
-        let spawned = std::thread::Builder::new()
-            .name("accounting".into())
-            .spawn(move || writer_thread(&state_dir, rx));
-        if let Err(e) = spawned {
-            warn!(error = %e, "cannot start the accounting writer; history will be back-filled at the next start");
-        }
+        tokio::spawn(async move { writer_task(&state_dir, rx).await });
         Writer { tx }
     }
 
@@ -291,9 +286,12 @@ impl Writer {
     }
 }
 
-fn writer_thread(state_dir: &Path, rx: mpsc::Receiver<Box<HistoryRow>>) {
+async fn writer_task(
+    state_dir: &Path,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Box<HistoryRow>>,
+) {
     let path = db_path(state_dir);
-    match super::helper::write(state_dir, &[], true) {
+    match super::helper::write(state_dir, &[], true).await {
         Ok(s) => info!(
             seen = s.seen,
             added = s.added,
@@ -303,12 +301,14 @@ fn writer_thread(state_dir: &Path, rx: mpsc::Receiver<Box<HistoryRow>>) {
             warn!(error = %e, path = %path.display(), "cannot back-fill the accounting database; the next start tries again")
         }
     }
-    while let Ok(first) = rx.recv() {
+    while let Some(first) = rx.recv().await {
         // Whatever else is waiting goes to the same child, in one
         // transaction.
         let mut rows = vec![*first];
-        rows.extend(rx.try_iter().map(|r| *r));
-        if let Err(e) = super::helper::write(state_dir, &rows, false) {
+        while let Ok(row) = rx.try_recv() {
+            rows.push(*row);
+        }
+        if let Err(e) = super::helper::write(state_dir, &rows, false).await {
             // The records are on disk: the next start's back-fill adds them.
             warn!(error = %e, path = %path.display(), rows = rows.len(), "cannot write to the accounting database; the rows are added at the next start");
         }
@@ -352,11 +352,18 @@ pub fn backfill(conn: &mut Connection, state_dir: &Path) -> Result<(usize, usize
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::accounting::query::ReportBy;
 
-    fn row(id: &str, uid: u32, user: &str, ended_s: u64, status: &str, gpus: u32) -> HistoryRow {
+    pub(crate) fn row(
+        id: &str,
+        uid: u32,
+        user: &str,
+        ended_s: u64,
+        status: &str,
+        gpus: u32,
+    ) -> HistoryRow {
         HistoryRow {
             id: id.into(),
             submitted_us: 1,
@@ -413,28 +420,22 @@ mod tests {
         assert_eq!(all[0], rows[0], "oldest first, every field back");
         let alices = history(&path, &HistoryQuery::default(), 1000).unwrap();
         assert!(alices.iter().all(|r| r.uid == 1000) && alices.len() == 3);
-        let q = HistoryQuery {
+        let ids = |q: HistoryQuery| -> Vec<String> {
+            let rows = history(&path, &q, 0).unwrap();
+            rows.into_iter().map(|r| r.id).collect()
+        };
+        let period = HistoryQuery {
             since_us: Some(15_000_000),
             until_us: Some(30_000_000),
             ..HistoryQuery::default()
         };
-        let ids: Vec<_> = history(&path, &q, 0)
-            .unwrap()
-            .into_iter()
-            .map(|r| r.id)
-            .collect();
-        assert_eq!(ids, ["b"]);
-        let q = HistoryQuery {
+        assert_eq!(ids(period), ["b"]);
+        let named = HistoryQuery {
             name: Some("name of [bc]".into()),
             statuses: vec!["not-needed".into()],
             ..HistoryQuery::default()
         };
-        let ids: Vec<_> = history(&path, &q, 0)
-            .unwrap()
-            .into_iter()
-            .map(|r| r.id)
-            .collect();
-        assert_eq!(ids, ["c"]);
+        assert_eq!(ids(named), ["c"]);
         let q = HistoryQuery {
             gpus: Some(2),
             limit: 1,
@@ -634,8 +635,8 @@ mod tests {
         assert_eq!((r.cpu_nsec, r.mem_peak_bytes), (None, None));
     }
 
-    #[test]
-    fn the_writer_thread_writes_what_it_is_sent() {
+    #[tokio::test]
+    async fn the_writer_task_writes_what_it_is_sent() {
         let dir = tempfile::tempdir().unwrap();
         let _store = crate::store::Store::open(dir.path()).unwrap();
         let writer = Writer::start(dir.path());
@@ -647,7 +648,7 @@ mod tests {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "the row never came");
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
 

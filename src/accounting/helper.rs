@@ -18,7 +18,7 @@
 use std::io::{Read, Write};
 use std::path::Path;
 #[cfg(not(test))]
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use serde::{Deserialize, Serialize};
 
@@ -148,14 +148,18 @@ fn parse_query<T: serde::de::DeserializeOwned>(input: impl Read) -> Result<T, St
 }
 
 /// ptraind's side: runs the child for `task` with `input` on its stdin and
-/// returns its stdout (at most [`MAX_ANSWER_BYTES`]). Blocking: call it
-/// from a thread of its own or a blocking task. The child is ptraind's own
-/// binary (`/proc/self/exe`: the very version that runs, even if the file
-/// was replaced since), with an empty environment, its stderr ptraind's
-/// (the journal).
+/// returns its stdout (at most [`MAX_ANSWER_BYTES`]), from async code and
+/// with tokio's process support, which ptraind's log archiving keeps in use
+/// anyway: no thread of its own, none of whose stack or code would stay
+/// resident. The child is ptraind's own binary (`/proc/self/exe`: the very
+/// version that runs, even if the file was replaced since), spawned without
+/// a `pre_exec` hook (so with posix_spawn, not a fork of the daemon's page
+/// tables), with an empty environment and ptraind's stderr (the journal);
+/// it is killed if the caller gives up.
 #[cfg(not(test))]
-pub fn run(task: Task, state_dir: &Path, input: &[u8]) -> Result<String, String> {
-    let mut child = Command::new("/proc/self/exe")
+pub async fn run(task: Task, state_dir: &Path, input: Vec<u8>) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut child = tokio::process::Command::new("/proc/self/exe")
         .arg(SUBCOMMAND)
         .args(task.args())
         .arg(state_dir)
@@ -163,15 +167,15 @@ pub fn run(task: Task, state_dir: &Path, input: &[u8]) -> Result<String, String>
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
+        .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start `ptraind {SUBCOMMAND}`: {e}"))?;
     // All of the input, then all of the answer: the child reads its whole
     // stdin before it writes a byte ([`run_child`]), so the two pipes
-    // cannot deadlock, and no thread is started for them (a thread's stack
-    // stays resident in ptraind's cache of stacks).
+    // cannot deadlock.
     let fed = {
         let mut stdin = child.stdin.take().expect("piped");
-        stdin.write_all(input)
+        stdin.write_all(&input).await
         // Dropped here: the child sees the end of its input.
     };
     let mut answer = Vec::new();
@@ -180,12 +184,14 @@ pub fn run(task: Task, state_dir: &Path, input: &[u8]) -> Result<String, String>
         .take()
         .expect("piped")
         .take(MAX_ANSWER_BYTES + 1)
-        .read_to_end(&mut answer);
+        .read_to_end(&mut answer)
+        .await;
     if answer.len() as u64 > MAX_ANSWER_BYTES {
-        let _ = child.kill();
+        let _ = child.start_kill();
     }
     let status = child
         .wait()
+        .await
         .map_err(|e| format!("`ptraind {SUBCOMMAND}`: {e}"))?;
     if answer.len() as u64 > MAX_ANSWER_BYTES {
         return Err(format!(
@@ -208,14 +214,14 @@ pub fn run(task: Task, state_dir: &Path, input: &[u8]) -> Result<String, String>
 /// test binary (which would take the arguments for test names): the
 /// child's work runs in-process. The integration tests run the real child.
 #[cfg(test)]
-pub fn run(task: Task, state_dir: &Path, input: &[u8]) -> Result<String, String> {
+pub async fn run(task: Task, state_dir: &Path, input: Vec<u8>) -> Result<String, String> {
     let mut answer = Vec::new();
-    run_child(task, state_dir, input, &mut answer)?;
+    run_child(task, state_dir, &input[..], &mut answer)?;
     String::from_utf8(answer).map_err(|e| e.to_string())
 }
 
 /// Writes rows (and back-fills, if asked) through the child.
-pub fn write(
+pub async fn write(
     state_dir: &Path,
     rows: &[HistoryRow],
     backfill: bool,
@@ -225,7 +231,7 @@ pub fn write(
         serde_json::to_writer(&mut input, row).map_err(|e| e.to_string())?;
         input.push(b'\n');
     }
-    let answer = run(Task::Write { backfill }, state_dir, &input)?;
+    let answer = run(Task::Write { backfill }, state_dir, input).await?;
     serde_json::from_str(&answer)
         .map_err(|e| format!("`ptraind {SUBCOMMAND} write`'s summary {answer:?}: {e}"))
 }
@@ -266,31 +272,9 @@ mod tests {
         assert!(e.contains("absolute"), "{e}");
     }
 
+    /// A run of `uid` that ended at 4 s, 2 GPUs.
     fn row(id: &str, uid: u32) -> HistoryRow {
-        HistoryRow {
-            id: id.into(),
-            submitted_us: 1,
-            invocation: format!("inv-{id}"),
-            uid,
-            user: format!("u{uid}"),
-            gid: uid,
-            sweep: None,
-            name: None,
-            status: "succeeded".into(),
-            exit_code: Some(0),
-            signal: None,
-            started_us: Some(1_000_000),
-            ended_us: 4_000_000,
-            wall_us: 3_000_000,
-            gpus: 2,
-            gpu_indices: vec![0, 1],
-            gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
-            gpu_seconds: 6.0,
-            cpu_nsec: Some(2_000_000_000),
-            mem_peak_bytes: Some(200 << 20),
-            io_read_bytes: Some(0),
-            io_write_bytes: Some(4096),
-        }
+        db::tests::row(id, uid, &format!("u{uid}"), 4, "succeeded", 2)
     }
 
     #[test]
@@ -316,7 +300,12 @@ mod tests {
         );
 
         // ptraind's side frames the rows as the child reads them.
-        let s = write(state, &[row("c", 1000), row("b", 1001)], false).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let s = rt
+            .block_on(write(state, &[row("c", 1000), row("b", 1001)], false))
+            .unwrap();
         assert_eq!((s.sent, s.added), (2, 1));
 
         let mut out = Vec::new();

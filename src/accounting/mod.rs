@@ -3,10 +3,10 @@
 //! The figures are taken at the job's end ([`usage`]: the unit's cgroup
 //! counters, read by its `ExecStopPost=` and kept in the job's end
 //! record). The end records feed a SQLite database, `STATE/accounting.sqlite`
-//! (root-only, WAL), one row per ended run, from a writer thread of its own
+//! (root-only, WAL), one row per ended run, from a writer task of its own
 //! ([`db`]), never from the state task; `ptrain history` and `ptrain
-//! report` query it from a blocking thread ([`query`] builds their SQL, pure,
-//! with every value a bound parameter). SQLite itself runs only in
+//! report` query it ([`query`] builds their SQL, pure, with every value a
+//! bound parameter). SQLite itself runs only in
 //! short-lived children, `ptraind accounting ...` ([`helper`]), so none of
 //! it stays in the daemon's memory.
 
