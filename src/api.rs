@@ -65,6 +65,9 @@ pub struct DaemonApi {
     /// The spool directory ptraind watches, for `ptrain submit` when the
     /// config is not readable to its user.
     pub spool_dir: std::path::PathBuf,
+    /// The state directory, whose accounting database
+    /// (`STATE/accounting.sqlite`) `History` and `Report` query.
+    pub state_dir: std::path::PathBuf,
 }
 
 impl DaemonApi {
@@ -118,6 +121,25 @@ impl DaemonApi {
                 Ok(JobOutput::of_view(&view))
             })
         })
+    }
+
+    /// Runs an accounting query in its child (`ptraind accounting`): SQLite
+    /// never runs in ptraind, whose idle RSS it would keep. The query is
+    /// parsed strictly here and written again for the child, which is told
+    /// the caller's uid (a user other than root gets only their own rows).
+    async fn accounting_query<Q: serde::de::DeserializeOwned + Serialize>(
+        &self,
+        conn: &zbus::Connection,
+        header: &zbus::message::Header<'_>,
+        query: &str,
+        task: impl FnOnce(u32) -> crate::accounting::helper::Task,
+    ) -> zbus::fdo::Result<String> {
+        let caller = self.callers.uid(conn, header).await?;
+        let query: Q = parse_query(query)?;
+        let input = serde_json::to_vec(&query).expect("queries always serialise");
+        crate::accounting::helper::run(task(caller), &self.state_dir, input)
+            .await
+            .map_err(zbus::fdo::Error::Failed)
     }
 
     async fn ask<T>(
@@ -195,6 +217,15 @@ fn release_freed_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// An accounting query's JSON, strictly (unknown fields are refused).
+fn parse_query<T: serde::de::DeserializeOwned>(json: &str) -> zbus::fdo::Result<T> {
+    serde_json::from_str(json).map_err(|e| {
+        zbus::fdo::Error::InvalidArgs(format!(
+            "the accounting query is not one this ptraind knows ({e}); use the ptrain of the same release"
+        ))
+    })
 }
 
 fn to_json<T: Serialize>(value: &T) -> String {
@@ -329,6 +360,42 @@ impl DaemonApi {
         Ok(fd.into())
     }
 
+    /// Ended runs from the accounting database (`ptrain history`): `query`
+    /// is a JSON HistoryQuery; returns a JSON array of HistoryRow, oldest
+    /// first. A caller other than root gets only their own runs.
+    async fn history(
+        &self,
+        query: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        self.accounting_query::<crate::accounting::query::HistoryQuery>(
+            conn,
+            &header,
+            &query,
+            |caller| crate::accounting::helper::Task::History { caller },
+        )
+        .await
+    }
+
+    /// Usage summed per user or group (`ptrain report`): `query` is a
+    /// JSON ReportQuery; returns a JSON array of ReportRow. A caller other
+    /// than root gets only their own line.
+    async fn report(
+        &self,
+        query: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        self.accounting_query::<crate::accounting::query::ReportQuery>(
+            conn,
+            &header,
+            &query,
+            |caller| crate::accounting::helper::Task::Report { caller },
+        )
+        .await
+    }
+
     /// The log archive's retention policy and usage (`ptrain du`), JSON
     /// LogUsage; a user's own row only, root sees every user.
     async fn log_usage(
@@ -420,6 +487,8 @@ pub trait Daemon1 {
         follow: bool,
     ) -> zbus::Result<zbus::OwnedFd>;
     fn log_usage(&self) -> zbus::Result<String>;
+    fn history(&self, query: &str) -> zbus::Result<String>;
+    fn report(&self, query: &str) -> zbus::Result<String>;
     fn notifications(&self) -> zbus::Result<String>;
     fn retry_notifications(&self, key: &str, all_dead: bool) -> zbus::Result<String>;
     #[zbus(property)]

@@ -93,6 +93,7 @@ impl EndedJob {
             source: None,
             gpu_warning: None,
             summary: true,
+            usage: None,
         }
     }
 }

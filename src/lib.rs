@@ -70,6 +70,14 @@
 //!     compact in-memory summary (the full record stays on disk), so memory
 //!     and per-job cost stay flat over a long history; `[retention]`
 //!     compacts the oldest into `STATE/history.jsonl`.
+//! 11. [`accounting`]: what each run used (its cgroup's counters, read by
+//!     the unit's `ExecStopPost=` as the job's user and kept in the end
+//!     record; GPU-seconds from its times and GPUs), one row per ended run
+//!     in `STATE/accounting.sqlite`, written by a task of its own and
+//!     back-filled from the records at start; `ptrain history` and `ptrain
+//!     report` query it ([`accounting::query`] builds the SQL, pure;
+//!     [`accounting::db`] is SQLite, which runs only in ptraind's
+//!     short-lived children, [`accounting::helper`]).
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml` (each section
 //! checks its own values and answers a [`setting::InvalidSetting`]: the
@@ -94,9 +102,11 @@
 //! reads and writes the state directory), [`gpu`] (the snapshot and the
 //! choice of GPUs; NVML), [`runtime`] (the launch file; preparing it writes
 //! files), [`users`] (`Owner`; the passwd and group lookups), [`config`]
-//! (the validated settings; loading the file) and [`notifications`]
+//! (the validated settings; loading the file), [`notifications`]
 //! (render, retry and pacing are pure; the sender, transports, outbox and
-//! output tail are not).
+//! output tail are not) and [`accounting`] (the rows, the queries' SQL and
+//! the cgroup parsers are pure; the database, its child process and the
+//! cgroup reader are not).
 //!
 //! The rest is I/O: [`daemon`] (but for its admission and live rooms),
 //! [`board`] (it reads an ended job's record from disk), [`systemd`],
@@ -116,6 +126,7 @@
 //! ([`logs::LogsConfig`], [`views::Privacy`], ...), which [`config`]
 //! loads; [`logs`] takes only its own ([`logs::LogSettings`]).
 
+pub mod accounting;
 pub mod api;
 pub mod board;
 pub mod chain;

@@ -101,6 +101,14 @@ const ACTIVE_STATUSES: [&str; 3] = ["queued", "launching", "running"];
 /// so that a series does not appear out of nowhere.
 pub const OUTCOMES: &[&str] = &crate::job::Outcome::STATUSES;
 
+/// The most users with series of their own in `ptrain_gpu_seconds_total`
+/// and `ptrain_cpu_seconds_total`; later ones add to `user="other"`, so a
+/// host with many users cannot grow the scrape without bound.
+pub const MAX_USER_SERIES: usize = 100;
+
+/// The label every user past [`MAX_USER_SERIES`] shares.
+pub const OTHER_USERS: &str = "other";
+
 /// A Prometheus histogram of durations, lock-free.
 pub struct Histogram {
     bounds: &'static [f64],
@@ -140,6 +148,9 @@ pub struct Metrics {
     rejected_files: AtomicU64,
     queue_wait: Histogram,
     run_duration: Histogram,
+    /// Per user: (GPU-seconds, CPU-seconds) of the runs that ended since
+    /// ptraind started; at most [`MAX_USER_SERIES`] users and "other".
+    usage: Mutex<BTreeMap<String, (f64, f64)>>,
 }
 
 impl Default for Metrics {
@@ -152,6 +163,7 @@ impl Default for Metrics {
             rejected_files: AtomicU64::new(0),
             queue_wait: Histogram::new(QUEUE_WAIT_BUCKETS),
             run_duration: Histogram::new(RUN_DURATION_BUCKETS),
+            usage: Mutex::default(),
         }
     }
 }
@@ -183,6 +195,20 @@ impl Metrics {
         if let Some(micros) = ran_micros {
             self.run_duration.observe(micros);
         }
+    }
+
+    /// What an ended run of `user` used: its GPU-seconds and CPU-seconds.
+    pub fn job_usage(&self, user: &str, gpu_seconds: f64, cpu_seconds: f64) {
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        // Room for MAX_USER_SERIES users besides "other".
+        let key = match usage.contains_key(user) {
+            true => user,
+            false if usage.keys().filter(|k| *k != OTHER_USERS).count() < MAX_USER_SERIES => user,
+            false => OTHER_USERS,
+        };
+        let entry = usage.entry(key.to_owned()).or_default();
+        entry.0 += gpu_seconds;
+        entry.1 += cpu_seconds;
     }
 
     /// A spool file was refused (and quarantined).
@@ -251,6 +277,26 @@ pub fn render(m: &Metrics, scrape: &Scrape) -> String {
         "Time from a job's start to its end, for jobs that started.",
         &m.run_duration,
     );
+    let usage = m.usage.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for (name, help, pick) in [
+        (
+            "ptrain_gpu_seconds_total",
+            "GPU-seconds (run time times GPUs held) of the runs that ended since ptraind started, by user \
+             (past the first 100 users, the rest under user=\"other\").",
+            0,
+        ),
+        (
+            "ptrain_cpu_seconds_total",
+            "CPU time of the runs that ended since ptraind started, by user (as for GPU-seconds).",
+            1,
+        ),
+    ] {
+        out.family(name, "counter", help);
+        for (user, figures) in &usage {
+            let value = if pick == 0 { figures.0 } else { figures.1 };
+            out.sample(name, &[("user", user)], value);
+        }
+    }
     out.family(
         "ptrain_rejected_files_total",
         "counter",
@@ -721,6 +767,34 @@ mod tests {
             reserved_for: None,
             detail: String::new(),
         }
+    }
+
+    #[test]
+    fn usage_is_summed_per_user_and_users_past_the_guard_share_other() {
+        let m = Metrics::default();
+        m.job_usage("alice", 6.0, 2.0);
+        m.job_usage("alice", 1.5, 0.5);
+        m.job_usage("bo\"b", 0.0, 1.0);
+        for i in 0..MAX_USER_SERIES + 5 {
+            m.job_usage(&format!("u{i}"), 1.0, 1.0);
+        }
+        // A user seen before the guard filled keeps their own series.
+        m.job_usage("alice", 1.0, 0.0);
+        let s = samples(&render(&m, &Scrape::default()));
+        assert_eq!(s["ptrain_gpu_seconds_total{user=\"alice\"}"], 8.5);
+        assert_eq!(s["ptrain_cpu_seconds_total{user=\"alice\"}"], 2.5);
+        assert_eq!(s["ptrain_cpu_seconds_total{user=\"bo\\\"b\"}"], 1.0);
+        let users = s
+            .keys()
+            .filter(|k| k.starts_with("ptrain_gpu_seconds_total{"))
+            .count();
+        assert_eq!(
+            users,
+            MAX_USER_SERIES + 1,
+            "at most the guard's users and other"
+        );
+        // alice, bo"b and 98 of the u's have their own; 7 u's are "other".
+        assert_eq!(s["ptrain_gpu_seconds_total{user=\"other\"}"], 7.0);
     }
 
     #[test]

@@ -227,6 +227,31 @@ impl JobRuntime {
         fsutil::read_user_json(&self.result_file(id), owner.uid, owner.gid, &owner.groups)
     }
 
+    /// What the job used, as its unit's `ptraind job-usage` wrote it into
+    /// its result directory (read as its owner: the directory is theirs).
+    /// `Ok(None)`: none was written (the unit never ran).
+    pub fn read_usage(
+        &self,
+        id: &JobId,
+        owner: &Owner,
+    ) -> Result<Option<crate::store::Usage>, String> {
+        use crate::accounting::usage::{parse_usage_file, MAX_USAGE_BYTES, USAGE_FILE};
+        let path = self.result_dir(id).join(USAGE_FILE);
+        let Some(bytes) = fsutil::read_user_file(
+            &path,
+            owner.uid,
+            owner.gid,
+            &owner.groups,
+            MAX_USAGE_BYTES + 1,
+        )?
+        else {
+            return Ok(None);
+        };
+        parse_usage_file(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{} {e}", path.display()))
+    }
+
     /// Everything the job had here: once its end is recorded.
     pub fn remove(&self, id: &JobId) {
         for root in [self.launch_root(), self.results_root()] {

@@ -119,9 +119,47 @@ pub struct JobRecord {
     /// transition they announce. Delivery status is in `STATE/outbox/`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<Intent>,
+    /// What the job used, as its cgroup counted it at its end
+    /// ([`Usage`]); absent in records written before accounting, and when
+    /// the end left no figures (the unit never ran, or /run was lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// A job's resource use over its run, read from its unit's cgroup when the
+/// job's processes are gone (`ptraind job-usage`, the unit's
+/// `ExecStopPost=`): CPU time (`cpu.stat`), the peak of its memory
+/// (`memory.peak`) and the bytes it read and wrote (`io.stat`). Each is
+/// absent when the kernel did not count it. Wall time and GPU-seconds are
+/// not here: they follow from the record's start, end and GPUs
+/// ([`JobRecord::wall_usec`], [`JobRecord::gpu_seconds`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_nsec: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_peak_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_read_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_write_bytes: Option<u64>,
 }
 
 impl JobRecord {
+    /// Microseconds from the start of the job's command to its end, if it
+    /// ran.
+    pub fn wall_usec(&self) -> Option<u64> {
+        let (start, end) = self.started_at.zip(self.ended_at)?;
+        Some(end.saturating_sub(start))
+    }
+
+    /// GPU-seconds: the run's wall time times the GPUs it held (0 for a
+    /// job that held none or never ran).
+    pub fn gpu_seconds(&self) -> f64 {
+        self.wall_usec()
+            .map_or(0.0, |w| w as f64 / 1e6 * self.gpus.len() as f64)
+    }
+
     pub fn new(spec: JobSpec, owner: Owner, source: SpoolSource, now: u64) -> JobRecord {
         JobRecord {
             id: spec.id.clone(),
@@ -147,6 +185,7 @@ impl JobRecord {
             result: None,
             result_error: None,
             notifications: Vec::new(),
+            usage: None,
         }
     }
 
@@ -750,6 +789,37 @@ pub fn record_exit(state_dir: &Path, id: &JobId, record: &ExitRecord) -> Result<
     let dir = exits_dir(state_dir);
     let bytes = serde_json::to_vec(record).expect("records always serialise");
     write_atomic(&dir, &format!("{id}.json"), &bytes).map_err(io_err("write", &dir))
+}
+
+/// Hands every ended record of `STATE/jobs/` to `each`, reading only: no
+/// clean-up, no migration (that is [`Store::load_each`]'s, in the state
+/// task), so it may run beside ptraind (the accounting back-fill). A file
+/// that cannot be read or parsed is skipped with a warning.
+pub fn each_ended_record(
+    state_dir: &Path,
+    mut each: impl FnMut(JobRecord),
+) -> Result<(), StoreError> {
+    let jobs_dir = state_dir.join("jobs");
+    let entries = std::fs::read_dir(&jobs_dir).map_err(io_err("read", &jobs_dir))?;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        let path = entry.path();
+        let record = std::fs::read(&path)
+            .map_err(io_err("read", &path))
+            .and_then(|bytes| parse_record(&path, &bytes));
+        match record {
+            Ok(record) if record.state == JobState::Ended => each(record),
+            Ok(_) => {}
+            // Gone since the listing (compacted, or a relaunch's rewrite).
+            Err(StoreError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(error = %e, "skipping a job record"),
+        }
+    }
+    Ok(())
 }
 
 fn parse_record(path: &Path, bytes: &[u8]) -> Result<JobRecord, StoreError> {

@@ -169,13 +169,33 @@ pub fn job_unit_properties(
             PropValue::Exec(vec![(
                 ptraind.clone(),
                 vec![
-                    ptraind,
+                    ptraind.clone(),
                     "exec-job".into(),
                     ctx.prepared.launch_file.display().to_string(),
                 ],
                 false,
             )]),
         ),
+        // What the job used, read from its cgroup once its processes are
+        // gone and before systemd removes the cgroup (systemd 252 keeps
+        // only the CPU time after that): as the job's user, into its
+        // result directory, where ptraind reads it with the end. "-": a
+        // failure here never changes how the job ended.
+        (
+            "ExecStopPost",
+            PropValue::Exec(vec![(
+                ptraind.clone(),
+                vec![
+                    ptraind,
+                    "job-usage".into(),
+                    ctx.prepared.result_dir.display().to_string(),
+                ],
+                true,
+            )]),
+        ),
+        ("CPUAccounting", PropValue::Bool(true)),
+        ("MemoryAccounting", PropValue::Bool(true)),
+        ("IOAccounting", PropValue::Bool(true)),
         // The end is recorded by a unit of its own (units/ptrain-exit@.service)
         // whose facts come from systemd, not by a command inside this unit,
         // which would share the job's environment.
@@ -394,6 +414,26 @@ mod tests {
         assert_eq!(launch.argv, ["python3", "train.py"]);
         assert_eq!(launch.env["A"], "b");
         assert_eq!(launch.env["PTRAIN_PARENT_RESULTS"], "{}");
+    }
+
+    #[test]
+    fn the_unit_counts_its_usage_and_reads_it_at_its_end_as_the_job_user() {
+        let config = Config::from_toml(Path::new("t"), "").unwrap();
+        let r = record(r#"{"version":1,"command":["true"]}"#);
+        let props = props(&r, &config, true);
+        for key in ["CPUAccounting", "MemoryAccounting", "IOAccounting"] {
+            assert_eq!(get(&props, key), &PropValue::Bool(true), "{key}");
+        }
+        let PropValue::Exec(cmds) = get(&props, "ExecStopPost") else {
+            panic!()
+        };
+        let (path, argv, ignore_failure) = &cmds[0];
+        assert_eq!(argv[0], *path);
+        assert_eq!(&argv[1..], ["job-usage", "/run/ptrain/results/job1"]);
+        // Its failure must never turn a success into a failure.
+        assert!(*ignore_failure);
+        // No "+": it runs as the unit's User=, never privileged.
+        assert!(!path.starts_with('+'));
     }
 
     #[test]

@@ -99,6 +99,10 @@ pub struct JobView {
     /// ID` reads them from the job's record).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub summary: bool,
+    /// What an ended run used ([`crate::accounting::UsageView`]); the
+    /// owner's, like the exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::accounting::UsageView>,
 }
 
 /// A job's exit code, signal and the sentence that says how it ended (or
@@ -159,6 +163,7 @@ impl JobView {
             priority: 0,
             gpu_request: String::new(),
             gpu_warning: None,
+            usage: None,
             private: true,
             ..self
         }
@@ -232,6 +237,7 @@ impl JobView {
             source: None,
             gpu_warning: None,
             summary: false,
+            usage: crate::accounting::UsageView::of(record),
         }
     }
 }

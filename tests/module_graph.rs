@@ -50,6 +50,10 @@ const PURE_FILES: &[&str] = &["src/daemon/admission.rs", "src/daemon/live.rs"];
 /// value, its preparation writes files; `users::Owner` is a value, looking
 /// one up reads the user database).
 const IO: &[&str] = &[
+    "accounting::db",
+    "accounting::helper",
+    "accounting::usage::collect",
+    "accounting::usage::write",
     "api",
     "board",
     "config::load",
@@ -83,6 +87,7 @@ const IO: &[&str] = &[
 /// Modules with both pure and I/O items: the pure core names their items
 /// one by one (never the module whole), so [`IO`] can tell them apart.
 const MIXED: &[&str] = &[
+    "accounting",
     "config",
     "gpu",
     "notifications",

@@ -50,6 +50,55 @@ enum Sub {
     /// reads the command and environment from its launch file.
     #[command(hide = true)]
     ExecJob { launch_file: PathBuf },
+    /// Write what the job used (its cgroup's CPU time, memory peak and
+    /// I/O bytes) into its result directory DIR: the job unit's
+    /// ExecStopPost=, as the job's user, once its processes are gone.
+    #[command(hide = true)]
+    JobUsage { result_dir: PathBuf },
+    /// The accounting database's side (writing the rows of ended jobs,
+    /// back-filling them, `ptrain history` and `ptrain report`): ptraind
+    /// runs it as its own short-lived child, as root, so that SQLite never
+    /// stays in the daemon's memory. ARGS are as ptraind gives them.
+    #[command(hide = true)]
+    Accounting {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// `ptraind accounting ARGS`: the child of [`ptrain::accounting::helper`];
+/// its errors go to stderr (ptraind's journal) and its exit status.
+fn accounting(args: &[String]) -> ExitCode {
+    use ptrain::accounting::helper;
+    let ran = helper::Task::parse(args).and_then(|(task, state_dir)| {
+        helper::run_child(
+            task,
+            state_dir,
+            std::io::stdin().lock(),
+            std::io::stdout().lock(),
+        )
+    });
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ptraind accounting: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `ptraind job-usage DIR`: never fails the unit (its ExecStopPost is
+/// "-"), but says on stderr (the job's journal) why no figures were kept.
+fn job_usage(dir: &std::path::Path) -> ExitCode {
+    let written = ptrain::accounting::usage::collect(std::path::Path::new("/sys/fs/cgroup"))
+        .and_then(|usage| ptrain::accounting::usage::write(dir, &usage));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ptraind job-usage: {e}; the job's usage is not recorded");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `ptraind record-exit`: runs as root in its own unit, whose environment
@@ -173,6 +222,8 @@ fn main() -> ExitCode {
     match &args.command {
         Some(Sub::RecordExit { instance }) => return record_exit(&args.config, instance),
         Some(Sub::ExecJob { launch_file }) => return ptrain::runtime::exec_job(launch_file),
+        Some(Sub::JobUsage { result_dir }) => return job_usage(result_dir),
+        Some(Sub::Accounting { args }) => return accounting(args),
         _ => {}
     }
     let config = match Config::load(&args.config) {
@@ -233,9 +284,9 @@ fn main() -> ExitCode {
     // left the idle daemon at 78 MiB instead of 35 (`make bench`).
     // SAFETY: mallopt only tunes the allocator; no other thread runs yet.
     // One arena for all threads: each thread that allocates (the tokio
-    // workers, the archiver, the notifier, the sd-notify sender) would
-    // otherwise keep an arena of its own with its free pages (`make
-    // bench`: idle RSS 19.9 MiB with two arenas, 19.6 with one, against
+    // workers, the archiver, the notifier, the sd-notify sender, the
+    // accounting writer) would otherwise keep an arena of its own with its
+    // free pages (`make bench`: idle RSS 19.9 MiB with two arenas, 19.6 with one, against
     // the 20 MiB target; ptraind allocates little at a time, so the one
     // lock costs nothing measurable).
     #[cfg(target_env = "gnu")]

@@ -205,6 +205,9 @@ pub struct Daemon {
     job_signals: mpsc::UnboundedSender<(String, String)>,
     /// Owners whose workdir's file system did not answer, and since when.
     slow_workdirs: HashMap<u32, tokio::time::Instant>,
+    /// The accounting database's writer thread (issue 23): each recorded
+    /// end is sent there, never written from this task.
+    accounting: Option<crate::accounting::db::Writer>,
     /// Entries under stray names, refused when their grace is over.
     strays: spool::Strays,
     /// Running jobs whose units systemd is stopping without ptraind having
@@ -406,6 +409,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         requests: api_rx,
         signals_lost: signals_lost.clone(),
         lost_stream: lost_stream.clone(),
+        accounting: None,
     };
     daemon.kept = crate::kept_units::KeptUnits::new(daemon.config.kept_units);
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
@@ -416,6 +420,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         daemon.post_view(id);
     }
     daemon.prune_history();
+    // After the restore: its back-fill reads the records restore settled.
+    daemon.accounting = Some(crate::accounting::db::Writer::start(
+        &daemon.config.state_dir,
+    ));
 
     // The API comes up after the state is restored, so no caller ever sees
     // a half-loaded daemon.
@@ -431,6 +439,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 privacy: daemon.config.privacy,
                 logs: daemon.logs.clone(),
                 spool_dir: daemon.config.spool_dir.clone(),
+                state_dir: daemon.config.state_dir.clone(),
             },
         )
         .await
@@ -2161,6 +2170,12 @@ impl Daemon {
                 record.result_error = Some(e);
             }
         }
+        match self.runtime.read_usage(id, &record.owner) {
+            Ok(usage) => record.usage = usage,
+            Err(e) => {
+                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "ignoring the job's usage file")
+            }
+        }
         // The end and its notification intents are one durable write. A job
         // that ran and ended before ptraind saw it running is announced as
         // started too.
@@ -2192,7 +2207,16 @@ impl Daemon {
         let ran = record.started_at.zip(record.ended_at);
         self.metrics
             .job_finished(outcome.status(), ran.map(|(s, e)| e.saturating_sub(s)));
+        let cpu_ns = record.usage.as_ref().and_then(|u| u.cpu_nsec).unwrap_or(0);
+        self.metrics.job_usage(
+            &record.owner.name,
+            record.gpu_seconds(),
+            cpu_ns as f64 / 1e9,
+        );
         self.notifier.deliver(intents);
+        if let Some(accounting) = &self.accounting {
+            accounting.record(&record);
+        }
         self.live.ended(id);
         info!(
             job = %id,

@@ -4,6 +4,7 @@
 mod daemon;
 mod harness;
 
+mod accounting;
 mod bench_smoke;
 mod chains;
 mod check_config;

@@ -183,7 +183,12 @@ fn visible_devices(d: &TestDaemon, id: &str) -> String {
     wait_for(
         &format!("job {id} to write {}", path.display()),
         crate::daemon::WAIT,
-        || std::fs::read_to_string(&path).ok(),
+        // The shell's redirect makes the file before printf fills it.
+        || {
+            std::fs::read_to_string(&path)
+                .ok()
+                .filter(|s| !s.is_empty())
+        },
     )
 }
 

@@ -60,6 +60,7 @@ macro_rules! errln {
     ($($arg:tt)*) => { $crate::write_stderr(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
+mod accounting;
 mod du;
 mod generate;
 mod gpus;
@@ -73,6 +74,7 @@ mod stop;
 mod submit;
 mod wait;
 
+use accounting::{history, report, HistoryArgs, ReportArgs};
 use du::du;
 use generate::{complete_ids, generate};
 use gpus::gpus;
@@ -228,6 +230,20 @@ enum Command {
         #[command(subcommand)]
         action: Option<NotificationsAction>,
     },
+    /// Ended runs and what they used, from the accounting database (like
+    /// sacct): yours; root sees everyone's.
+    #[command(after_help = "Examples:
+  ptrain history                           your last 100 ended runs
+  ptrain history --since 7d --status failed
+  ptrain history --user alice --gpus 2 --format id,ended,gpu_hours,cpu,mem_peak
+  ptrain history --name 'resnet-*' --csv   (name globs: * ? [..])")]
+    History(HistoryArgs),
+    /// GPU-hours, CPU-hours, job counts and success rate per user or group
+    /// over a period (like sreport): your own line; root sees everyone's.
+    #[command(after_help = "Examples:
+  ptrain report --since 30d                every user's last 30 days
+  ptrain report --since 2026-11-01 --until 2026-12-01 --by group --csv")]
+    Report(ReportArgs),
     /// The ids of the active and recently ended jobs and sweeps, one a
     /// line: what the shell completions offer for a job id.
     #[command(name = "__complete-ids", hide = true)]
@@ -382,6 +398,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             since,
         } => logs(&id, follow, lines, since.as_deref()).await,
         Command::Du { json } => du(json).await,
+        Command::History(args) => history(args).await,
+        Command::Report(args) => report(args).await,
         Command::Rejected { json } => rejected(json).await,
         Command::Gpus { json } => gpus(json).await,
         Command::Notifications { json, action } => notifications(json, action).await,

@@ -105,6 +105,9 @@ pub(crate) fn print_status(j: &JobView) {
     if let Some(sig) = j.signal {
         outln!("signal:    {}", signal_name(sig));
     }
+    if let Some(usage) = &j.usage {
+        outln!("usage:     {}", usage.describe());
+    }
     for line in status_extras(j) {
         outln!("{line}");
     }

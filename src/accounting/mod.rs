@@ -1,0 +1,91 @@
+//! Accounting: what each ended job used, and the history queries over it.
+//!
+//! The figures are taken at the job's end ([`usage`]: the unit's cgroup
+//! counters, read by its `ExecStopPost=` and kept in the job's end
+//! record). The end records feed a SQLite database, `STATE/accounting.sqlite`
+//! (root-only, WAL), one row per ended run, from a writer task of its own
+//! ([`db`]), never from the state task; `ptrain history` and `ptrain
+//! report` query it ([`query`] builds their SQL, pure, with every value a
+//! bound parameter). SQLite itself runs only in
+//! short-lived children, `ptraind accounting ...` ([`helper`]), so none of
+//! it stays in the daemon's memory.
+
+pub mod db;
+pub mod helper;
+pub mod query;
+pub mod usage;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::JobRecord;
+
+/// A run's usage as `ptrain status --json` shows it (`usage`): wall time
+/// and GPU-seconds from the record's times and GPUs, the rest from the
+/// cgroup's counters ([`crate::store::Usage`]). Fields are only added.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageView {
+    pub wall_secs: f64,
+    pub gpus: u32,
+    pub gpu_seconds: f64,
+    #[serde(default)]
+    pub cpu_secs: Option<f64>,
+    #[serde(default)]
+    pub mem_peak_bytes: Option<u64>,
+    #[serde(default)]
+    pub io_read_bytes: Option<u64>,
+    #[serde(default)]
+    pub io_write_bytes: Option<u64>,
+}
+
+impl UsageView {
+    /// The usage of an ended run; None while it runs or if it never ran.
+    pub fn of(record: &JobRecord) -> Option<UsageView> {
+        let wall = record.wall_usec()?;
+        let usage = record.usage.clone().unwrap_or_default();
+        Some(UsageView {
+            wall_secs: wall as f64 / 1e6,
+            gpus: record.gpus.len() as u32,
+            gpu_seconds: record.gpu_seconds(),
+            cpu_secs: usage.cpu_nsec.map(|n| n as f64 / 1e9),
+            mem_peak_bytes: usage.mem_peak_bytes,
+            io_read_bytes: usage.io_read_bytes,
+            io_write_bytes: usage.io_write_bytes,
+        })
+    }
+
+    /// One line for people: "2.0 s wall, 6.0 GPU-s, 1.98 s CPU, peak 210.3 MiB, read 0 B, wrote 4.0 KiB".
+    pub fn describe(&self) -> String {
+        let mut parts = vec![format!("{:.1} s wall", self.wall_secs)];
+        if self.gpus > 0 {
+            parts.push(format!(
+                "{:.1} GPU-s on {} GPU(s)",
+                self.gpu_seconds, self.gpus
+            ));
+        }
+        if let Some(cpu) = self.cpu_secs {
+            parts.push(format!("{cpu:.2} s CPU"));
+        }
+        if let Some(mem) = self.mem_peak_bytes {
+            parts.push(format!("peak memory {}", bytes(mem)));
+        }
+        if let (Some(r), Some(w)) = (self.io_read_bytes, self.io_write_bytes) {
+            parts.push(format!("read {}, wrote {}", bytes(r), bytes(w)));
+        }
+        parts.join(", ")
+    }
+}
+
+/// Bytes in binary units for people: "512 B", "4.0 KiB", "210.3 MiB".
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
