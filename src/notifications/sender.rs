@@ -790,6 +790,14 @@ pub(crate) mod tests {
         }
     }
 
+    /// A transport that answers `verdicts` in turn, then "delivered".
+    fn scripted<const N: usize>(verdicts: [Verdict; N]) -> Arc<Fake> {
+        Arc::new(Fake {
+            script: Mutex::new(verdicts.into()),
+            ..Fake::default()
+        })
+    }
+
     fn config(initial: u64, max: u64, lifetime: u64) -> NotificationsConfig {
         NotificationsConfig {
             retry: RetryPolicy {
@@ -860,10 +868,7 @@ pub(crate) mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_rejection_is_dead_at_once_and_root_can_resend_it() {
         let dir = tempfile::tempdir().unwrap();
-        let fake = Arc::new(Fake {
-            script: Mutex::new([Verdict::Dead("HTTP 400".into())].into()),
-            ..Fake::default()
-        });
+        let fake = scripted([Verdict::Dead("HTTP 400".into())]);
         let n = start(&config(1, 10, 3600), dir.path(), &fake);
         let i = intent("j", NotifyEvent::Succeeded, "ch");
         n.deliver(vec![i.clone()]);
@@ -927,10 +932,7 @@ pub(crate) mod tests {
     async fn a_drain_sends_what_is_due_and_leaves_retries_pending() {
         let dir = tempfile::tempdir().unwrap();
         // One delivery fails once (a retry 60 s on), the other goes through.
-        let fake = Arc::new(Fake {
-            script: Mutex::new([Verdict::Retry("HTTP 503".into())].into()),
-            ..Fake::default()
-        });
+        let fake = scripted([Verdict::Retry("HTTP 503".into())]);
         let n = start(&config(60, 60, 3600), dir.path(), &fake);
         let first = intent("a", NotifyEvent::Failed, "ch");
         n.deliver(vec![first.clone()]);
