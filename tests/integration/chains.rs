@@ -58,7 +58,7 @@ fn a_failed_stage_fails_its_descendants_and_runs_the_alert() {
         &job("true", json!({"after_any": ["train"]})),
     );
     d.wait_running("prep");
-    let waiting = d.status("eval").unwrap();
+    let waiting = d.wait_claimed("eval");
     assert_eq!(waiting["status"], "queued");
     assert_eq!(waiting["waiting_for"], json!(["train"]));
     let shown = text(&d.ptrain(ALICE, &["status", "eval"]));

@@ -281,6 +281,12 @@ impl TestDaemon {
         )
     }
 
+    /// The job's status once its dropped file is claimed (until then
+    /// ptraind knows no such job).
+    pub fn wait_claimed(&self, id: &str) -> Value {
+        self.wait_status(id, |_| true)
+    }
+
     pub fn wait_ended(&self, id: &str) -> Value {
         self.wait_status(id, |s| !matches!(s, "queued" | "launching" | "running"))
     }

@@ -241,7 +241,7 @@ fn two_gpus_two_jobs_without_overlap_and_a_third_waits() {
     }
     let g1 = d.wait_running("g1");
     let g2 = d.wait_running("g2");
-    let g3 = d.status("g3").unwrap();
+    let g3 = d.wait_claimed("g3");
     assert_eq!(g3["status"], "queued", "{g3}");
     let a = g1["gpus"][0].as_u64().unwrap();
     let b = g2["gpus"][0].as_u64().unwrap();
