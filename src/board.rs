@@ -147,8 +147,10 @@ impl Board {
             });
         }
         let (summary, source, submitted_at) = ended.ok_or_else(not_found)?;
-        let store = self.store.clone();
-        let full = tokio::task::spawn_blocking(move || match store.load(&job_id) {
+        // One small file, read here as the state task did: a thread of the
+        // blocking pool would be started for it and end 10 s later (the
+        // idle bench counts every thread's switches).
+        let full = match self.store.load(&job_id) {
             // Read outside the lock: the job may have been compacted since,
             // and its id claimed again; only its own ended record will do.
             Ok(record)
@@ -164,10 +166,7 @@ impl Board {
                 tracing::warn!(job = %job_id, error = %e, "cannot read a finished job's record");
                 None
             }
-        })
-        .await
-        .ok()
-        .flatten();
+        };
         Ok(JobView {
             source: Some(source),
             gpu_warning,
