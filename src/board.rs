@@ -163,7 +163,7 @@ impl Board {
                 None
             }
             Err(e) => {
-                tracing::warn!(job = %job_id, error = %e, "cannot read a finished job's record");
+                tracing::warn!(job = %job_id, PTRAIN_JOB = %job_id, error = %e, "cannot read a finished job's record");
                 None
             }
         };

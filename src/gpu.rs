@@ -1100,6 +1100,31 @@ pub fn allowed_device_nodes(snapshot: &[GpuInfo], gpus: &[u32]) -> Vec<PathBuf> 
 }
 
 #[cfg(test)]
+pub(crate) mod test_kit {
+    use super::GpuInfo;
+
+    /// A healthy, idle GPU: `GPU-index`, 1,000 MiB, `/dev/nvidiaN`, no
+    /// topology known (change the fields a test is about).
+    pub(crate) fn gpu(index: u32) -> GpuInfo {
+        GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            pci_bus_id: None,
+            memory_total_mib: 1000,
+            memory_used_mib: Some(0),
+            utilization_pct: None,
+            temperature_c: None,
+            device: format!("/dev/nvidia{index}").into(),
+            processes: vec![],
+            numa_node: None,
+            topology_group: None,
+            unhealthy: None,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

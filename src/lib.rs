@@ -51,7 +51,14 @@
 //!    claim's writes stay in the state task). The unended jobs and the
 //!    indices over them (queue, per-user counts, GPU holders) are its
 //!    `Live` room (`daemon/live.rs`, pure), changed only by one method
-//!    per step of a job's life. What callers read without waiting for the
+//!    per step of a job's life. What a plan decides (which jobs start, in
+//!    what order, within the units systemd can track; which can never
+//!    start) is its planning room (`daemon/planning.rs`, pure, over `Live`
+//!    and a look at the GPUs handed in as a function), and what a launch,
+//!    a running unit and an end write into a job's record, with the
+//!    notifications each raises, its lifecycle room (`daemon/lifecycle.rs`,
+//!    pure); the state task reads the facts (systemd, the job's files,
+//!    the clock) and saves, sends and launches. What callers read without waiting for the
 //!    state task is on the [`board`]: each live job's view as last posted,
 //!    and the history's summaries. [`api`] is the
 //!    D-Bus object the `ptrain` CLI talks to (and its proxy); it asks the

@@ -639,25 +639,8 @@ pub fn inventory_fingerprint(snapshot: &[GpuInfo]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::test_kit::gpu;
     use crate::policy::PolicyConfig;
-
-    fn gpu(index: u32) -> GpuInfo {
-        GpuInfo {
-            index,
-            uuid: format!("GPU-{index}"),
-            name: "NVIDIA H100 80GB HBM3".into(),
-            pci_bus_id: None,
-            memory_total_mib: 1000,
-            memory_used_mib: Some(0),
-            utilization_pct: None,
-            temperature_c: None,
-            device: format!("/dev/nvidia{index}").into(),
-            processes: vec![],
-            numa_node: None,
-            topology_group: None,
-            unhealthy: None,
-        }
-    }
 
     fn gpus(n: u32) -> Vec<GpuInfo> {
         (0..n).map(gpu).collect()

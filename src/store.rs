@@ -482,7 +482,7 @@ impl Store {
                     .entry(group.clone())
                     .or_insert_with(|| self.groups_dir.join(format!("{group}.json")).exists());
                 if !committed {
-                    tracing::warn!(job = %record.id, group = %group, "removing a member of a sweep whose claim did not complete; it will be claimed again");
+                    tracing::warn!(job = %record.id, PTRAIN_JOB = %record.id, group = %group, "removing a member of a sweep whose claim did not complete; it will be claimed again");
                     self.jobs
                         .remove(&job_file_name(&record.id))
                         .map_err(io_err("remove", &self.job_path(&record.id)))?;

@@ -17,6 +17,7 @@ use futures_util::StreamExt;
 use zbus::{Connection, OwnedObjectPath, OwnedVariant};
 use zbus_systemd::systemd1::ManagerProxy;
 
+pub use crate::unit::UnitState;
 use crate::unit::{PropValue, UnitProperties};
 
 const SYSTEMD: &str = "org.freedesktop.systemd1";
@@ -162,29 +163,7 @@ impl UnitSignal {
     }
 }
 
-/// What a unit looks like now.
-#[derive(Debug, Clone, Default)]
-pub struct UnitState {
-    pub active_state: String,
-    /// A job (start or stop) is still pending for the unit.
-    pub has_pending_job: bool,
-    pub invocation_id: Option<String>,
-    pub main_pid: u32,
-    pub result: String,
-    /// CLD_EXITED (1), CLD_KILLED (2), CLD_DUMPED (3), or 0 if never ran.
-    pub exec_main_code: i32,
-    pub exec_main_status: i32,
-    /// Microseconds since the epoch, 0 when unknown.
-    pub exec_main_start: u64,
-    pub exec_main_exit: u64,
-    pub inactive_enter: u64,
-}
-
 impl UnitState {
-    pub fn has_ended(&self) -> bool {
-        !self.has_pending_job && matches!(self.active_state.as_str(), "inactive" | "failed")
-    }
-
     /// The state from the properties of the unit's two interfaces: read
     /// with GetAll, or as the PropertiesChanged signals carried them.
     pub fn from_properties(

@@ -22,6 +22,31 @@ use crate::gpu::NVIDIA_CONTROL_NODES;
 use crate::runtime::{LaunchFile, PreparedLaunch};
 use crate::store::JobRecord;
 
+/// What a unit looks like now.
+#[derive(Debug, Clone, Default)]
+pub struct UnitState {
+    pub active_state: String,
+    /// A job (start or stop) is still pending for the unit.
+    pub has_pending_job: bool,
+    pub invocation_id: Option<String>,
+    pub main_pid: u32,
+    pub result: String,
+    /// CLD_EXITED (1), CLD_KILLED (2), CLD_DUMPED (3), or 0 if never ran.
+    pub exec_main_code: i32,
+    pub exec_main_status: i32,
+    /// Microseconds since the epoch, 0 when unknown.
+    pub exec_main_start: u64,
+    pub exec_main_exit: u64,
+    pub inactive_enter: u64,
+}
+
+impl UnitState {
+    /// The unit is done: inactive or failed, with no job pending.
+    pub fn has_ended(&self) -> bool {
+        !self.has_pending_job && matches!(self.active_state.as_str(), "inactive" | "failed")
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum PropValue {
     Str(String),

@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 mod admission;
+mod lifecycle;
 mod live;
+mod planning;
 
 use admission::Admission;
 
@@ -22,10 +24,10 @@ use crate::config::Config;
 use crate::fsutil::{self, FileIdentity};
 use crate::gpu::{GpuInfo, GpuInventory, GpuState};
 use crate::requests::{ApiError, ApiRequest};
-use crate::scheduler::{self, Holder, Rules, Waiting};
+use crate::scheduler::{self, Rules};
 use crate::spec::{JobId, JOB_UNIT_PREFIX};
 use crate::spool::{self, SpoolEvent, SpoolRead};
-use crate::store::{AssignedGpu, JobRecord, JobState, Outcome, RejectRecord, SpoolSource, Store};
+use crate::store::{JobRecord, JobState, Outcome, RejectRecord, SpoolSource, Store};
 use crate::systemd::{Systemd, SystemdError, UnitSignal, UnitState};
 use crate::views::{GpuView, GpusView, JobView};
 use crate::{now_micros, unit, users, DBUS_NAME, DBUS_PATH};
@@ -263,9 +265,6 @@ const MAX_TRACKED_UNITS: usize = 256;
 
 /// How long an owner whose workdir's file system hung goes unchecked.
 const SLOW_WORKDIR_PAUSE: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Who stopped a job whose unit systemd stopped without ptraind asking.
-const STOPPED_BY_SYSTEMD: &str = "systemd (systemctl stop or a shutdown, not through ptrain)";
 
 /// How long to wait before retrying after a failed state write.
 const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -759,7 +758,7 @@ impl Daemon {
         let record = self.live.get_mut(&id).expect("looked up above");
         record.idle_timeout_hit = Some(limit.as_secs());
         if let Err(e) = self.store.save(record) {
-            error!(job = %id, error = %e, "cannot record the idle stop; trying again after another idle window");
+            error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the idle stop; trying again after another idle window");
             record.idle_timeout_hit = None;
             self.logs.rearm(unit, limit);
             return;
@@ -772,7 +771,7 @@ impl Daemon {
             humantime::format_duration(limit)
         );
         if let Err(e) = self.systemd.stop_unit(unit).await {
-            error!(job = %id, unit, error = %e, "cannot stop an idle job");
+            error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop an idle job");
         }
     }
 
@@ -896,7 +895,7 @@ impl Daemon {
         let unit = record.unit.clone();
         match self.systemd.ref_unit(&unit).await {
             Ok(()) => {
-                info!(job = %id, unit, "re-attached to its unit");
+                info!(job = %id, PTRAIN_JOB = %id, unit, "re-attached to its unit");
                 self.check_unit(&unit);
                 return;
             }
@@ -904,7 +903,7 @@ impl Daemon {
             Err(e) => {
                 // The bus is not answering for this unit: keep tracking
                 // it, its next signal will tell.
-                warn!(job = %id, unit, error = %e, "cannot re-attach to unit yet");
+                warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot re-attach to unit yet");
                 return;
             }
         }
@@ -925,7 +924,7 @@ impl Daemon {
         if self.recorder_pending(id).await {
             // systemd started the recorder when the unit ended; its end
             // (a signal) brings the record.
-            info!(job = %id, unit, "job ended; waiting for its exit recorder");
+            info!(job = %id, PTRAIN_JOB = %id, unit, "job ended; waiting for its exit recorder");
             self.awaiting_recorder.insert(id.clone());
             return;
         }
@@ -936,12 +935,12 @@ impl Daemon {
         if state == JobState::Launching {
             // Recorded as launching, but systemd never got the unit and
             // it left no exit: it never ran. Start it now, once.
-            warn!(job = %id, unit, "launch was interrupted; launching now");
+            warn!(job = %id, PTRAIN_JOB = %id, unit, "launch was interrupted; launching now");
             self.by_unit.remove(&unit);
             // Boxed: start_unit comes back here when systemd cannot be read.
             Box::pin(self.start_unit(id)).await;
         } else {
-            warn!(job = %id, unit, "unit is gone without a recorded exit; its result is unknown");
+            warn!(job = %id, PTRAIN_JOB = %id, unit, "unit is gone without a recorded exit; its result is unknown");
             self.finish(
                 id,
                 Outcome::LaunchFailed {
@@ -973,7 +972,7 @@ impl Daemon {
             self.store.remove_exit_record(id);
             return false;
         }
-        info!(job = %id, unit = %record.unit, "job ended while ptraind was not watching; using its recorded exit");
+        info!(job = %id, PTRAIN_JOB = %id, unit = %record.unit, "job ended while ptraind was not watching; using its recorded exit");
         let (result, code, status) = exit.as_unit_result();
         let unit_state = UnitState {
             active_state: "inactive".into(),
@@ -996,7 +995,7 @@ impl Daemon {
             Ok(pending) => pending,
             Err(e) => {
                 // Unknown: wait for its signal rather than guess an end.
-                warn!(job = %id, error = %e, "cannot ask systemd about the job's exit recorder");
+                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot ask systemd about the job's exit recorder");
                 true
             }
         }
@@ -1176,7 +1175,7 @@ impl Daemon {
         let (records, group) = match admission::admit(&file, &owner, &rules, &*self, now_micros()) {
             Admission::Accept { records, group } => (records, group),
             Admission::ClaimedBefore(id) => {
-                info!(job = %id, file = name, "spool file was already claimed; removing it");
+                info!(job = %id, PTRAIN_JOB = %id, file = name, "spool file was already claimed; removing it");
                 self.remove_spool_entry(name, &identity, false);
                 return;
             }
@@ -1455,115 +1454,45 @@ impl Daemon {
         self.announce_gpu_warnings();
         self.resolve_dependencies().await;
         self.refresh_queued(self.live.constrained());
-        if self.live.queue().is_empty() {
-            self.reserved.clear();
-            self.waits.clear();
-            return;
-        }
-        if self.tracked_units() >= MAX_TRACKED_UNITS {
-            // Nothing could start now; the next unit end plans again. Skips
-            // a pass over the whole queue per event while a flood drains.
-            return;
-        }
-        // Every job that asks for no GPUs starts; GPU jobs are read in
-        // planning order only as far as GPUs are left to place or keep.
-        let waiting = |id| {
-            let r = &self.live[id];
-            Waiting {
-                id,
-                owner: &r.owner,
-                priority: r.spec.priority,
-                request: &r.spec.gpus,
-            }
-        };
-        let not_blocked = |id: &&JobId| !self.blocked.contains(*id);
-        let cpu_jobs: Vec<Waiting> = self
-            .live
-            .queue()
-            .cpu_jobs()
-            .filter(not_blocked)
-            .map(waiting)
-            .collect();
-        let mut gpu_jobs = self
-            .live
-            .queue()
-            .gpu_jobs()
-            .filter(not_blocked)
-            .map(waiting)
-            .peekable();
-        let wants_gpus = gpu_jobs.peek().is_some();
-        // None: the inventory could not be read. GPU jobs then wait, and
-        // nothing is judged impossible from an empty list.
-        let snapshot = if wants_gpus {
-            self.gpu_snapshot()
-        } else {
-            Some(Vec::new())
-        };
-        let gpus = snapshot.as_deref().unwrap_or(&[]);
-        let fingerprint = snapshot
-            .as_deref()
-            .filter(|_| wants_gpus)
-            .map(scheduler::inventory_fingerprint);
-        let check_never = fingerprint.is_some() && fingerprint != self.never_checked_against;
-        let plan = {
-            let held: BTreeMap<u32, Holder> = self
-                .live
-                .held()
-                .iter()
-                .filter_map(|(gpu, id)| {
-                    let r = self.live.get(id)?;
-                    Some((
-                        *gpu,
-                        Holder {
-                            id,
-                            owner: &r.owner,
-                        },
-                    ))
-                })
-                .collect();
-            scheduler::plan_in_order(
-                &cpu_jobs,
-                gpu_jobs,
-                gpus,
-                &held,
-                Rules {
+        let mut look_at_gpus = || self.gpu_snapshot();
+        let decided = planning::decide(
+            &self.live,
+            planning::Situation {
+                blocked: &self.blocked,
+                look_at_gpus: &mut look_at_gpus,
+                rules: Rules {
                     foreign_memory_threshold_mib: self.config.gpus.foreign_memory_threshold_mib,
                     policy: &self.policy,
                 },
-                check_never,
-            )
+                checked_against: self.never_checked_against,
+                room: MAX_TRACKED_UNITS.saturating_sub(self.tracked_units()),
+            },
+        );
+        let Some(decision) = decided else {
+            return;
         };
-        drop(cpu_jobs);
-        if wants_gpus {
-            // An unreadable inventory checks everything again once it reads.
-            self.never_checked_against = fingerprint;
-        }
-        self.reserved = plan.reserved;
-        let before = std::mem::replace(&mut self.waits, plan.waits);
+        self.never_checked_against = decision.checked_against;
+        self.reserved = decision.reserved;
+        let before = std::mem::replace(&mut self.waits, decision.waits);
         self.refresh_queued(before.keys().chain(self.waits.keys()));
-        if snapshot.is_some() {
-            // Queued before the GPUs or the policy changed (a restart).
-            for (id, reason) in plan.never {
-                warn!(job = %id, PTRAIN_JOB = %id, "job can never start: {reason}");
-                self.finish(
-                    &id,
-                    Outcome::LaunchFailed {
-                        reason: format!("it can never start here: {reason}"),
-                    },
-                    None,
-                )
-                .await;
-            }
+        // Queued before the GPUs or the policy changed (a restart).
+        for (id, reason) in decision.never {
+            warn!(job = %id, PTRAIN_JOB = %id, "job can never start: {reason}");
+            self.finish(
+                &id,
+                Outcome::LaunchFailed {
+                    reason: format!("it can never start here: {reason}"),
+                },
+                None,
+            )
+            .await;
         }
-        // An unreadable inventory leaves every GPU job queued.
-        let mut gpu_jobs_wait = plan.waiting_for_gpus || snapshot.is_none();
-        let mut placements = plan.placements;
-        // Jobs with and without GPUs start in one planning order.
-        placements.sort_by_key(|p| self.live.queue().position(&p.id));
+        let mut gpu_jobs_wait = decision.gpu_jobs_wait;
         let pass = std::time::Instant::now();
-        for (n, placement) in placements.into_iter().enumerate() {
+        for (n, placement) in decision.launches.into_iter().enumerate() {
             if self.tracked_units() >= MAX_TRACKED_UNITS {
-                // The rest start as these end (each end plans again).
+                // A launch that ended at once left no room (each end plans
+                // again).
                 gpu_jobs_wait = true;
                 break;
             }
@@ -1574,7 +1503,8 @@ impl Daemon {
                 self.schedule_again = true;
                 break;
             }
-            self.launch(&placement.id, &placement.gpus, gpus).await;
+            self.launch(&placement.id, &placement.gpus, &decision.gpus)
+                .await;
         }
         if gpu_jobs_wait && self.inventory.backend() == "nvml" {
             self.gpu_replan_at = Some(tokio::time::Instant::now() + GPU_REPLAN_INTERVAL);
@@ -1609,7 +1539,7 @@ impl Daemon {
             }
             record.notifications.extend(intents.iter().cloned());
             if let Err(e) = self.store.save(record) {
-                error!(job = %job, error = %e, "cannot record the notification that the job lost a GPU");
+                error!(job = %job, PTRAIN_JOB = %job, error = %e, "cannot record the notification that the job lost a GPU");
             }
             self.notifier.deliver(intents);
         }
@@ -1644,18 +1574,9 @@ impl Daemon {
             return;
         };
         let before = record.clone();
-        record.gpus = gpus
-            .iter()
-            .filter_map(|i| snapshot.iter().find(|g| g.index == *i))
-            .map(|g| AssignedGpu {
-                index: g.index,
-                uuid: g.uuid.clone(),
-                device: g.device.clone(),
-            })
-            .collect();
-        record.state = JobState::Launching;
+        lifecycle::launching(record, gpus, snapshot);
         if let Err(e) = self.store.save(record) {
-            error!(job = %id, error = %e, "cannot record the launch; the job stays queued");
+            error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the launch; the job stays queued");
             *record = before;
             self.store_failed();
             return;
@@ -1763,7 +1684,7 @@ impl Daemon {
                     if record.stop_requested_by.is_some() && record.state == JobState::Launching {
                         // Stopped while its StartTransientUnit was out.
                         if let Err(e) = self.systemd.stop_unit(unit).await {
-                            warn!(job = %id, unit, error = %e, "cannot stop a job stopped while it launched");
+                            warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop a job stopped while it launched");
                         }
                     }
                 }
@@ -1771,16 +1692,16 @@ impl Daemon {
             Err(SystemdError::UnitExists(_)) if self.is_an_earlier_jobs_unit(id, unit).await => {
                 // An earlier job of this id (compacted since) whose unit is
                 // still loaded: its end must not be taken for this job's.
-                warn!(job = %id, unit, "a unit of an earlier job with this id is still loaded; releasing it and starting this job's own");
+                warn!(job = %id, PTRAIN_JOB = %id, unit, "a unit of an earlier job with this id is still loaded; releasing it and starting this job's own");
                 self.systemd.release_now(unit).await;
                 self.by_unit.remove(unit);
                 let _ = self.events.send(Event::Relaunch(id.clone()));
             }
             Err(SystemdError::UnitExists(_)) => {
                 // Started before a crash: adopt it, never start it twice.
-                info!(job = %id, unit, "unit already exists; adopting it");
+                info!(job = %id, PTRAIN_JOB = %id, unit, "unit already exists; adopting it");
                 if let Err(e) = self.systemd.ref_unit(unit).await {
-                    warn!(job = %id, unit, error = %e, "cannot reference existing unit");
+                    warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot reference existing unit");
                 }
                 self.check_unit(unit);
             }
@@ -1789,7 +1710,7 @@ impl Daemon {
                 // while (a unit it made answers UnitExists, and is adopted).
                 // The job stays launching, its GPUs held: never reported as
                 // failed for the bus's sake.
-                warn!(job = %id, unit, error = %e, "no answer to StartTransientUnit; asking again in {LAUNCH_RETRY:?}");
+                warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "no answer to StartTransientUnit; asking again in {LAUNCH_RETRY:?}");
                 self.by_unit.remove(unit);
                 let events = self.events.clone();
                 let id = id.clone();
@@ -1981,7 +1902,7 @@ impl Daemon {
             Err(e) => {
                 // Its next signal may never come (it ended while systemd
                 // was off the bus): look again in a while.
-                warn!(job = %id, unit, error = %e, "cannot read unit state; looking again in {LAUNCH_RETRY:?}");
+                warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot read unit state; looking again in {LAUNCH_RETRY:?}");
                 self.look_at(unit, Some(LAUNCH_RETRY));
             }
         }
@@ -2040,50 +1961,28 @@ impl Daemon {
             return;
         };
         if state.has_ended() {
-            let stop_requested_by = self.live[&id].stop_requested_by;
-            let mut outcome = crate::job::outcome_of_unit(
-                &state.result,
-                state.exec_main_code,
-                state.exec_main_status,
-                stop_requested_by,
+            let outcome = lifecycle::outcome_of_end(
+                state,
+                self.live[&id].stop_requested_by,
+                self.stopping_outside.contains(&id),
             );
-            // Not when systemd stopped it for a cause of the job's own: its
-            // time limit (RuntimeMaxSec) or an OOM kill (OOMPolicy=stop).
-            if self.stopping_outside.contains(&id)
-                && !matches!(state.result.as_str(), "timeout" | "oom-kill")
-            {
-                outcome = Outcome::Stopped {
-                    by_uid: 0,
-                    by_name: Some(STOPPED_BY_SYSTEMD.into()),
-                };
-            }
             self.finish(&id, outcome, Some(state)).await;
         } else if state.active_state == "active" || state.active_state == "deactivating" {
             let record = self.live.get_mut(&id).expect("tracked job exists");
-            if record.state == JobState::Launching {
-                record.state = JobState::Running;
-                record.started_at = Some(state.exec_main_start)
-                    .filter(|t| *t > 0)
-                    .or(Some(now_micros()));
-                record.main_pid = Some(state.main_pid).filter(|p| *p > 0);
-                record.invocation_id = state.invocation_id.clone();
-                let intents = crate::notifications::intents_for(
-                    &self.config.notifications,
-                    record,
-                    crate::notifications::NotifyEvent::Started,
-                    now_micros(),
-                );
-                record.notifications.extend(intents.iter().cloned());
-                if let Err(e) = self.store.save(record) {
-                    error!(job = %id, error = %e, "cannot record that the job runs");
-                }
-                self.notifier.deliver(intents);
-                info!(job = %id, PTRAIN_JOB = %id, unit, pid = state.main_pid, "job running");
-                let owner_uid = record.owner.uid;
-                self.emit_changed(&id);
-                self.verify_identity(&id, unit, state.main_pid, owner_uid)
-                    .await;
+            let notifications = &self.config.notifications;
+            let Some(intents) = lifecycle::running(record, state, notifications, now_micros())
+            else {
+                return;
+            };
+            if let Err(e) = self.store.save(record) {
+                error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record that the job runs");
             }
+            self.notifier.deliver(intents);
+            info!(job = %id, PTRAIN_JOB = %id, unit, pid = state.main_pid, "job running");
+            let owner_uid = record.owner.uid;
+            self.emit_changed(&id);
+            self.verify_identity(&id, unit, state.main_pid, owner_uid)
+                .await;
         }
     }
 
@@ -2115,7 +2014,7 @@ impl Daemon {
             self.post_view(id);
         }
         if let Err(e) = self.systemd.stop_unit(unit).await {
-            error!(job = %id, unit, error = %e, "cannot stop a job running with the wrong uid");
+            error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop a job running with the wrong uid");
         }
     }
 
@@ -2126,81 +2025,41 @@ impl Daemon {
             return;
         };
         self.stopping_outside.remove(id);
-        let mut outcome = crate::job::idle_outcome(current.idle_timeout_hit, outcome);
-        if let Outcome::Stopped {
-            by_uid,
-            by_name: by_name @ None,
-        } = &mut outcome
-        {
-            // "stopped by alice": the name as it is now, kept with the record.
-            *by_name = match *by_uid {
-                0 => Some("root".into()),
-                uid => self.owners.owner_of_uid(uid).map(|o| o.name),
-            };
-        }
-        let Some(current) = self.live.get(id) else {
-            return;
-        };
-        // Changed on a copy: memory says "ended" only once the disk does.
-        let mut record = current.clone();
-        record.state = JobState::Ended;
-        let now = now_micros();
-        if let Some(state) = state {
-            if record.started_at.is_none() && state.exec_main_start > 0 {
-                record.started_at = Some(state.exec_main_start);
-            }
-            if state.invocation_id.is_some() {
-                record.invocation_id = state.invocation_id.clone();
-            }
-            record.systemd_result = Some(state.result.clone());
-            let end = [state.exec_main_exit, state.inactive_enter]
-                .into_iter()
-                .find(|t| *t > 0);
-            record.ended_at = Some(end.unwrap_or(now));
-        } else {
-            record.ended_at = Some(now);
-        }
-        record.outcome = Some(outcome.clone());
-        match self.runtime.read_result(id, &record.owner) {
-            Ok(Some(result)) => record.result = Some(result),
-            Ok(None) => {}
+        let result = self.runtime.read_result(id, &current.owner);
+        if let Err(e) = &result {
             // Shown with the job's own entries (`journalctl PTRAIN_JOB=ID`).
+            warn!(job = %id, PTRAIN_JOB = %id, error = %e, "ignoring the job's result file");
+        }
+        let usage = match self.runtime.read_usage(id, &current.owner) {
+            Ok(usage) => usage,
             Err(e) => {
-                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "ignoring the job's result file");
-                record.result_error = Some(e);
+                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "ignoring the job's usage file");
+                None
             }
-        }
-        match self.runtime.read_usage(id, &record.owner) {
-            Ok(usage) => record.usage = usage,
-            Err(e) => {
-                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "ignoring the job's usage file")
-            }
-        }
-        // The end and its notification intents are one durable write. A job
-        // that ran and ended before ptraind saw it running is announced as
-        // started too.
-        let mut intents = Vec::new();
-        let ran_unseen = current.state == JobState::Launching && record.started_at.is_some();
-        if ran_unseen {
-            intents.extend(crate::notifications::intents_for(
-                &self.config.notifications,
-                &record,
-                crate::notifications::NotifyEvent::Started,
-                now,
-            ));
-        }
-        intents.extend(crate::notifications::intents_for(
-            &self.config.notifications,
-            &record,
-            crate::notifications::NotifyEvent::of_outcome(&outcome),
-            now,
-        ));
-        record.notifications.extend(intents.iter().cloned());
+        };
+        let stopper_name = lifecycle::stopper_to_name(&outcome)
+            .and_then(|uid| self.owners.owner_of_uid(uid))
+            .map(|o| o.name);
+        let facts = lifecycle::EndFacts {
+            outcome,
+            unit: state,
+            result,
+            usage,
+            stopper_name,
+            now: now_micros(),
+        };
+        // The end and its notification intents are one durable write, made
+        // on a copy: memory says "ended" only once the disk does.
+        let lifecycle::Ended {
+            record,
+            outcome,
+            intents,
+        } = lifecycle::ended(current, facts, &self.config.notifications);
         crash_point("before-record-exit");
         if let Err(e) = self.store.save(&record) {
             // Keep our reference on the unit so the result can still be
             // read once the disk accepts writes again.
-            error!(job = %id, error = %e, "cannot record the job's end; keeping the unit until it can be recorded");
+            error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the job's end; keeping the unit until it can be recorded");
             self.store_failed();
             return;
         }
@@ -2252,7 +2111,7 @@ impl Daemon {
         match self.store.load(id) {
             Ok(full) => Some(full),
             Err(e) => {
-                warn!(job = %id, error = %e, "cannot read a finished job's record");
+                warn!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot read a finished job's record");
                 None
             }
         }
@@ -2368,7 +2227,7 @@ impl Daemon {
             let record = match self.store.load(&id) {
                 Ok(record) => record,
                 Err(e) => {
-                    error!(job = %id, error = %e, "cannot read a finished job to compact it; keeping it");
+                    error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot read a finished job to compact it; keeping it");
                     break;
                 }
             };
@@ -2386,13 +2245,13 @@ impl Daemon {
                 break;
             }
             if let Err(e) = self.store.compact(&record) {
-                error!(job = %id, error = %e, "cannot compact a finished job; keeping it");
+                error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot compact a finished job; keeping it");
                 self.store_failed();
                 break;
             }
             for key in keys {
                 if let Err(e) = self.outbox.remove(key) {
-                    warn!(job = %id, key, error = %e, "cannot remove a compacted job's outbox entry");
+                    warn!(job = %id, PTRAIN_JOB = %id, key, error = %e, "cannot remove a compacted job's outbox entry");
                 }
             }
             // Its id is free again: the old unit must be gone before a new

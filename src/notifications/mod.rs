@@ -138,11 +138,11 @@ pub fn intents_for(
     for channel in channels_of(config, record) {
         let Some(cfg) = config.channels.get(channel) else {
             // Checked at ingestion; the admin removed it since.
-            tracing::warn!(job = %record.id, channel, "job names a channel that is no longer configured; not notifying it");
+            tracing::warn!(job = %record.id, PTRAIN_JOB = %record.id, channel, "job names a channel that is no longer configured; not notifying it");
             continue;
         };
         if !cfg.reaches(&config.owner_email, &record.owner.name) {
-            tracing::warn!(job = %record.id, channel, owner = %record.owner.name, "no email address for the job's owner; not notifying this channel");
+            tracing::warn!(job = %record.id, PTRAIN_JOB = %record.id, channel, owner = %record.owner.name, "no email address for the job's owner; not notifying this channel");
             continue;
         }
         let key = key_of(record.id.as_str(), event, channel);

@@ -1,0 +1,378 @@
+//! What one plan decides, over the live jobs and a look at the GPUs: which
+//! queued jobs start now and in what order, which can never start, and
+//! what the rest wait for. Pure: [`crate::scheduler`] places the jobs; this
+//! room reads them from [`Live`] (skipping those whose dependencies or
+//! sweep hold them back), keeps within the units systemd can track, and
+//! orders the launches. The look at the GPUs (NVML, or the declared list)
+//! is the state task's, handed in as a function that is called only when a
+//! GPU job may start and a unit may be started. The state task then
+//! launches in the order given for as long as its pass's time allows, and
+//! ends the never-startable.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::live::Live;
+use crate::gpu::GpuInfo;
+use crate::scheduler::{self, Holder, Placement, Rules, Wait, Waiting};
+use crate::spec::JobId;
+
+/// What a plan reads besides the live jobs.
+pub(super) struct Situation<'a> {
+    /// Queued jobs that may not start yet (dependencies, `max_parallel`).
+    pub blocked: &'a HashSet<JobId>,
+    /// Looks at the GPUs: `None` when the inventory could not be read
+    /// (GPU jobs then wait, and none is judged impossible). Called at most
+    /// once, and only when a queued job that is not blocked asks for GPUs.
+    pub look_at_gpus: &'a mut dyn FnMut() -> Option<Vec<GpuInfo>>,
+    pub rules: Rules<'a>,
+    /// The GPUs (as [`scheduler::inventory_fingerprint`]) every queued job
+    /// was last checked against for whether it can ever start.
+    pub checked_against: Option<u64>,
+    /// How many more units may be started (systemd's tracked references
+    /// left, [`super::MAX_TRACKED_UNITS`]).
+    pub room: usize,
+}
+
+/// A plan's decisions, for the state task to carry out.
+#[derive(Debug, Default)]
+pub(super) struct Decision {
+    /// Jobs to launch now, in planning order (priority, then arrival;
+    /// with and without GPUs alike), at most the room there was.
+    pub launches: Vec<Placement>,
+    /// Jobs that can never start on these GPUs under this policy, with
+    /// why: only judged on a readable inventory, and only when the GPUs
+    /// differ from those last checked against.
+    pub never: Vec<(JobId, String)>,
+    /// Free GPUs kept for waiting jobs, for `ptrain gpus`.
+    pub reserved: BTreeMap<u32, JobId>,
+    /// What each GPU job read and not placed waits for, for `ptrain status`.
+    pub waits: BTreeMap<JobId, Wait>,
+    /// Some GPU job stays queued for GPUs (or for room, or for an
+    /// unreadable inventory): an NVML inventory is looked at again later.
+    pub gpu_jobs_wait: bool,
+    /// What [`Situation::checked_against`] becomes.
+    pub checked_against: Option<u64>,
+    /// The GPUs as looked at, for naming the launches' GPUs (empty when
+    /// not looked at or unreadable).
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// Decides the plan; see the module documentation. `None` when no unit
+/// may be started now: nothing is decided, and the last plan's
+/// reservations and waits stand (the next unit's end plans again; a
+/// flood that drains costs no pass over the queue per event).
+pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> {
+    let Situation {
+        blocked,
+        look_at_gpus,
+        rules,
+        checked_against,
+        room,
+    } = situation;
+    if live.queue().is_empty() {
+        return Some(Decision {
+            checked_against,
+            ..Decision::default()
+        });
+    }
+    if room == 0 {
+        return None;
+    }
+    // Every job that asks for no GPUs starts; GPU jobs are read in
+    // planning order only as far as GPUs are left to place or keep.
+    let waiting = |id| {
+        let r = &live[id];
+        Waiting {
+            id,
+            owner: &r.owner,
+            priority: r.spec.priority,
+            request: &r.spec.gpus,
+        }
+    };
+    let not_blocked = |id: &&JobId| !blocked.contains(*id);
+    let cpu_jobs: Vec<Waiting> = live
+        .queue()
+        .cpu_jobs()
+        .filter(not_blocked)
+        .map(waiting)
+        .collect();
+    let mut gpu_jobs = live
+        .queue()
+        .gpu_jobs()
+        .filter(not_blocked)
+        .map(waiting)
+        .peekable();
+    let wants_gpus = gpu_jobs.peek().is_some();
+    let snapshot = if wants_gpus {
+        look_at_gpus()
+    } else {
+        Some(Vec::new())
+    };
+    let fingerprint = snapshot
+        .as_deref()
+        .filter(|_| wants_gpus)
+        .map(scheduler::inventory_fingerprint);
+    let check_never = fingerprint.is_some() && fingerprint != checked_against;
+    let held: BTreeMap<u32, Holder> = live
+        .held()
+        .iter()
+        .filter_map(|(gpu, id)| {
+            let r = live.get(id)?;
+            Some((
+                *gpu,
+                Holder {
+                    id,
+                    owner: &r.owner,
+                },
+            ))
+        })
+        .collect();
+    let plan = scheduler::plan_in_order(
+        &cpu_jobs,
+        gpu_jobs,
+        snapshot.as_deref().unwrap_or(&[]),
+        &held,
+        rules,
+        check_never,
+    );
+    let mut launches = plan.placements;
+    // Jobs with and without GPUs start in one planning order.
+    launches.sort_by_key(|p| live.queue().position(&p.id));
+    // The rest start as these end (each end plans again).
+    let over_room = launches.len() > room;
+    launches.truncate(room);
+    drop(cpu_jobs);
+    Some(Decision {
+        launches,
+        // An unreadable inventory proves nothing impossible.
+        never: if snapshot.is_some() {
+            plan.never
+        } else {
+            Vec::new()
+        },
+        reserved: plan.reserved,
+        waits: plan.waits,
+        gpu_jobs_wait: plan.waiting_for_gpus || snapshot.is_none() || over_room,
+        // An unreadable inventory checks everything again once it reads.
+        checked_against: if wants_gpus {
+            fingerprint
+        } else {
+            checked_against
+        },
+        gpus: snapshot.unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::test_kit::gpu;
+    use crate::policy::Policy;
+    use crate::store::test_kit;
+
+    /// Live jobs from `(id, descriptor extra, uid)`, queued in that order.
+    fn live(jobs: &[(&str, &str, u32)]) -> Live {
+        let mut live = Live::default();
+        for (n, (id, extra, uid)) in jobs.iter().enumerate() {
+            let json = format!(r#"{{"version": 1, "command": ["true"]{extra}}}"#);
+            let owner = test_kit::owner(*uid, &format!("u{uid}"));
+            live.queue_job(test_kit::record(&json, id, owner, n as u64 + 1));
+        }
+        live
+    }
+
+    /// `a` and `c` ask for no GPUs, `b` between them for one.
+    fn a_gpu_job_between_two_cpu_jobs() -> Live {
+        live(&[
+            ("a", "", 1000),
+            ("b", r#", "gpus": 1"#, 1000),
+            ("c", "", 1000),
+        ])
+    }
+
+    fn id(s: &str) -> JobId {
+        JobId::parse(s).unwrap()
+    }
+
+    /// The plan over `live` with `blocked` held back, on `gpus` (`None`:
+    /// unreadable), after `checked_against`; and how often it looked.
+    fn plan(
+        live: &Live,
+        blocked: &[&str],
+        gpus: Option<&[GpuInfo]>,
+        checked_against: Option<u64>,
+        room: usize,
+    ) -> (Option<Decision>, usize) {
+        let blocked: HashSet<JobId> = blocked.iter().map(|s| id(s)).collect();
+        let policy = Policy::none();
+        let mut looks = 0;
+        let mut look = || {
+            looks += 1;
+            gpus.map(<[GpuInfo]>::to_vec)
+        };
+        let decision = decide(
+            live,
+            Situation {
+                blocked: &blocked,
+                look_at_gpus: &mut look,
+                rules: Rules {
+                    foreign_memory_threshold_mib: 512,
+                    policy: &policy,
+                },
+                checked_against,
+                room,
+            },
+        );
+        (decision, looks)
+    }
+
+    fn decide_on(live: &Live, blocked: &[&str], gpus: Option<&[GpuInfo]>, room: usize) -> Decision {
+        plan(live, blocked, gpus, None, room)
+            .0
+            .expect("room to start")
+    }
+
+    fn started(d: &Decision) -> Vec<(String, Vec<u32>)> {
+        d.launches
+            .iter()
+            .map(|p| (p.id.to_string(), p.gpus.clone()))
+            .collect()
+    }
+
+    /// Moves `job` to launching on `gpus`, as a launch does.
+    fn launch(live: &mut Live, job: &str, gpus: &[u32]) {
+        let job = id(job);
+        let snapshot: Vec<GpuInfo> = gpus.iter().map(|&i| gpu(i)).collect();
+        super::super::lifecycle::launching(live.get_mut(&job).unwrap(), gpus, &snapshot);
+        live.launched(&job);
+    }
+
+    #[test]
+    fn jobs_with_and_without_gpus_start_in_one_order_of_priority_then_arrival() {
+        let live = live(&[
+            ("a", r#", "gpus": 1"#, 1000),
+            ("b", "", 1000),
+            ("c", r#", "gpus": 1, "priority": 5"#, 1001),
+            ("d", "", 1001),
+        ]);
+        let gpus = [gpu(0), gpu(1)];
+        let d = decide_on(&live, &[], Some(&gpus), 100);
+        let order: Vec<String> = started(&d).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(order, ["c", "a", "b", "d"]);
+        assert!(!d.gpu_jobs_wait && d.never.is_empty());
+        live.check().unwrap();
+    }
+
+    #[test]
+    fn a_blocked_job_is_passed_by_those_behind_it() {
+        let live = a_gpu_job_between_two_cpu_jobs();
+        let gpus = [gpu(0)];
+        let (d, looks) = plan(&live, &["a", "b"], Some(&gpus), None, 100);
+        assert_eq!(started(&d.unwrap()), [("c".to_string(), vec![])]);
+        // Only blocked GPU jobs: no look at the GPUs is needed.
+        assert_eq!(looks, 0);
+        assert_eq!(plan(&live, &[], Some(&gpus), None, 100).1, 1);
+        let d = decide_on(&live, &["b"], None, 100);
+        assert_eq!(
+            started(&d).len(),
+            2,
+            "an unread inventory holds back no CPU job"
+        );
+        assert!(!d.gpu_jobs_wait);
+    }
+
+    #[test]
+    fn an_unreadable_inventory_holds_gpu_jobs_and_proves_nothing_impossible() {
+        let live = live(&[("big", r#", "gpus": 8"#, 1000), ("cpu", "", 1000)]);
+        let d = decide_on(&live, &[], None, 100);
+        assert_eq!(started(&d), [("cpu".to_string(), vec![])]);
+        assert!(d.gpu_jobs_wait, "looked at again later");
+        assert!(d.never.is_empty());
+        assert_eq!(d.checked_against, None, "checked again once it reads");
+        // Read, the same job is judged: 8 GPUs on a 2-GPU machine.
+        let gpus = [gpu(0), gpu(1)];
+        let d = decide_on(&live, &[], Some(&gpus), 100);
+        assert_eq!(d.never.len(), 1, "{:?}", d.never);
+        assert_eq!(d.never[0].0, id("big"));
+        assert!(d.never[0].1.contains('8'), "{}", d.never[0].1);
+        assert!(d.checked_against.is_some());
+    }
+
+    #[test]
+    fn the_never_check_reads_the_whole_queue_once_per_set_of_gpus() {
+        // `a` takes both GPUs: past it, only a never check reads the queue.
+        let live = live(&[
+            ("a", r#", "gpus": 2"#, 1000),
+            ("big", r#", "gpus": 8"#, 1000),
+        ]);
+        let gpus = [gpu(0), gpu(1)];
+        let first = decide_on(&live, &[], Some(&gpus), 100);
+        assert_eq!(first.never.len(), 1);
+        let again = |checked_against, gpus: &[GpuInfo]| {
+            plan(&live, &[], Some(gpus), checked_against, 100)
+                .0
+                .unwrap()
+        };
+        assert_eq!(started(&first), [("a".to_string(), vec![0, 1])]);
+        // The same GPUs: the job was judged (and ended) already.
+        assert!(again(first.checked_against, &gpus).never.is_empty());
+        // Other GPUs: everything is checked again.
+        let more = [gpu(0), gpu(1), gpu(2)];
+        assert_eq!(again(first.checked_against, &more).never.len(), 1);
+    }
+
+    #[test]
+    fn launches_stop_at_the_units_systemd_can_still_track() {
+        let live = a_gpu_job_between_two_cpu_jobs();
+        let gpus = [gpu(0)];
+        let d = decide_on(&live, &[], Some(&gpus), 2);
+        let order: Vec<String> = started(&d).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(order, ["a", "b"]);
+        assert!(d.gpu_jobs_wait, "the rest wait for room");
+        // No room: nothing decided, not even a look at the GPUs.
+        let (d, looks) = plan(&live, &[], Some(&gpus), None, 0);
+        assert!(d.is_none());
+        assert_eq!(looks, 0);
+        // An empty queue: nothing kept, nothing waits.
+        let (d, looks) = plan(&Live::default(), &[], Some(&gpus), Some(7), 100);
+        let d = d.unwrap();
+        assert!(d.launches.is_empty() && d.reserved.is_empty() && d.waits.is_empty());
+        assert_eq!((d.checked_against, looks), (Some(7), 0));
+    }
+
+    #[test]
+    fn gpus_held_by_running_jobs_are_not_given_again() {
+        let mut live = live(&[
+            ("run", r#", "gpus": 1"#, 1000),
+            ("next", r#", "gpus": 1"#, 1001),
+        ]);
+        launch(&mut live, "run", &[0]);
+        live.check().unwrap();
+        let gpus = [gpu(0), gpu(1)];
+        let d = decide_on(&live, &[], Some(&gpus), 100);
+        assert_eq!(started(&d), [("next".to_string(), vec![1])]);
+        // With both held, the next GPU job waits, and says for what.
+        let mut live = live_with_two_running();
+        let later = test_kit::record(
+            r#"{"version": 1, "command": ["true"], "gpus": 1}"#,
+            "later",
+            test_kit::owner(1002, "u1002"),
+            9,
+        );
+        live.queue_job(later);
+        let d = decide_on(&live, &[], Some(&gpus), 100);
+        assert!(d.launches.is_empty() && d.gpu_jobs_wait);
+        // With every GPU taken, the queue is not read further.
+        assert!(d.waits.is_empty() && d.reserved.is_empty(), "{:?}", d.waits);
+    }
+
+    fn live_with_two_running() -> Live {
+        let mut l = live(&[
+            ("r0", r#", "gpus": 1"#, 1000),
+            ("r1", r#", "gpus": 1"#, 1001),
+        ]);
+        launch(&mut l, "r0", &[0]);
+        launch(&mut l, "r1", &[1]);
+        l
+    }
+}
