@@ -77,6 +77,9 @@ impl SystemdError {
     }
 }
 
+/// systemd's answer to a Subscribe from a name it counts as subscribed.
+const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
+
 fn call_err<'a>(
     call: &'static str,
     unit: &'a str,
@@ -215,7 +218,23 @@ impl UnitState {
 pub struct Systemd {
     conn: Connection,
     manager: ManagerProxy<'static>,
+    /// Releases sent in the background at once ([`MAX_BACKGROUND_RELEASES`]).
+    releases: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Background releases not yet done: their references still count
+    /// against what systemd tracks ([`Systemd::releases_pending`]).
+    releases_pending: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// How long one release call may take before it is given up (the unit
+/// is collected anyway once ptraind's connection closes).
+const RELEASE_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Background releases (two calls each) out at once. dbus-daemon refuses
+/// a connection's calls past 128 awaiting replies
+/// (`max_replies_per_connection`), and the calls it refuses are anyone's:
+/// a burst's ends released hundreds of kept units at once, and ptraind's
+/// own Subscribe and StartTransientUnit calls were refused with them.
+const MAX_BACKGROUND_RELEASES: usize = 16;
 
 /// Tells systemd's messages from everyone else's: the unique name that owns
 /// org.freedesktop.systemd1, asked once and then kept current from the bus
@@ -231,7 +250,8 @@ struct SystemdSender {
 
 impl SystemdSender {
     /// `changed` runs when systemd's bus name gets a new owner (systemd
-    /// re-executed or reconnected): signals may have been missed then.
+    /// re-executed or reconnected), not when it loses one: signals may
+    /// have been missed meanwhile.
     async fn new(
         conn: &Connection,
         changed: impl Fn() + Send + Sync + 'static,
@@ -274,10 +294,15 @@ impl SystemdSender {
                     continue;
                 }
                 tracing::info!(owner = new, "systemd's bus name has a new owner");
+                let back = !new.is_empty();
                 if let Ok(mut cached) = cache.lock() {
                     *cached = Some(new).filter(|n| !n.is_empty());
                 }
-                changed();
+                // Only once it is back: while the name has no owner there
+                // is nobody to subscribe to or look at.
+                if back {
+                    changed();
+                }
             }
         });
         Ok(this)
@@ -333,15 +358,30 @@ impl Systemd {
             .subscribe()
             .await
             .map_err(call_err("Subscribe", "-"))?;
-        Ok(Systemd { conn, manager })
+        Ok(Systemd {
+            conn,
+            manager,
+            releases: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_BACKGROUND_RELEASES)),
+            releases_pending: Default::default(),
+        })
     }
 
     /// Asks systemd again for unit signals (after it reconnected).
+    /// Subscribes again after systemd came back on the bus. "Already
+    /// subscribed" is a success: systemd answers it only to a name it
+    /// counts as a subscriber on its current connection, and it keeps its
+    /// subscribers across `daemon-reexec` and `daemon-reload`. Taken for a
+    /// failure, it made ptraind retry for 30 s and exit (`make bench`: 14
+    /// restarts in a 10,000-job burst, where systemd was cut off the bus
+    /// and each loss and return of its name started a resubscription, the
+    /// second of which was told "already subscribed").
     pub async fn resubscribe(&self) -> Result<(), SystemdError> {
-        self.manager
-            .subscribe()
-            .await
-            .map_err(call_err("Subscribe", "-"))
+        match self.manager.subscribe().await {
+            Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == ALREADY_SUBSCRIBED => {
+                Ok(())
+            }
+            other => other.map_err(call_err("Subscribe", "-")),
+        }
     }
 
     pub fn connection(&self) -> &Connection {
@@ -499,8 +539,32 @@ impl Systemd {
     /// already, and the next job (on the GPU this one freed) need not wait
     /// behind two more calls into a busy systemd.
     pub fn release_in_background(&self, unit: String) {
+        use std::sync::atomic::Ordering;
         let manager = self.manager.clone();
-        tokio::spawn(async move { release_unit(&manager, &unit).await });
+        let releases = self.releases.clone();
+        let pending = self.releases_pending.clone();
+        pending.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            // Closed never: the semaphore lives as long as any clone.
+            let _permit = releases.acquire_owned().await;
+            let release = release_unit(&manager, &unit);
+            if tokio::time::timeout(RELEASE_CALL_TIMEOUT, release)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    unit,
+                    "systemd did not answer the release of a unit in {RELEASE_CALL_TIMEOUT:?}"
+                );
+            }
+            pending.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Units released in the background whose release is not done yet.
+    pub fn releases_pending(&self) -> usize {
+        self.releases_pending
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Lets systemd collect a unit now, awaiting both calls.

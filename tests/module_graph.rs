@@ -545,27 +545,64 @@ fn the_reader_sees_use_trees_and_inline_paths() {
     );
 }
 
-/// The `job = %…` fields of tracing calls in `text` whose call has no
-/// `PTRAIN_JOB`, as line numbers.
+/// The tracing macros whose calls are log entries.
+const LOG_MACROS: &[&str] = &["error", "warn", "info", "debug", "trace", "event"];
+
+/// The text of the call whose argument list opens at `open` (the `(`),
+/// up to its balanced `)`; string and char literals are skipped.
+fn call_text(text: &str, open: usize) -> &str {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'\'' if bytes.get(i + 2) == Some(&b'\'') => i += 2,
+            b'(' => depth += 1,
+            b')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[open..=i];
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    &text[open..]
+}
+
+/// Whether a call's text names the field `job` (`job = %x`, `job = ?x`,
+/// `job=%x`), not a longer name ending in it.
+fn names_job_field(call: &str) -> bool {
+    call.match_indices("job").any(|(at, _)| {
+        let before = call[..at].chars().next_back();
+        let after = call[at + 3..].trim_start();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+            && after.starts_with('=')
+            && !after.starts_with("==")
+            && after[1..].trim_start().starts_with(['%', '?'])
+    })
+}
+
+/// The tracing calls in `text` that name a job without `PTRAIN_JOB`, as the
+/// line numbers where they start.
 fn unlabelled(text: &str) -> Vec<usize> {
     let mut found = Vec::new();
-    for (at, _) in text.match_indices("job = %") {
-        // Part of a longer field name (`parent_job = %`) is not this field.
-        if text[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+    for (at, _) in text.match_indices("!(") {
+        let name_start = text[..at]
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        if !LOG_MACROS.contains(&&text[name_start..at]) {
             continue;
         }
-        let Some(start) = text[..at].rfind("!(") else {
-            continue;
-        };
-        let macro_name = text[..start]
-            .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .next()
-            .unwrap_or("");
-        if !["error", "warn", "info", "debug", "trace"].contains(&macro_name) {
-            continue;
-        }
-        let end = text[at..].find(");").map_or(text.len(), |e| at + e);
-        if !text[start..end].contains("PTRAIN_JOB") {
+        let call = call_text(text, at + 1);
+        if names_job_field(call) && !call.contains("PTRAIN_JOB") {
             found.push(text[..at].lines().count());
         }
     }
@@ -595,7 +632,17 @@ fn every_log_entry_about_a_job_carries_ptrain_job() {
 fn the_check_sees_an_entry_without_the_field() {
     let bad = "fn f() {\n    warn!(job = %id, error = %e, \"cannot\");\n}\n";
     assert_eq!(unlabelled(bad), [2]);
-    let good = "warn!(\n    job = %id,\n    PTRAIN_JOB = %id,\n    \"ok\"\n);";
+    let good = "warn!(\n    job = %id,\n    PTRAIN_JOB = %id,\n    \"ok (really)\"\n);";
     assert!(unlabelled(good).is_empty());
     assert!(unlabelled("let s = format!(\"{}\", job = %x);").is_empty());
+    // A match arm without `;`, before a call that has the field: still seen.
+    let arm = "match r {\n    Err(e) => tracing::warn!(job = ?id, \"x\"),\n    Ok(_) => info!(job = %id, PTRAIN_JOB = %id, \"y\");\n}";
+    assert_eq!(unlabelled(arm), [2]);
+    // A nested macro before the field, and no spaces around `=`.
+    assert_eq!(
+        unlabelled("error!(why = %format!(\"(\"), job=%id, \"z\");"),
+        [1]
+    );
+    // Other fields ending in `job`, and comparisons, are not the field.
+    assert!(unlabelled("info!(parent_job = %p, \"a\"); debug!(\"{}\", job == x);").is_empty());
 }

@@ -706,6 +706,28 @@ impl Bench<'_> {
                 .target(Target::MinRatio(0.8)),
             );
         }
+        // What a burst must never cost: systemd cut off the bus (it then
+        // forgets every reference) or ptraind restarted (its callers get
+        // errors meanwhile). Counts, not timings: enforced.
+        for (what, label, count) in [
+            (
+                "restarts",
+                "  ptraind restarts during the burst",
+                run.restarts,
+            ),
+            (
+                "systemd_cut_off",
+                "  systemd cut off the bus during the burst",
+                run.systemd_cut_off,
+            ),
+        ] {
+            self.push(
+                Figure::new(&format!("{key}.{what}"), label, "", Some(f64::from(count))).enforce(
+                    Target::MaxValue(0.0),
+                    "a burst must cost no restart and no lost bus",
+                ),
+            );
+        }
         self.push(Figure::new(
             &format!("cpu.ptraind.tp{n}"),
             "  ptraind CPU per job",
@@ -841,6 +863,7 @@ impl Bench<'_> {
         }
         let procs = Procs::find(&d.harness);
         let restarts0 = restarts(d);
+        let journal_at = journal_cursor(d);
         let cpu0 = procs.cpu();
         let mark = tracker.mark();
         let t0 = Instant::now();
@@ -862,6 +885,7 @@ impl Bench<'_> {
             error,
             failed,
             restarts: restarts(d).saturating_sub(restarts0),
+            systemd_cut_off: systemd_cut_off(d, &journal_at),
             cpu,
         }
     }
@@ -1582,6 +1606,8 @@ struct Burst {
     /// Times systemd restarted ptraind during the run (its CPU is then
     /// counted only since the last start).
     restarts: u32,
+    /// Times systemd lost its connection to the bus during the run.
+    systemd_cut_off: u32,
     cpu: CpuDelta,
 }
 
@@ -1599,6 +1625,12 @@ impl Burst {
         if self.failed > 0 {
             notes.push(format!("{} jobs did not succeed", self.failed));
         }
+        if self.systemd_cut_off > 0 {
+            notes.push(format!(
+                "systemd was cut off the bus {} times",
+                self.systemd_cut_off
+            ));
+        }
         if self.restarts > 0 {
             notes.push(format!("ptraind was restarted {} times", self.restarts));
         }
@@ -1612,6 +1644,7 @@ impl Burst {
             "error": self.error,
             "failed": self.failed,
             "restarts": self.restarts,
+            "systemd_cut_off": self.systemd_cut_off,
             "cpu_ms_per_job": self.cpu.per_job_all(n),
         })
     }
@@ -1674,7 +1707,7 @@ struct Bystander {
 type BystanderSeen = (Vec<f64>, Vec<f64>, Vec<(String, u64)>);
 
 const BYSTANDER_GAP: Duration = Duration::from_millis(25);
-const BYSTANDER_FILES: usize = 40;
+const BYSTANDER_FILES: usize = 200;
 
 impl Bystander {
     fn start(bench: &Bench<'_>, d: &TestDaemon, tracker: &Tracker, tag: &str) -> Bystander {
@@ -2360,6 +2393,32 @@ fn harness_processes(h: &Harness) -> Vec<(u32, u32, String)> {
 }
 
 /// How often systemd restarted ptraind (NRestarts).
+/// Where PID 1's journal is now, to count from ([`systemd_cut_off`]).
+fn journal_cursor(d: &TestDaemon) -> String {
+    d.harness.command("journalctl").arg("--sync").status().ok();
+    let out = d.harness.journal(&["_PID=1", "-n", "1", "--show-cursor"]);
+    out.lines()
+        .find_map(|l| l.strip_prefix("-- cursor: "))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// How often systemd lost its bus connection since `cursor` (dbus-daemon
+/// cuts off a connection past its match rule limit).
+fn systemd_cut_off(d: &TestDaemon, cursor: &str) -> u32 {
+    d.harness.command("journalctl").arg("--sync").status().ok();
+    let after = format!("--after-cursor={cursor}");
+    let mut args = vec!["-b", "_PID=1"];
+    if !cursor.is_empty() {
+        args.push(&after);
+    }
+    d.harness
+        .journal(&args)
+        .lines()
+        .filter(|l| l.contains("Got disconnect on API bus"))
+        .count() as u32
+}
+
 fn restarts(d: &TestDaemon) -> u32 {
     d.unit_property("ptraind.service", "NRestarts")
         .parse()

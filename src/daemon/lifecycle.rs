@@ -108,7 +108,7 @@ pub(super) struct EndFacts<'a> {
     /// The job's result file: `Ok(None)` when it wrote none, `Err` with why
     /// it was ignored.
     pub result: Result<Option<serde_json::Value>, String>,
-    /// What the run used, from its usage file (`None`: none or unreadable).
+    /// What the run used, from its usage file (`None`: none, or unreadable).
     pub usage: Option<Usage>,
     /// The name of the uid [`stopper_to_name`] asked for, as the user
     /// database has it now.
@@ -175,9 +175,7 @@ pub(super) fn ended(
         Ok(None) => {}
         Err(e) => record.result_error = Some(e),
     }
-    if facts.usage.is_some() {
-        record.usage = facts.usage;
-    }
+    record.usage = facts.usage;
     // Before the intents: their notices are made from the ended record.
     record.outcome = Some(outcome.clone());
     let mut intents = Vec::new();

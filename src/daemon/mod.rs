@@ -156,6 +156,10 @@ pub struct Daemon {
     /// Launching jobs whose StartTransientUnit waits for a free call.
     launch_backlog: std::collections::VecDeque<JobId>,
     launches_in_flight: usize,
+    /// Launched jobs whose unit systemd has not yet shown running or
+    /// ended: each has a start job pending in systemd, or soon will
+    /// (waiting for a call) ([`MAX_STARTS_PENDING`]).
+    starting: HashSet<JobId>,
     /// Where the launch tasks send systemd's answers.
     events: mpsc::UnboundedSender<Event>,
     /// When a state write last failed; cleared by a retry that succeeds.
@@ -262,6 +266,14 @@ const MAX_SPOOL_BATCH: usize = 64;
 /// systemd drops off the bus and forgets every reference. Jobs beyond this
 /// wait in ptraind's queue, which costs nothing.
 const MAX_TRACKED_UNITS: usize = 256;
+/// Most launches whose unit has not yet been seen running, counting those
+/// waiting for a call. StartTransientUnit returns once systemd has queued
+/// the start job, and systemd tracks the caller of each pending job with a
+/// match rule of its own, besides the unit's reference: with every tracked
+/// unit also starting, a burst took systemd past dbus-daemon's 512 match
+/// rules, and it was cut off the bus nine times in a 3,000-job burst
+/// (`make bench`). 256 references and 64 pending starts stay under it.
+const MAX_STARTS_PENDING: usize = 64;
 
 /// How long an owner whose workdir's file system hung goes unchecked.
 const SLOW_WORKDIR_PAUSE: std::time::Duration = std::time::Duration::from_secs(600);
@@ -385,6 +397,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         awaiting_recorder: HashSet::new(),
         launch_backlog: Default::default(),
         launches_in_flight: 0,
+        starting: HashSet::new(),
         events: tx.clone(),
         store_failed_at: None,
         policy: crate::policy::Policy::none(),
@@ -1465,7 +1478,7 @@ impl Daemon {
                     policy: &self.policy,
                 },
                 checked_against: self.never_checked_against,
-                room: MAX_TRACKED_UNITS.saturating_sub(self.tracked_units()),
+                room: self.launch_room(),
             },
         );
         let Some(decision) = decided else {
@@ -1490,7 +1503,7 @@ impl Daemon {
         let mut gpu_jobs_wait = decision.gpu_jobs_wait;
         let pass = std::time::Instant::now();
         for (n, placement) in decision.launches.into_iter().enumerate() {
-            if self.tracked_units() >= MAX_TRACKED_UNITS {
+            if self.launch_room() == 0 {
                 // A launch that ended at once left no room (each end plans
                 // again).
                 gpu_jobs_wait = true;
@@ -1584,6 +1597,7 @@ impl Daemon {
         self.metrics
             .job_launched(now_micros().saturating_sub(record.submitted_at));
         self.live.launched(id);
+        self.starting.insert(id.clone());
         self.held_changed();
         self.emit_changed(id);
         self.start_unit(id).await;
@@ -1594,9 +1608,17 @@ impl Daemon {
     }
 
     /// Units systemd tracks a reference of ptraind's for, or soon will:
-    /// those started and those whose launch waits for a call.
+    /// those started, those whose launch waits for a call, and those whose
+    /// release is still on its way.
     fn tracked_units(&self) -> usize {
-        self.by_unit.len() + self.launch_backlog.len()
+        self.by_unit.len() + self.launch_backlog.len() + self.systemd.releases_pending()
+    }
+
+    /// How many more jobs may be launched now: within the references
+    /// systemd can track and the starts it may have pending.
+    fn launch_room(&self) -> usize {
+        let references = MAX_TRACKED_UNITS.saturating_sub(self.tracked_units());
+        references.min(MAX_STARTS_PENDING.saturating_sub(self.starting.len()))
     }
 
     /// Lets systemd collect the kept units whose time is up, or whose
@@ -1938,6 +1960,10 @@ impl Daemon {
                 warn!(error = %e, "cannot subscribe to systemd's signals again; trying again in {wait:?}");
                 tokio::time::sleep(*wait).await;
             }
+            info!(
+                units = units.len(),
+                "subscribed to systemd's signals again; looking at the units of running jobs"
+            );
             let mut looks = futures_util::stream::iter(units)
                 .map(|unit| {
                     let systemd = systemd.clone();
@@ -1968,6 +1994,7 @@ impl Daemon {
             );
             self.finish(&id, outcome, Some(state)).await;
         } else if state.active_state == "active" || state.active_state == "deactivating" {
+            self.starting.remove(&id);
             let record = self.live.get_mut(&id).expect("tracked job exists");
             let notifications = &self.config.notifications;
             let Some(intents) = lifecycle::running(record, state, notifications, now_micros())
@@ -2025,6 +2052,7 @@ impl Daemon {
             return;
         };
         self.stopping_outside.remove(id);
+        self.starting.remove(id);
         let result = self.runtime.read_result(id, &current.owner);
         if let Err(e) = &result {
             // Shown with the job's own entries (`journalctl PTRAIN_JOB=ID`).

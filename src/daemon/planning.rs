@@ -28,8 +28,9 @@ pub(super) struct Situation<'a> {
     /// The GPUs (as [`scheduler::inventory_fingerprint`]) every queued job
     /// was last checked against for whether it can ever start.
     pub checked_against: Option<u64>,
-    /// How many more units may be started (systemd's tracked references
-    /// left, [`super::MAX_TRACKED_UNITS`]).
+    /// How many more jobs may be launched: the fewer of the references
+    /// systemd can still track for ptraind ([`super::MAX_TRACKED_UNITS`])
+    /// and the starts it may still have pending ([`super::MAX_STARTS_PENDING`]).
     pub room: usize,
 }
 

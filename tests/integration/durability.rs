@@ -445,6 +445,41 @@ fn a_lost_bus_connection_restarts_ptraind_which_re_attaches() {
 }
 
 #[test]
+fn systemd_coming_back_on_the_bus_keeps_ptraind_subscribed_without_a_restart() {
+    let d = TestDaemon::start("systemd-back");
+    d.drop_job(
+        ALICE,
+        "long.json",
+        r#"{"version": 1, "command": ["sleep", "600"]}"#,
+    );
+    d.wait_running("long");
+    let pid = main_pid(&d);
+    // daemon-reexec: systemd's bus name gets a new owner, and ptraind
+    // subscribes again. systemd kept its subscribers, so the answer is
+    // "already subscribed": a success, not 30 s of retries and an exit.
+    let (ok, out) = d.harness.systemctl(&["daemon-reexec"]);
+    assert!(ok, "{out}");
+    wait_for("ptraind to subscribe again", WAIT, || {
+        d.daemon_log()
+            .contains("subscribed to systemd's signals again")
+            .then_some(())
+    });
+    let log = d.daemon_log();
+    assert_eq!(main_pid(&d), pid, "ptraind was restarted:\n{log}");
+    // And it still hears every end.
+    let out = d.ptrain(ALICE, &["stop", "long"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(d.wait_ended("long")["status"], "stopped");
+    d.drop_job(
+        ALICE,
+        "after.json",
+        r#"{"version": 1, "command": ["true"]}"#,
+    );
+    assert_eq!(d.wait_ended("after")["status"], "succeeded");
+    assert_eq!(main_pid(&d), pid);
+}
+
+#[test]
 fn kill_9_at_each_point_while_a_thousand_jobs_land_runs_each_exactly_once() {
     const N: usize = 1000;
     let d = TestDaemon::start_with(
