@@ -30,7 +30,7 @@ impl From<ApiError> for zbus::fdo::Error {
             ApiError::Rejected(_)
             | ApiError::Gpus(_)
             | ApiError::RecordStop(_)
-            | ApiError::Failed(_) => zbus::fdo::Error::Failed(e.to_string()),
+            | ApiError::StopUnit(_) => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
         }
     }

@@ -413,6 +413,16 @@ impl From<&Config> for crate::logs::LogSettings {
     }
 }
 
+impl<'a> From<&'a Config> for crate::unit::UnitSettings<'a> {
+    fn from(c: &'a Config) -> Self {
+        crate::unit::UnitSettings {
+            slice: &c.slice,
+            stop_grace: c.stop_grace,
+            read_write_paths: &c.read_write_paths,
+        }
+    }
+}
+
 /// The policy as the system's group database resolves it: the lookup is
 /// in the config's floor, so [`crate::policy`] stays pure.
 impl crate::policy::Policy {

@@ -7,6 +7,7 @@ use tokio::sync::oneshot;
 use crate::gpu::GpuError;
 use crate::notifications::{DeliveriesError, DeliveryView, RetryTarget};
 use crate::store::{RejectRecord, StoreError};
+use crate::systemd::SystemdError;
 use crate::views::{GpusView, JobView};
 
 /// Why an API call failed; becomes a D-Bus error the CLI maps to an exit code.
@@ -31,12 +32,9 @@ pub enum ApiError {
     /// `ptrain stop`: the stop request could not be made durable.
     #[error("cannot record the stop request: {0}")]
     RecordStop(StoreError),
-    /// What has no variant of its own yet (systemd refusing to stop a
-    /// unit: a variant holding `SystemdError` here would close an import
-    /// cycle through `unit` and `config`). The daemon's other answers move
-    /// to the variants above (issue 19).
+    /// `ptrain stop`: systemd refused to stop the job's unit.
     #[error("{0}")]
-    Failed(String),
+    StopUnit(SystemdError),
     #[error("only root may {0}; run it with sudo")]
     RootOnly(&'static str),
 }

@@ -17,7 +17,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::Config;
 use crate::gpu::NVIDIA_CONTROL_NODES;
 use crate::runtime::{LaunchFile, PreparedLaunch};
 use crate::store::JobRecord;
@@ -112,7 +111,19 @@ pub fn launch_file(record: &JobRecord, parent_results: Option<&str>) -> LaunchFi
     }
 }
 
-/// What a launch needs besides the record and the config.
+/// What a job's unit takes of the config: its own settings only
+/// (`From<&Config>` is the config's).
+#[derive(Clone, Copy, Debug)]
+pub struct UnitSettings<'a> {
+    /// `[jobs] slice`: where the job units run.
+    pub slice: &'a str,
+    /// `[jobs] stop_grace`: SIGTERM to SIGKILL (`TimeoutStopSec=`).
+    pub stop_grace: std::time::Duration,
+    /// The admin's data paths every job may write (`ReadWritePaths=`).
+    pub read_write_paths: &'a [PathBuf],
+}
+
+/// What a launch needs besides the record and the settings.
 pub struct LaunchContext<'a> {
     pub home_exists: bool,
     /// The ptraind binary: the unit's ExecStart is `ptraind exec-job`.
@@ -147,7 +158,7 @@ pub fn syslog_identifier(record: &JobRecord) -> String {
 
 pub fn job_unit_properties(
     record: &JobRecord,
-    config: &Config,
+    settings: UnitSettings<'_>,
     ctx: &LaunchContext,
 ) -> UnitProperties {
     let workdir = workdir(record, ctx.home_exists);
@@ -172,7 +183,7 @@ pub fn job_unit_properties(
     // A configured data path that does not exist on this host must not
     // stop every job: "-" makes it optional for systemd.
     read_write.extend(
-        config
+        settings
             .read_write_paths
             .iter()
             .map(|p| format!("-{}", p.display())),
@@ -258,7 +269,7 @@ pub fn job_unit_properties(
             PropValue::ByteStrings(vec![format!("PTRAIN_JOB={}", record.id).into_bytes()]),
         ),
         ("StandardError", PropValue::Str("journal".into())),
-        ("Slice", PropValue::Str(config.slice.clone())),
+        ("Slice", PropValue::Str(settings.slice.to_owned())),
         // Once we release our reference, systemd drops the unit even if it
         // failed: ptraind has recorded the result by then, and failed job
         // units must not pile up.
@@ -298,7 +309,7 @@ pub fn job_unit_properties(
         // SIGTERM does not keep its GPUs systemd's default 90 s.
         (
             "TimeoutStopUSec",
-            PropValue::U64(config.stop_grace.as_micros() as u64),
+            PropValue::U64(settings.stop_grace.as_micros() as u64),
         ),
     ];
     let limits = &record.limits;
@@ -339,7 +350,7 @@ mod tests {
         }
     }
 
-    fn props(r: &JobRecord, config: &Config, home_exists: bool) -> UnitProperties {
+    fn props(r: &JobRecord, config: &crate::config::Config, home_exists: bool) -> UnitProperties {
         let prepared = prepared();
         let ctx = LaunchContext {
             home_exists,
@@ -347,7 +358,7 @@ mod tests {
             prepared: &prepared,
             result_file: Path::new("/run/ptrain/results/job1/result.json"),
         };
-        job_unit_properties(r, config, &ctx)
+        job_unit_properties(r, config.into(), &ctx)
     }
 
     fn get<'a>(props: &'a UnitProperties, key: &str) -> &'a PropValue {
@@ -360,7 +371,7 @@ mod tests {
 
     #[test]
     fn identity_is_numeric_and_baseline_present() {
-        let config = Config::from_toml(Path::new("t"), "").unwrap();
+        let config = crate::config::Config::from_toml(Path::new("t"), "").unwrap();
         let mut r = record(
             r#"{"version":1,"command":["python3","train.py"],"workdir":"/home/alice/p","timeout":"90m","env":{"A":"b"}}"#,
         );
@@ -442,8 +453,27 @@ mod tests {
     }
 
     #[test]
+    fn the_admins_slice_grace_and_data_paths_reach_every_unit() {
+        let text = "slice = \"gpu-jobs.slice\"\n[jobs]\nstop_grace = \"2m\"\nread_write_paths = [\"/data\", \"/scratch\"]\n";
+        let config = crate::config::Config::from_toml(Path::new("t"), text).unwrap();
+        let r = record(r#"{"version":1,"command":["true"]}"#);
+        let props = props(&r, &config, true);
+        assert_eq!(
+            get(&props, "Slice"),
+            &PropValue::Str("gpu-jobs.slice".into())
+        );
+        assert_eq!(get(&props, "TimeoutStopUSec"), &PropValue::U64(120_000_000));
+        let PropValue::StrList(paths) = get(&props, "ReadWritePaths") else {
+            panic!("ReadWritePaths is a list");
+        };
+        // Optional for systemd ("-"): a path missing on this host stops no job.
+        assert!(paths.contains(&"-/data".to_string()), "{paths:?}");
+        assert!(paths.contains(&"-/scratch".to_string()), "{paths:?}");
+    }
+
+    #[test]
     fn the_unit_counts_its_usage_and_reads_it_at_its_end_as_the_job_user() {
-        let config = Config::from_toml(Path::new("t"), "").unwrap();
+        let config = crate::config::Config::from_toml(Path::new("t"), "").unwrap();
         let r = record(r#"{"version":1,"command":["true"]}"#);
         let props = props(&r, &config, true);
         for key in ["CPUAccounting", "MemoryAccounting", "IOAccounting"] {
@@ -465,7 +495,7 @@ mod tests {
     fn no_property_carries_what_systemd_252_cannot_read_back() {
         // `$`, `%` or a flag list (ExecStartEx) in a property of a
         // transient unit break its reload; none may come from the job.
-        let config = Config::from_toml(Path::new("t"), "").unwrap();
+        let config = crate::config::Config::from_toml(Path::new("t"), "").unwrap();
         let r =
             record(r#"{"version":1,"command":["sh","-c","echo $HOME %h $$"],"env":{"X":"$Y %n"}}"#);
         for (key, value) in props(&r, &config, true) {
@@ -477,7 +507,7 @@ mod tests {
 
     #[test]
     fn no_gpus_means_no_nvidia_nodes_and_empty_cuda_list() {
-        let config = Config::from_toml(Path::new("t"), "").unwrap();
+        let config = crate::config::Config::from_toml(Path::new("t"), "").unwrap();
         let r = record(r#"{"version":1,"command":["true"]}"#);
         let props = props(&r, &config, false);
         assert_eq!(get(&props, "DeviceAllow"), &PropValue::Pairs(vec![]));

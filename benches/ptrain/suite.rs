@@ -2290,7 +2290,7 @@ impl PtrainProps {
             result_file: &result_file,
         };
         let mut props: Vec<(String, OwnedVariant)> =
-            ptrain::unit::job_unit_properties(&record, &self.config, &ctx)
+            ptrain::unit::job_unit_properties(&record, (&self.config).into(), &ctx)
                 .into_iter()
                 .filter(|(k, _)| recorder || !matches!(*k, "OnSuccess" | "OnFailure"))
                 .map(|(k, v)| (k.to_string(), prop_variant(&v)))

@@ -1669,7 +1669,7 @@ impl Daemon {
             prepared: &prepared,
             result_file: &result_file,
         };
-        let props = unit::job_unit_properties(record, &self.config, &ctx);
+        let props = unit::job_unit_properties(record, (&self.config).into(), &ctx);
         crash_point("before-start-unit");
         self.by_unit.insert(unit.clone(), id.clone());
         self.launches_in_flight += 1;
@@ -2174,14 +2174,11 @@ impl Daemon {
                             .filter(|r| caller_uid == 0 || r.uid == Some(caller_uid))
                             .collect()
                     })
-                    .map_err(|e| ApiError::Failed(e.to_string()));
+                    .map_err(ApiError::Rejected);
                 let _ = reply.send(result);
             }
             ApiRequest::Gpus(reply) => {
-                let snapshot = self
-                    .inventory
-                    .snapshot()
-                    .map_err(|e| ApiError::Failed(e.to_string()));
+                let snapshot = self.inventory.snapshot().map_err(ApiError::Gpus);
                 let view = snapshot.map(|gpus| GpusView {
                     backend: self.inventory.backend().to_string(),
                     gpus: gpus
@@ -2474,7 +2471,7 @@ impl Daemon {
                     // Its StartTransientUnit is still out: the answer
                     // stops it (on_started), the stop request is recorded.
                     Err(SystemdError::NoSuchUnit(_)) if launching => {}
-                    Err(e) => return Err(ApiError::Failed(e.to_string())),
+                    Err(e) => return Err(ApiError::StopUnit(e)),
                 }
                 Ok(format!("job {id} is stopping"))
             }

@@ -291,6 +291,12 @@ impl TestDaemon {
         self.wait_status(id, |s| !matches!(s, "queued" | "launching" | "running"))
     }
 
+    /// Drops `ID.json` as `user` and waits for the job to end: its status.
+    pub fn run_to_end(&self, user: &str, id: &str, json: &str) -> Value {
+        self.drop_job(user, &format!("{id}.json"), json);
+        self.wait_ended(id)
+    }
+
     pub fn wait_running(&self, id: &str) -> Value {
         self.wait_status(id, |s| s == "running")
     }

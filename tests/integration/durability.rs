@@ -406,15 +406,29 @@ fn a_thousand_queued_jobs_hold_no_unit_or_process_each() {
     );
 }
 
-#[test]
-fn a_lost_bus_connection_restarts_ptraind_which_re_attaches() {
-    let d = TestDaemon::start("bus-lost");
+/// Alice's `long` (a 600 s sleep), once it runs: its status.
+fn a_long_job_running(d: &TestDaemon) -> serde_json::Value {
     d.drop_job(
         ALICE,
         "long.json",
         r#"{"version": 1, "command": ["sleep", "600"]}"#,
     );
-    let before = d.wait_running("long");
+    d.wait_running("long")
+}
+
+/// ptraind still sees ends: `long` stopped, and a new job's success.
+fn still_hears_every_end(d: &TestDaemon) {
+    let out = d.ptrain(ALICE, &["stop", "long"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(d.wait_ended("long")["status"], "stopped");
+    let after = d.run_to_end(ALICE, "after", r#"{"version": 1, "command": ["true"]}"#);
+    assert_eq!(after["status"], "succeeded");
+}
+
+#[test]
+fn a_lost_bus_connection_restarts_ptraind_which_re_attaches() {
+    let d = TestDaemon::start("bus-lost");
+    let before = a_long_job_running(&d);
     let first_pid = main_pid(&d);
     // The system bus goes away under ptraind (an upgrade, a crash): its
     // signal streams end. It must not stay up deaf to every job's end.
@@ -433,26 +447,13 @@ fn a_lost_bus_connection_restarts_ptraind_which_re_attaches() {
     // Re-attached: the same run is still tracked, and its end is seen.
     let again = d.wait_running("long");
     assert_eq!(again["invocation_id"], before["invocation_id"]);
-    let out = d.ptrain(ALICE, &["stop", "long"]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(d.wait_ended("long")["status"], "stopped");
-    d.drop_job(
-        ALICE,
-        "after.json",
-        r#"{"version": 1, "command": ["true"]}"#,
-    );
-    assert_eq!(d.wait_ended("after")["status"], "succeeded");
+    still_hears_every_end(&d);
 }
 
 #[test]
 fn systemd_coming_back_on_the_bus_keeps_ptraind_subscribed_without_a_restart() {
     let d = TestDaemon::start("systemd-back");
-    d.drop_job(
-        ALICE,
-        "long.json",
-        r#"{"version": 1, "command": ["sleep", "600"]}"#,
-    );
-    d.wait_running("long");
+    a_long_job_running(&d);
     let pid = main_pid(&d);
     // daemon-reexec: systemd's bus name gets a new owner, and ptraind
     // subscribes again. systemd kept its subscribers, so the answer is
@@ -467,15 +468,7 @@ fn systemd_coming_back_on_the_bus_keeps_ptraind_subscribed_without_a_restart() {
     let log = d.daemon_log();
     assert_eq!(main_pid(&d), pid, "ptraind was restarted:\n{log}");
     // And it still hears every end.
-    let out = d.ptrain(ALICE, &["stop", "long"]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(d.wait_ended("long")["status"], "stopped");
-    d.drop_job(
-        ALICE,
-        "after.json",
-        r#"{"version": 1, "command": ["true"]}"#,
-    );
-    assert_eq!(d.wait_ended("after")["status"], "succeeded");
+    still_hears_every_end(&d);
     assert_eq!(main_pid(&d), pid);
 }
 

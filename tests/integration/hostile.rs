@@ -178,12 +178,8 @@ fn check_bystander(d: &TestDaemon) {
     let out = std::fs::read_to_string(d.workdir(BOB).join("bystander.txt")).unwrap();
     assert_eq!(out, "bystander ok\n");
     // A job submitted after the attack runs too.
-    d.drop_job(
-        BOB,
-        "bob-after.json",
-        r#"{"version": 1, "command": ["true"]}"#,
-    );
-    assert_eq!(d.wait_ended("bob-after")["status"], "succeeded");
+    let after = d.run_to_end(BOB, "bob-after", r#"{"version": 1, "command": ["true"]}"#);
+    assert_eq!(after["status"], "succeeded");
 }
 
 #[test]
