@@ -274,6 +274,10 @@ const MAX_TRACKED_UNITS: usize = 256;
 /// rules, and it was cut off the bus nine times in a 3,000-job burst
 /// (`make bench`). 256 references and 64 pending starts stay under it.
 const MAX_STARTS_PENDING: usize = 64;
+/// Most of those one owner may have: a user whose starts hang (a workdir
+/// on a file system that stopped answering blocks the unit's `chdir`
+/// until systemd's start timeout) leaves the others a quarter of them.
+const MAX_STARTS_PER_OWNER: usize = 48;
 
 /// How long an owner whose workdir's file system hung goes unchecked.
 const SLOW_WORKDIR_PAUSE: std::time::Duration = std::time::Duration::from_secs(600);
@@ -1467,6 +1471,12 @@ impl Daemon {
         self.announce_gpu_warnings();
         self.resolve_dependencies().await;
         self.refresh_queued(self.live.constrained());
+        let mut starting_by_owner: HashMap<u32, usize> = HashMap::new();
+        for id in &self.starting {
+            if let Some(record) = self.live.get(id) {
+                *starting_by_owner.entry(record.owner.uid).or_default() += 1;
+            }
+        }
         let mut look_at_gpus = || self.gpu_snapshot();
         let decided = planning::decide(
             &self.live,
@@ -1479,6 +1489,8 @@ impl Daemon {
                 },
                 checked_against: self.never_checked_against,
                 room: self.launch_room(),
+                starting_by_owner: &starting_by_owner,
+                max_starts_per_owner: MAX_STARTS_PER_OWNER,
             },
         );
         let Some(decision) = decided else {

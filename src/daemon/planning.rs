@@ -9,7 +9,7 @@
 //! launches in the order given for as long as its pass's time allows, and
 //! ends the never-startable.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::live::Live;
 use crate::gpu::GpuInfo;
@@ -32,6 +32,12 @@ pub(super) struct Situation<'a> {
     /// systemd can still track for ptraind ([`super::MAX_TRACKED_UNITS`])
     /// and the starts it may still have pending ([`super::MAX_STARTS_PENDING`]).
     pub room: usize,
+    /// Launches per owner uid whose unit has not yet been seen running.
+    pub starting_by_owner: &'a HashMap<u32, usize>,
+    /// How many of those one owner may have: what one user's stuck starts
+    /// (a workdir on a hung file system) can hold, so that the other
+    /// users' jobs still start ([`super::MAX_STARTS_PER_OWNER`]).
+    pub max_starts_per_owner: usize,
 }
 
 /// A plan's decisions, for the state task to carry out.
@@ -69,6 +75,8 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         rules,
         checked_against,
         room,
+        starting_by_owner,
+        max_starts_per_owner,
     } = situation;
     if live.queue().is_empty() {
         return Some(Decision {
@@ -139,6 +147,19 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
     let mut launches = plan.placements;
     // Jobs with and without GPUs start in one planning order.
     launches.sort_by_key(|p| live.queue().position(&p.id));
+    // An owner at their share of pending starts waits for one of them to
+    // run (each unit that runs or ends plans again).
+    let mut starting = starting_by_owner.clone();
+    let mut held_back = false;
+    launches.retain(|p| {
+        let count = starting.entry(live[&p.id].owner.uid).or_default();
+        if *count >= max_starts_per_owner {
+            held_back = true;
+            return false;
+        }
+        *count += 1;
+        true
+    });
     // The rest start as these end (each end plans again).
     let over_room = launches.len() > room;
     launches.truncate(room);
@@ -153,7 +174,7 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         },
         reserved: plan.reserved,
         waits: plan.waits,
-        gpu_jobs_wait: plan.waiting_for_gpus || snapshot.is_none() || over_room,
+        gpu_jobs_wait: plan.waiting_for_gpus || snapshot.is_none() || over_room || held_back,
         // An unreadable inventory checks everything again once it reads.
         checked_against: if wants_gpus {
             fingerprint
@@ -196,14 +217,19 @@ mod tests {
     }
 
     /// The plan over `live` with `blocked` held back, on `gpus` (`None`:
-    /// unreadable), after `checked_against`; and how often it looked.
+    /// unreadable), after `checked_against`, with `share`'s launches per
+    /// owner pending of at most its limit each (`None`: none, no limit);
+    /// and how often it looked at the GPUs.
     fn plan(
         live: &Live,
         blocked: &[&str],
         gpus: Option<&[GpuInfo]>,
         checked_against: Option<u64>,
         room: usize,
+        share: Option<(&HashMap<u32, usize>, usize)>,
     ) -> (Option<Decision>, usize) {
+        let none = HashMap::new();
+        let (starting, max) = share.unwrap_or((&none, usize::MAX));
         let blocked: HashSet<JobId> = blocked.iter().map(|s| id(s)).collect();
         let policy = Policy::none();
         let mut looks = 0;
@@ -222,13 +248,15 @@ mod tests {
                 },
                 checked_against,
                 room,
+                starting_by_owner: starting,
+                max_starts_per_owner: max,
             },
         );
         (decision, looks)
     }
 
     fn decide_on(live: &Live, blocked: &[&str], gpus: Option<&[GpuInfo]>, room: usize) -> Decision {
-        plan(live, blocked, gpus, None, room)
+        plan(live, blocked, gpus, None, room, None)
             .0
             .expect("room to start")
     }
@@ -268,11 +296,11 @@ mod tests {
     fn a_blocked_job_is_passed_by_those_behind_it() {
         let live = a_gpu_job_between_two_cpu_jobs();
         let gpus = [gpu(0)];
-        let (d, looks) = plan(&live, &["a", "b"], Some(&gpus), None, 100);
+        let (d, looks) = plan(&live, &["a", "b"], Some(&gpus), None, 100, None);
         assert_eq!(started(&d.unwrap()), [("c".to_string(), vec![])]);
         // Only blocked GPU jobs: no look at the GPUs is needed.
         assert_eq!(looks, 0);
-        assert_eq!(plan(&live, &[], Some(&gpus), None, 100).1, 1);
+        assert_eq!(plan(&live, &[], Some(&gpus), None, 100, None).1, 1);
         let d = decide_on(&live, &["b"], None, 100);
         assert_eq!(
             started(&d).len(),
@@ -310,7 +338,7 @@ mod tests {
         let first = decide_on(&live, &[], Some(&gpus), 100);
         assert_eq!(first.never.len(), 1);
         let again = |checked_against, gpus: &[GpuInfo]| {
-            plan(&live, &[], Some(gpus), checked_against, 100)
+            plan(&live, &[], Some(gpus), checked_against, 100, None)
                 .0
                 .unwrap()
         };
@@ -331,14 +359,34 @@ mod tests {
         assert_eq!(order, ["a", "b"]);
         assert!(d.gpu_jobs_wait, "the rest wait for room");
         // No room: nothing decided, not even a look at the GPUs.
-        let (d, looks) = plan(&live, &[], Some(&gpus), None, 0);
+        let (d, looks) = plan(&live, &[], Some(&gpus), None, 0, None);
         assert!(d.is_none());
         assert_eq!(looks, 0);
         // An empty queue: nothing kept, nothing waits.
-        let (d, looks) = plan(&Live::default(), &[], Some(&gpus), Some(7), 100);
+        let (d, looks) = plan(&Live::default(), &[], Some(&gpus), Some(7), 100, None);
         let d = d.unwrap();
         assert!(d.launches.is_empty() && d.reserved.is_empty() && d.waits.is_empty());
         assert_eq!((d.checked_against, looks), (Some(7), 0));
+    }
+
+    #[test]
+    fn one_owners_pending_starts_leave_the_others_room() {
+        let live = live(&[
+            ("a1", "", 1000),
+            ("a2", "", 1000),
+            ("a3", "", 1000),
+            ("b1", "", 1001),
+        ]);
+        // Nothing pending: each owner starts at most their share (2).
+        let (d, _) = plan(&live, &[], None, None, 100, Some((&HashMap::new(), 2)));
+        let d = d.unwrap();
+        let order: Vec<String> = started(&d).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(order, ["a1", "a2", "b1"]);
+        assert!(d.gpu_jobs_wait, "a3 waits, and is planned again");
+        // Alice's two starts hang: Bob's job still starts.
+        let stuck: HashMap<u32, usize> = [(1000, 2)].into();
+        let (d, _) = plan(&live, &[], None, None, 100, Some((&stuck, 2)));
+        assert_eq!(started(&d.unwrap()), [("b1".to_string(), vec![])]);
     }
 
     #[test]
