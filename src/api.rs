@@ -29,6 +29,8 @@ impl From<ApiError> for zbus::fdo::Error {
             ApiError::NotYours { .. } => zbus::fdo::Error::AccessDenied(e.to_string()),
             ApiError::Rejected(_)
             | ApiError::Gpus(_)
+            | ApiError::NotQueued { .. }
+            | ApiError::RecordHold { .. }
             | ApiError::RecordStop(_)
             | ApiError::StopUnit(_) => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
@@ -140,6 +142,26 @@ impl DaemonApi {
         crate::accounting::helper::run(task(caller), &self.state_dir, input)
             .await
             .map_err(zbus::fdo::Error::Failed)
+    }
+
+    /// `Hold` and `Release`: the caller as the bus knows it, the decision
+    /// the state task's.
+    async fn set_held(
+        &self,
+        id: String,
+        hold: bool,
+        conn: &zbus::Connection,
+        header: &zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller_uid = self.callers.uid(conn, header).await?;
+        Ok(self
+            .ask(|reply| ApiRequest::Hold {
+                id,
+                hold,
+                caller_uid,
+                reply,
+            })
+            .await??)
     }
 
     async fn ask<T>(
@@ -295,6 +317,27 @@ impl DaemonApi {
                 reply,
             })
             .await??)
+    }
+
+    /// Holds a queued job (or every queued job of a sweep): it stays
+    /// queued and is not started until released. Its owner or root.
+    async fn hold(
+        &self,
+        id: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        self.set_held(id, true, conn, &header).await
+    }
+
+    /// Releases a held job (or every held job of a sweep). Its owner or root.
+    async fn release(
+        &self,
+        id: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        self.set_held(id, false, conn, &header).await
     }
 
     /// Rejected spool files: the caller's own (root: all), JSON array.
@@ -476,6 +519,8 @@ pub trait Daemon1 {
     fn list_recent(&self, limit: u32) -> zbus::Result<String>;
     fn status(&self, id: &str) -> zbus::Result<String>;
     fn stop(&self, id: &str) -> zbus::Result<String>;
+    fn hold(&self, id: &str) -> zbus::Result<String>;
+    fn release(&self, id: &str) -> zbus::Result<String>;
     fn rejected(&self) -> zbus::Result<String>;
     fn gpus(&self) -> zbus::Result<String>;
     fn logs(&self, id: &str, lines: u32) -> zbus::Result<String>;

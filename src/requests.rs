@@ -32,6 +32,18 @@ pub enum ApiError {
     /// `ptrain stop`: the stop request could not be made durable.
     #[error("cannot record the stop request: {0}")]
     RecordStop(StoreError),
+    /// `ptrain hold`, `release`: the job is no longer queued.
+    #[error(
+        "job {id} is not queued (status: {status}); only a queued job can be held or released"
+    )]
+    NotQueued { id: String, status: &'static str },
+    /// `ptrain hold`, `release`: the change could not be made durable.
+    #[error("cannot record that job {id} is {held_or_released}: {source}; nothing changed")]
+    RecordHold {
+        id: String,
+        held_or_released: &'static str,
+        source: StoreError,
+    },
     /// `ptrain stop`: systemd refused to stop the job's unit.
     #[error("{0}")]
     StopUnit(SystemdError),
@@ -46,6 +58,13 @@ pub enum ApiRequest {
     ListRecent(u32, oneshot::Sender<Vec<JobView>>),
     Stop {
         id: String,
+        caller_uid: u32,
+        reply: oneshot::Sender<Result<String, ApiError>>,
+    },
+    /// Holds (`hold: true`) or releases a queued job, or a sweep's.
+    Hold {
+        id: String,
+        hold: bool,
         caller_uid: u32,
         reply: oneshot::Sender<Result<String, ApiError>>,
     },

@@ -78,6 +78,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "max_parallel",
     "notify",
     "notify_on",
+    "hold",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -299,6 +300,10 @@ pub struct JobSpec {
     /// `$CREDENTIALS_DIRECTORY`), never through the environment.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub credentials: BTreeMap<String, PathBuf>,
+    /// Submitted held: queued, holding nothing, until its owner (or root)
+    /// releases it (`ptrain release`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
 }
 
 mod timeout_serde {
@@ -881,6 +886,7 @@ struct RawSpec {
     max_parallel: Option<Value>,
     notify: Option<Value>,
     notify_on: Option<Value>,
+    hold: Option<Value>,
 }
 
 impl RawSpec {
@@ -910,6 +916,7 @@ impl RawSpec {
                 "max_parallel" => &mut raw.max_parallel,
                 "notify" => &mut raw.notify,
                 "notify_on" => &mut raw.notify_on,
+                "hold" => &mut raw.hold,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -1008,6 +1015,11 @@ impl RawSpec {
             .notify_on
             .map(|v| notify::parse_notify_on(&v).map_err(SpecError::Notify))
             .transpose()?;
+        let hold = match self.hold {
+            None => false,
+            Some(Value::Bool(b)) => b,
+            Some(other) => return Err(wrong_type("hold", "true or false", &other, HOLD_HINT)),
+        };
         Ok(JobSpec {
             id,
             command,
@@ -1026,9 +1038,13 @@ impl RawSpec {
             notify,
             notify_on,
             credentials,
+            hold,
         })
     }
 }
+
+const HOLD_HINT: &str =
+    "write \"hold\": true to submit it held (`ptrain release ID` lets it start), or omit it";
 
 const NAME_HINT: &str = "write e.g. \"name\": \"resnet50, lr sweep\"";
 const COMMENT_HINT: &str = "write e.g. \"comment\": \"baseline for the ablation\"";
@@ -2226,6 +2242,22 @@ mod tests {
         let start = Instant::now();
         assert!(matches!(parse(&s), Err(SpecError::UnknownField { .. })));
         assert!(start.elapsed().as_millis() < 1000);
+    }
+
+    #[test]
+    fn hold_is_a_boolean_kept_only_when_true() {
+        let held = parse(r#"{"version": 1, "command": ["true"], "hold": true}"#).unwrap();
+        assert!(held.hold);
+        let stored = serde_json::to_string(&held).unwrap();
+        assert!(stored.contains(r#""hold":true"#), "{stored}");
+        let plain = parse(r#"{"version": 1, "command": ["true"], "hold": false}"#).unwrap();
+        assert!(!plain.hold);
+        assert!(!serde_json::to_string(&plain).unwrap().contains("hold"));
+        let msg = err(r#"{"version": 1, "command": ["true"], "hold": "yes"}"#);
+        assert!(
+            msg.contains("`hold`") && msg.contains("ptrain release"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -124,6 +124,10 @@ pub struct JobRecord {
     /// the end left no figures (the unit never ran, or /run was lost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Held: queued, never planned, until released (`ptrain hold` and
+    /// `release`; a descriptor's `hold: true` submits it so).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// A job's resource use over its run, read from its unit's cgroup when the
@@ -162,6 +166,7 @@ impl JobRecord {
 
     pub fn new(spec: JobSpec, owner: Owner, source: SpoolSource, now: u64) -> JobRecord {
         JobRecord {
+            held: spec.hold,
             id: spec.id.clone(),
             unit: spec.id.unit_name(),
             spec,

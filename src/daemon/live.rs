@@ -3,15 +3,16 @@
 //! - every id in `queue` is a queued record of `jobs`, and every queued
 //!   record is in `queue`;
 //! - `queued_per_user[uid]` counts the queued records of `uid`;
-//! - `constrained` holds exactly the queued records that wait on other jobs
-//!   or on their sweep's `max_parallel` ([`is_constrained`]);
+//! - `constrained` holds exactly the queued records that wait on other jobs,
+//!   on their sweep's `max_parallel` or on a release ([`is_constrained`]);
 //! - `held[gpu]` is a launching or running record that names `gpu`, and
 //!   such a record holds each GPU it names.
 //!
 //! The state task changes them only through [`Live`]'s methods, one per
 //! step of a job's life: [`Live::queue_job`] (accepted or restored
 //! queued), [`Live::restore_active`] (launching or running at a restart),
-//! [`Live::launched`] (its launch is recorded), [`Live::ended`]. A record's
+//! [`Live::launched`] (its launch is recorded), [`Live::ended`], and
+//! [`Live::set_held`] (held or released while queued). A record's
 //! other fields change in place ([`Live::get_mut`]); its state moves only
 //! from launching to running there. [`Live::check`] states the rules, for
 //! the tests. Pure: no I/O.
@@ -23,9 +24,11 @@ use crate::spec::JobId;
 use crate::store::{JobRecord, JobState};
 
 /// Whether a queued job waits on something besides GPUs: other jobs
-/// (`after`) or its sweep's `max_parallel`.
+/// (`after`), its sweep's `max_parallel`, or a release (held).
 pub(super) fn is_constrained(record: &JobRecord) -> bool {
-    !record.spec.after.is_empty() || (record.group.is_some() && record.max_parallel.is_some())
+    record.held
+        || !record.spec.after.is_empty()
+        || (record.group.is_some() && record.max_parallel.is_some())
 }
 
 #[derive(Default)]
@@ -105,6 +108,24 @@ impl Live {
         );
         *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
         self.jobs.insert(record.id.clone(), record);
+    }
+
+    /// Holds or releases a queued job; false (and nothing changes) for a
+    /// job that is not queued.
+    pub(super) fn set_held(&mut self, id: &JobId, held: bool) -> bool {
+        let Some(record) = self.jobs.get_mut(id) else {
+            return false;
+        };
+        if record.state != JobState::Queued {
+            return false;
+        }
+        record.held = held;
+        if is_constrained(record) {
+            self.constrained.insert(id.clone());
+        } else {
+            self.constrained.remove(id);
+        }
+        true
     }
 
     /// A launching or running job found at a start: it holds its GPUs.
@@ -282,6 +303,32 @@ mod tests {
         assert_eq!(live.held().len(), 1);
         assert_eq!(live.queue().len(), 1);
         assert_eq!(live.queued_of(1000), 1);
+    }
+
+    #[test]
+    fn holding_and_releasing_keep_the_constrained_set_in_step() {
+        let mut live = Live::default();
+        live.queue_job(queued(PLAIN, "a", 1000));
+        live.queue_job(queued(
+            r#"{"version": 1, "command": ["true"], "hold": true}"#,
+            "h",
+            1000,
+        ));
+        live.check().unwrap();
+        let (a, h) = (JobId::parse("a").unwrap(), JobId::parse("h").unwrap());
+        assert_eq!(live.constrained().iter().collect::<Vec<_>>(), [&h]);
+        assert!(live.set_held(&a, true));
+        live.check().unwrap();
+        assert!(live.constrained().contains(&a));
+        assert!(live.set_held(&h, false) && live.set_held(&a, false));
+        live.check().unwrap();
+        assert!(live.constrained().is_empty());
+        // Only a queued job is held.
+        *live.get_mut(&a).unwrap() = launching(&live, &a, &[]);
+        live.launched(&a);
+        assert!(!live.set_held(&a, true));
+        assert!(!live.get(&a).unwrap().held);
+        live.check().unwrap();
     }
 
     #[test]

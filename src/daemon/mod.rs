@@ -1296,6 +1296,10 @@ impl Daemon {
                     continue;
                 }
                 let record = &self.live[id];
+                if record.held {
+                    self.blocked.insert(id.clone());
+                    continue;
+                }
                 if !record.spec.after.is_empty() {
                     match readiness(&record.spec.after, |named| self.parents(named)) {
                         Readiness::Ready => {}
@@ -2177,6 +2181,15 @@ impl Daemon {
                 let result = self.stop(&id, caller_uid).await;
                 let _ = reply.send(result);
             }
+            ApiRequest::Hold {
+                id,
+                hold,
+                caller_uid,
+                reply,
+            } => {
+                let result = self.hold(&id, hold, caller_uid);
+                let _ = reply.send(result);
+            }
             ApiRequest::Rejected { caller_uid, reply } => {
                 let result = self
                     .store
@@ -2388,6 +2401,12 @@ impl Daemon {
         if record.state != JobState::Queued {
             return None;
         }
+        if record.held {
+            return Some((
+                format!("held; `ptrain release {}` lets it start", record.id),
+                Vec::new(),
+            ));
+        }
         if !record.spec.after.is_empty() {
             if let crate::chain::Readiness::Waiting(ids) =
                 crate::chain::readiness(&record.spec.after, |named| self.parents(named))
@@ -2488,6 +2507,86 @@ impl Daemon {
                 Ok(format!("job {id} is stopping"))
             }
         }
+    }
+
+    /// Holds or releases a queued job, or every queued member of a sweep;
+    /// says what it did. Durable before it answers: the record says held
+    /// before the caller hears so (a restart keeps it held).
+    fn hold(&mut self, id: &str, hold: bool, caller_uid: u32) -> Result<String, ApiError> {
+        let job_id = JobId::parse(id).map_err(|_| ApiError::NotFound(id.to_owned()))?;
+        let (verb, verbed) = if hold {
+            ("hold", "held")
+        } else {
+            ("release", "released")
+        };
+        let is_sweep = self.groups.contains_key(&job_id);
+        let members = match self.groups.get(&job_id) {
+            Some(members) => members.clone(),
+            None => vec![job_id.clone()],
+        };
+        let mut changed = Vec::new();
+        for member in &members {
+            let (owner_uid, owner, state, status, held) = match self.live.get(member) {
+                Some(r) => (
+                    r.owner.uid,
+                    r.owner.name.clone(),
+                    r.state,
+                    r.status(),
+                    r.held,
+                ),
+                None => match self.board.history().get(member) {
+                    Some(e) => (
+                        e.owner_uid,
+                        e.owner_name.to_string(),
+                        JobState::Ended,
+                        e.status(),
+                        false,
+                    ),
+                    None if is_sweep => continue,
+                    None => return Err(ApiError::NotFound(id.to_owned())),
+                },
+            };
+            if caller_uid != 0 && caller_uid != owner_uid {
+                return Err(ApiError::NotYours {
+                    id: id.to_owned(),
+                    owner,
+                    action: verb,
+                });
+            }
+            if state != JobState::Queued {
+                if is_sweep {
+                    continue;
+                }
+                return Err(ApiError::NotQueued {
+                    id: id.to_owned(),
+                    status,
+                });
+            }
+            if held != hold {
+                changed.push(member.clone());
+            }
+        }
+        for member in &changed {
+            self.live.set_held(member, hold);
+            if let Err(source) = self.store.save(&self.live[member]) {
+                // Not recorded, so not made: memory says what disk says.
+                self.live.set_held(member, !hold);
+                return Err(ApiError::RecordHold {
+                    id: member.to_string(),
+                    held_or_released: verbed,
+                    source,
+                });
+            }
+            info!(job = %member, PTRAIN_JOB = %member, by_uid = caller_uid, "job {verbed}");
+            self.emit_changed(member);
+        }
+        // Planned again by the loop after the request (`schedule`).
+        Ok(match (is_sweep, changed.len()) {
+            (false, 0) => format!("job {id} was already {verbed}"),
+            (false, _) => format!("job {id} {verbed}"),
+            (true, 0) => format!("no queued job of sweep {id} to be {verbed}"),
+            (true, n) => format!("{n} job(s) of sweep {id} {verbed}"),
+        })
     }
 
     /// Posts a live job's view, as `ptrain status` shows it, on the board.

@@ -14,6 +14,7 @@ mod examples;
 mod foundation;
 mod gpus;
 mod hostile;
+mod lifecycle;
 mod limits;
 mod logs;
 mod notifications;

@@ -83,9 +83,22 @@ use logs::logs;
 use notifications::notifications;
 use rejected::rejected;
 use status::status;
-use stop::stop;
+use stop::{steer, Verb};
 use submit::{submit, Export};
 use wait::wait;
+
+/// The jobs `stop`, `hold` and `release` act on.
+#[derive(clap::Args)]
+struct Targets {
+    /// Job or sweep ids.
+    #[arg(required_unless_present = "user")]
+    ids: Vec<String>,
+    /// Every job of USER (a login name or a uid) the command applies to
+    /// (stop: queued or running; hold, release: queued): root, or USER
+    /// themself.
+    #[arg(long, value_name = "USER")]
+    user: Option<String>,
+}
 
 #[derive(Parser)]
 #[command(
@@ -99,6 +112,8 @@ use wait::wait;
   ptrain logs -f resnet-lr01        follow a job's output
   ptrain stop resnet-lr01           stop a queued or running job
   ptrain stop --user alice          stop all of alice's (as alice or root)
+  ptrain hold resnet-lr01           keep a queued job from starting
+  ptrain release resnet-lr01        let a held job start
 
 Exit codes: 0 success, 1 the request failed (unknown job, not yours),
 2 bad usage or a job file invalid or refused, 3 ptraind is not reachable.
@@ -181,14 +196,13 @@ enum Command {
     },
     /// Stop queued or running jobs (or sweeps); each is reported on a line
     /// of its own, exit 1 if any was not stopped.
-    Stop {
-        #[arg(required_unless_present = "user")]
-        ids: Vec<String>,
-        /// Every queued or running job of USER (a login name or a uid):
-        /// root, or USER themself.
-        #[arg(long, value_name = "USER")]
-        user: Option<String>,
-    },
+    Stop(Targets),
+    /// Hold queued jobs (or sweeps): they stay queued, holding nothing,
+    /// until released; exit 1 if any was not held.
+    Hold(Targets),
+    /// Release held jobs (or sweeps): they are planned again in their
+    /// place in the queue; exit 1 if any was not released.
+    Release(Targets),
     /// Show a job's output (from the journal, or its archive once the
     /// journal rotated it away).
     Logs {
@@ -390,7 +404,9 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             list(&filter, all, recent, json, tree).await
         }
         Command::Status { id, json } => status(id, json).await,
-        Command::Stop { ids, user } => stop(ids, user).await,
+        Command::Stop(t) => steer(Verb::Stop, t.ids, t.user).await,
+        Command::Hold(t) => steer(Verb::Hold, t.ids, t.user).await,
+        Command::Release(t) => steer(Verb::Release, t.ids, t.user).await,
         Command::Logs {
             id,
             follow,
