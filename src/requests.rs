@@ -37,8 +37,9 @@ pub enum ApiError {
         "job {id} is not queued (status: {status}); only a queued job can be held or released"
     )]
     NotQueued { id: String, status: &'static str },
-    /// `ptrain hold`, `release`: the change could not be made durable.
-    #[error("cannot record that job {id} is {held_or_released}: {source}; nothing changed")]
+    /// `ptrain hold`, `release`: the change could not be made durable (for
+    /// a sweep, the members before this one were changed).
+    #[error("cannot record that job {id} is {held_or_released}: {source}; it stays as it was, try again once the state directory accepts writes")]
     RecordHold {
         id: String,
         held_or_released: &'static str,
