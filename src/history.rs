@@ -69,6 +69,7 @@ impl EndedJob {
             gpus: self.gpus.to_vec(),
             gpu_uuids: Vec::new(),
             submitted_at: self.submitted_at,
+            begin_at: None,
             started_at: self.started_at,
             ended_at: Some(self.ended_at),
             exit_code,

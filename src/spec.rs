@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+pub mod begin;
 pub mod dependencies;
 mod gpu_request;
 mod idle_timeout;
@@ -79,6 +80,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "notify",
     "notify_on",
     "hold",
+    "begin",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -304,6 +306,14 @@ pub struct JobSpec {
     /// releases it (`ptrain release`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold: bool,
+    /// Not before this moment, or this long after the file was written
+    /// ([`begin`]); the record keeps the moment it resolved to.
+    #[serde(
+        default,
+        with = "begin::serde_form",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub begin: Option<begin::Begin>,
 }
 
 mod timeout_serde {
@@ -460,6 +470,10 @@ pub enum SpecError {
     /// The message says what is wrong and how to write it.
     #[error("field `idle_timeout` {0}")]
     IdleTimeout(String),
+
+    /// The message says what is wrong and how to write it.
+    #[error("field `begin` {0}")]
+    Begin(String),
 
     #[error("field `{field}` must not be empty; write a few words or omit the field")]
     TextEmpty { field: &'static str },
@@ -887,6 +901,7 @@ struct RawSpec {
     notify: Option<Value>,
     notify_on: Option<Value>,
     hold: Option<Value>,
+    begin: Option<Value>,
 }
 
 impl RawSpec {
@@ -917,6 +932,7 @@ impl RawSpec {
                 "notify" => &mut raw.notify,
                 "notify_on" => &mut raw.notify_on,
                 "hold" => &mut raw.hold,
+                "begin" => &mut raw.begin,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -1020,6 +1036,10 @@ impl RawSpec {
             Some(Value::Bool(b)) => b,
             Some(other) => return Err(wrong_type("hold", "true or false", &other, HOLD_HINT)),
         };
+        let begin = self
+            .begin
+            .map(|v| begin::validate_begin(&v).map_err(SpecError::Begin))
+            .transpose()?;
         Ok(JobSpec {
             id,
             command,
@@ -1039,6 +1059,7 @@ impl RawSpec {
             notify_on,
             credentials,
             hold,
+            begin,
         })
     }
 }

@@ -128,6 +128,10 @@ pub struct JobRecord {
     /// `release`; a descriptor's `hold: true` submits it so).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+    /// Not planned before this moment (µs since the epoch): the
+    /// descriptor's `begin`, resolved when it was claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_at: Option<u64>,
 }
 
 /// A job's resource use over its run, read from its unit's cgroup when the
@@ -191,6 +195,7 @@ impl JobRecord {
             result_error: None,
             notifications: Vec::new(),
             usage: None,
+            begin_at: None,
         }
     }
 

@@ -40,6 +40,9 @@ pub struct JobView {
     pub gpus: Vec<u32>,
     pub gpu_uuids: Vec<String>,
     pub submitted_at: u64,
+    /// Not started before this moment (the descriptor's `begin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_at: Option<u64>,
     pub started_at: Option<u64>,
     pub ended_at: Option<u64>,
     pub exit_code: Option<i32>,
@@ -195,6 +198,7 @@ impl JobView {
             gpus: record.gpus.iter().map(|g| g.index).collect(),
             gpu_uuids: record.gpus.iter().map(|g| g.uuid.clone()).collect(),
             submitted_at: record.submitted_at,
+            begin_at: record.begin_at,
             started_at: record.started_at,
             ended_at: record.ended_at,
             exit_code,

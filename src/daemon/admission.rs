@@ -84,6 +84,14 @@ pub fn admit(
 ) -> Admission {
     match check(file, owner, rules, known) {
         Ok(Checked::New(spec)) => {
+            let begin_at = match spec.begin.map(|begin| {
+                let written = crate::spec::begin::written_at(file.source.ctime_ns);
+                crate::spec::begin::resolve(begin, written, now)
+            }) {
+                None => None,
+                Some(Ok(at)) => Some(at),
+                Some(Err(reason)) => return Admission::Refuse(reason),
+            };
             let limits = match crate::resources::effective_limits(
                 &spec.resources,
                 &rules.limits.caps_for(&owner.name),
@@ -103,6 +111,7 @@ pub fn admit(
                     record.group = group.clone();
                     record.params = member.params;
                     record.max_parallel = max_parallel;
+                    record.begin_at = begin_at;
                     record
                 })
                 .collect();
@@ -344,6 +353,47 @@ mod tests {
         assert_eq!(records[0].owner.name, "alice");
         assert_eq!(records[0].submitted_at, 100);
         assert_eq!(records[0].source, test_kit::source("train"));
+    }
+
+    #[test]
+    fn a_begin_resolves_from_the_files_ctime_for_every_member_and_a_past_one_is_refused() {
+        let host = Host::new();
+        let written_us = 1_796_220_000_000_000u64;
+        let file = |json: &'static str| Submitted {
+            stem: "b",
+            bytes: json.as_bytes(),
+            source: SpoolSource {
+                ctime_ns: i128::from(written_us) * 1000,
+                ..test_kit::source("b")
+            },
+        };
+        let now = written_us + 30_000_000;
+        let json = r#"{"version": 1, "command": ["true"], "begin": "2h", "sweep": {"lr": [1, 2]}}"#;
+        let Admission::Accept { records, .. } =
+            admit(&file(json), &alice(), &host.rules(), &Jobs::default(), now)
+        else {
+            panic!("refused")
+        };
+        assert_eq!(records.len(), 2);
+        for r in &records {
+            assert_eq!(r.begin_at, Some(written_us + 7_200_000_000), "{}", r.id);
+        }
+        let past = r#"{"version": 1, "command": ["true"], "begin": "1990-01-01T00:00:00Z"}"#;
+        let reason = refusal(admit(
+            &file(past),
+            &alice(),
+            &host.rules(),
+            &Jobs::default(),
+            now,
+        ));
+        assert!(
+            reason.contains("field `begin`") && reason.contains("had passed"),
+            "{reason}"
+        );
+        let no_begin = Host::new().admit(TRUE, "t", &alice(), &Jobs::default());
+        assert!(
+            matches!(no_begin, Admission::Accept { records, .. } if records[0].begin_at.is_none())
+        );
     }
 
     #[test]

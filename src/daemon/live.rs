@@ -2,9 +2,13 @@
 //!
 //! - every id in `queue` is a queued record of `jobs`, and every queued
 //!   record is in `queue`;
+//! - every `(at, id)` in `begins` is a queued record whose `begin_at` is
+//!   `at`: the begin timers not yet due ([`Live::take_due_begins`] drops
+//!   those that are);
 //! - `queued_per_user[uid]` counts the queued records of `uid`;
 //! - `constrained` holds exactly the queued records that wait on other jobs,
-//!   on their sweep's `max_parallel` or on a release ([`is_constrained`]);
+//!   on their sweep's `max_parallel`, on a release or on a begin time
+//!   ([`is_constrained`]);
 //! - `held[gpu]` is a launching or running record that names `gpu`, and
 //!   such a record holds each GPU it names.
 //!
@@ -17,16 +21,18 @@
 //! from launching to running there. [`Live::check`] states the rules, for
 //! the tests. Pure: no I/O.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::scheduler::Queue;
 use crate::spec::JobId;
 use crate::store::{JobRecord, JobState};
 
 /// Whether a queued job waits on something besides GPUs: other jobs
-/// (`after`), its sweep's `max_parallel`, or a release (held).
+/// (`after`), its sweep's `max_parallel`, a release (held), or a begin
+/// time (kept after it passed: one comparison per plan).
 pub(super) fn is_constrained(record: &JobRecord) -> bool {
     record.held
+        || record.begin_at.is_some()
         || !record.spec.after.is_empty()
         || (record.group.is_some() && record.max_parallel.is_some())
 }
@@ -44,6 +50,9 @@ pub(super) struct Live {
     constrained: HashSet<JobId>,
     /// GPU index → the job holding it.
     held: BTreeMap<u32, JobId>,
+    /// Queued jobs' begin times not yet due, earliest first: the one
+    /// timer the state task arms.
+    begins: BTreeSet<(u64, JobId)>,
 }
 
 impl std::ops::Index<&JobId> for Live {
@@ -95,11 +104,30 @@ impl Live {
         self.queued_per_user.get(&uid).copied().unwrap_or(0)
     }
 
+    /// The earliest begin time (µs since the epoch) not yet due.
+    pub(super) fn next_begin(&self) -> Option<u64> {
+        self.begins.first().map(|(at, _)| *at)
+    }
+
+    /// Drops the begin times due by `now`: whether any was (a plan then
+    /// sees those jobs free to start).
+    pub(super) fn take_due_begins(&mut self, now: u64) -> bool {
+        let mut any = false;
+        while self.begins.first().is_some_and(|(at, _)| *at <= now) {
+            self.begins.pop_first();
+            any = true;
+        }
+        any
+    }
+
     /// A queued job: accepted now, or restored at a start.
     pub(super) fn queue_job(&mut self, record: JobRecord) {
         debug_assert_eq!(record.state, JobState::Queued);
         if is_constrained(&record) {
             self.constrained.insert(record.id.clone());
+        }
+        if let Some(at) = record.begin_at {
+            self.begins.insert((at, record.id.clone()));
         }
         self.queue.push(
             record.id.clone(),
@@ -144,26 +172,29 @@ impl Live {
             return;
         };
         debug_assert_eq!(record.state, JobState::Launching);
-        let uid = record.owner.uid;
+        let (uid, begin_at) = (record.owner.uid, record.begin_at);
         for gpu in &record.gpus {
             self.held.insert(gpu.index, id.clone());
         }
-        self.dequeue(id, uid);
+        self.dequeue(id, uid, begin_at);
     }
 
     /// A job's end is recorded: it leaves every index, its GPUs are free.
     pub(super) fn ended(&mut self, id: &JobId) -> Option<JobRecord> {
         let record = self.jobs.remove(id)?;
         if record.state == JobState::Queued {
-            self.dequeue(id, record.owner.uid);
+            self.dequeue(id, record.owner.uid, record.begin_at);
         }
         self.held.retain(|_, holder| holder != id);
         Some(record)
     }
 
-    fn dequeue(&mut self, id: &JobId, owner_uid: u32) {
+    fn dequeue(&mut self, id: &JobId, owner_uid: u32, begin_at: Option<u64>) {
         self.queue.remove(id);
         self.constrained.remove(id);
+        if let Some(at) = begin_at {
+            self.begins.remove(&(at, id.clone()));
+        }
         if let Some(n) = self.queued_per_user.get_mut(&owner_uid) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -197,6 +228,12 @@ impl Live {
         }
         if self.constrained.len() > queued.len() {
             return Err("a job is constrained but not queued".into());
+        }
+        for (at, id) in &self.begins {
+            let r = self.jobs.get(id).filter(|r| r.state == JobState::Queued);
+            if r.and_then(|r| r.begin_at) != Some(*at) {
+                return Err(format!("{id}'s begin timer is not its queued record's"));
+            }
         }
         let mut per_user: HashMap<u32, usize> = HashMap::new();
         for r in &queued {
@@ -329,6 +366,38 @@ mod tests {
         assert!(!live.set_held(&a, true));
         assert!(!live.get(&a).unwrap().held);
         live.check().unwrap();
+    }
+
+    #[test]
+    fn begin_timers_fire_in_order_and_leave_with_their_job() {
+        let mut live = Live::default();
+        let begins = |at: u64, id: &str| {
+            let mut r = queued(PLAIN, id, 1000);
+            r.begin_at = Some(at);
+            r
+        };
+        live.queue_job(begins(300, "late"));
+        live.queue_job(begins(100, "early"));
+        live.queue_job(begins(200, "gone"));
+        live.queue_job(queued(PLAIN, "plain", 1000));
+        live.check().unwrap();
+        assert_eq!(live.constrained().len(), 3);
+        assert_eq!(live.next_begin(), Some(100));
+        assert!(!live.take_due_begins(99));
+        assert!(live.take_due_begins(100));
+        assert_eq!(live.next_begin(), Some(200));
+        // A job that leaves the queue takes its timer with it.
+        let gone = JobId::parse("gone").unwrap();
+        assert!(live.ended(&gone).is_some());
+        live.check().unwrap();
+        assert_eq!(live.next_begin(), Some(300));
+        // Due ones stay constrained (planning compares the time).
+        assert!(live.constrained().contains(&JobId::parse("early").unwrap()));
+        let late = JobId::parse("late").unwrap();
+        *live.get_mut(&late).unwrap() = launching(&live, &late, &[]);
+        live.launched(&late);
+        live.check().unwrap();
+        assert_eq!(live.next_begin(), None);
     }
 
     #[test]

@@ -499,10 +499,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         let replan_at = daemon.gpu_replan_at;
         let status_at = daemon.status.flush_at;
         let strays_at = daemon.strays.next_due();
-        let release_at = daemon.kept.next_due().map(|due| {
-            tokio::time::Instant::now()
-                + std::time::Duration::from_micros(due.saturating_sub(now_micros()))
-        });
+        let release_at = daemon.kept.next_due().map(instant_of);
+        let begin_at = daemon.live.next_begin().map(instant_of);
         tokio::select! {
             // In this order: a flood of spool files must starve neither the
             // watchdog nor the recording of jobs that end.
@@ -565,6 +563,15 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             }
             _ = tokio::time::sleep_until(strays_at.unwrap_or_else(tokio::time::Instant::now)), if strays_at.is_some() => {
                 daemon.refuse_strays();
+            }
+            // A job's `begin` came: it may start now. (The monotonic
+            // timer may fire a little before the wall clock says so;
+            // then nothing is due and it is armed again for the rest.)
+            _ = tokio::time::sleep_until(begin_at.unwrap_or_else(tokio::time::Instant::now)), if begin_at.is_some() => {
+                if daemon.live.take_due_begins(now_micros()) {
+                    daemon.schedule().await;
+                    daemon.notify_status();
+                }
             }
             // Every file seen goes into the fair intake at once (a name
             // costs an lstat); claims are taken from it a pass at a time.
@@ -645,6 +652,13 @@ impl admission::Known for Daemon {
 
 /// A unit's state, or NoAnswer when systemd does not answer in time (zbus
 /// would wait forever).
+/// The monotonic instant of a wall-clock moment (µs since the epoch),
+/// for the loop's timers; a moment passed is now.
+fn instant_of(moment: u64) -> tokio::time::Instant {
+    tokio::time::Instant::now()
+        + std::time::Duration::from_micros(moment.saturating_sub(now_micros()))
+}
+
 async fn timed_look(systemd: &Systemd, unit: &str) -> Result<UnitState, SystemdError> {
     match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, systemd.unit_state(unit)).await {
         Ok(state) => state,
@@ -1283,6 +1297,7 @@ impl Daemon {
             if self.live.constrained().is_empty() {
                 return;
             }
+            let now = now_micros();
             let mut never = Vec::new();
             let mut running_in_group: HashMap<&JobId, u32> = HashMap::new();
             // Launching jobs whose call waits count as running.
@@ -1324,6 +1339,12 @@ impl Daemon {
                             continue;
                         }
                     }
+                }
+                // After the dependencies, so that a failed parent ends a
+                // job that waits for its time now, not at that time.
+                if record.begin_at.is_some_and(|at| at > now) {
+                    self.blocked.insert(id.clone());
+                    continue;
                 }
                 // max_parallel: only as many members as free slots may be
                 // planned now (one plan may start several at once).
@@ -2413,6 +2434,15 @@ impl Daemon {
             {
                 return Some((format!("waiting for {}", ids.join(", ")), ids));
             }
+        }
+        if let Some(at) = record.begin_at.filter(|at| *at > now_micros()) {
+            return Some((
+                format!(
+                    "waiting until {} (its `begin`)",
+                    crate::spec::begin::format_moment(at)
+                ),
+                Vec::new(),
+            ));
         }
         if let (true, Some(group), Some(max)) = (
             self.blocked.contains(&record.id),

@@ -1,6 +1,9 @@
-//! Issue 22 (first part): a job held by its descriptor or by `ptrain
-//! hold` stays queued, holding nothing, until its owner (or root) releases
-//! it, across a kill -9 of ptraind.
+//! Issue 22: a job held by its descriptor or by `ptrain hold` stays
+//! queued, holding nothing, until its owner (or root) releases it; a job
+//! with a `begin` stays queued until then and starts on time; both across
+//! a kill -9 of ptraind.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::daemon::{text, TestDaemon, ALICE, BOB, WAIT};
 use crate::harness::wait_for;
@@ -12,6 +15,19 @@ fn is_held(d: &TestDaemon, id: &str) -> bool {
         && view["detail"]
             .as_str()
             .is_some_and(|s| s.contains(&format!("held; `ptrain release {id}`")))
+}
+
+/// kill -9 of ptraind, the test's first: waits for systemd's restart.
+fn kill_9_once(d: &TestDaemon) {
+    let (ok, out) = d
+        .harness
+        .systemctl(&["kill", "-s", "KILL", "ptraind.service"]);
+    assert!(ok, "{out}");
+    wait_for("ptraind to be restarted", WAIT, || {
+        (d.unit_property("ptraind.service", "NRestarts") == "1"
+            && d.unit_property("ptraind.service", "ActiveState") == "active")
+            .then_some(())
+    });
 }
 
 #[test]
@@ -72,15 +88,7 @@ fn a_held_job_starts_only_when_its_owner_releases_it_even_after_a_kill_9() {
     assert!(is_held(&d, "child"), "{}", d.status("child").unwrap());
 
     // kill -9: the holds are in the records.
-    let (ok, out) = d
-        .harness
-        .systemctl(&["kill", "-s", "KILL", "ptraind.service"]);
-    assert!(ok, "{out}");
-    wait_for("ptraind to be restarted", WAIT, || {
-        (d.unit_property("ptraind.service", "NRestarts") == "1"
-            && d.unit_property("ptraind.service", "ActiveState") == "active")
-            .then_some(())
-    });
+    kill_9_once(&d);
     wait_for("ptraind to answer again", WAIT, || {
         d.status("h").map(|_| ())
     });
@@ -101,4 +109,113 @@ fn a_held_job_starts_only_when_its_owner_releases_it_even_after_a_kill_9() {
         "{}",
         text(&out)
     );
+}
+
+/// Now plus `ahead`, as RFC 3339 in UTC+08:00 (the offset a user in
+/// Beijing writes), and as µs since the epoch.
+fn beijing_time_in(ahead: Duration) -> (String, u64) {
+    let at = SystemTime::now() + ahead;
+    let us = at.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64;
+    let local = humantime::format_rfc3339_seconds(at + Duration::from_secs(8 * 3600)).to_string();
+    let whole_second_us = us / 1_000_000 * 1_000_000;
+    (
+        format!("{}+08:00", local.trim_end_matches('Z')),
+        whole_second_us,
+    )
+}
+
+/// A job started within a second of its `begin`, never before.
+fn started_on_time(view: &serde_json::Value, begin_us: u64) {
+    assert_eq!(view["begin_at"].as_u64(), Some(begin_us), "{view}");
+    let started = view["started_at"].as_u64().expect("started_at");
+    assert!(
+        started >= begin_us && started - begin_us <= 1_000_000,
+        "started {} ms after its begin: {view}",
+        (started as i64 - begin_us as i64) / 1000
+    );
+}
+
+#[test]
+fn a_job_with_a_begin_waits_holding_nothing_and_starts_on_time_even_after_a_kill_9() {
+    let d = TestDaemon::start("begin");
+    // Bad begins are refused, naming the field and the fix.
+    for (file, begin, says) in [
+        (
+            "past.json",
+            "\"2020-01-01T00:00:00Z\"",
+            "had passed when the file was written",
+        ),
+        (
+            "zone.json",
+            "\"2030-01-01T00:00:00\"",
+            "carries no UTC offset",
+        ),
+        ("far.json", "\"400d\"", "365 days"),
+    ] {
+        d.drop_job(
+            ALICE,
+            file,
+            &format!(r#"{{"version": 1, "command": ["true"], "begin": {begin}}}"#),
+        );
+        let r = d.wait_rejected(ALICE, file);
+        let reason = r["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("field `begin`") && reason.contains(says),
+            "{r}"
+        );
+    }
+
+    // A moment with its offset, and a delay; each waits, says so.
+    let (moment, moment_us) = beijing_time_in(Duration::from_secs(8));
+    d.drop_job(
+        ALICE,
+        "at.json",
+        &serde_json::json!({"version": 1, "command": ["true"], "begin": moment}).to_string(),
+    );
+    let work = d.workdir(ALICE);
+    d.drop_job(
+        ALICE,
+        "later.json",
+        &serde_json::json!({"version": 1, "workdir": work, "begin": "25s",
+            "command": ["/bin/sh", "-c", "echo ran >> later.runs"]})
+        .to_string(),
+    );
+    for id in ["at", "later"] {
+        let view = d.wait_claimed(id);
+        assert_eq!(view["status"], "queued", "{view}");
+        assert!(
+            view["detail"].as_str().unwrap().contains("(its `begin`)"),
+            "{view}"
+        );
+    }
+    let later_us = d.status("later").unwrap()["begin_at"].as_u64().unwrap();
+    // Not before its time: a job with none runs past them meanwhile.
+    assert_eq!(
+        d.run_to_end(ALICE, "now", r#"{"version": 1, "command": ["true"]}"#)["status"],
+        "succeeded"
+    );
+    assert_eq!(d.status("at").unwrap()["status"], "queued");
+    let out = d.ptrain(ALICE, &["status", "at"]);
+    assert!(text(&out).contains("begin:"), "{}", text(&out));
+
+    let at = d.wait_ended("at");
+    assert_eq!(at["status"], "succeeded", "{at}");
+    started_on_time(&at, moment_us);
+
+    // kill -9 while the delay's timer is pending: the restarted ptraind
+    // arms it again from the record.
+    assert_eq!(d.status("later").unwrap()["status"], "queued");
+    kill_9_once(&d);
+    wait_for("ptraind to answer again", WAIT, || d.status("later"));
+    let now_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert!(now_us < later_us, "the restart took past the begin time");
+    assert_eq!(d.status("later").unwrap()["status"], "queued");
+    let later = d.wait_ended("later");
+    assert_eq!(later["status"], "succeeded", "{later}");
+    started_on_time(&later, later_us);
+    let runs = std::fs::read_to_string(work.join("later.runs")).unwrap();
+    assert_eq!(runs, "ran\n", "ran once");
 }

@@ -90,6 +90,9 @@ pub(crate) fn print_status(j: &JobView) {
     };
     outln!("gpus:      {gpus}");
     outln!("submitted: {}", format_time(j.submitted_at));
+    if let Some(b) = j.begin_at {
+        outln!("begin:     {}", format_time(b));
+    }
     if let Some(s) = j.started_at {
         outln!("started:   {}", format_time(s));
     }
