@@ -70,6 +70,8 @@ impl EndedJob {
             gpu_uuids: Vec::new(),
             submitted_at: self.submitted_at,
             begin_at: None,
+            attempt: 1,
+            attempts: Vec::new(),
             started_at: self.started_at,
             ended_at: Some(self.ended_at),
             exit_code,

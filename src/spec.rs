@@ -22,6 +22,7 @@ pub mod dependencies;
 mod gpu_request;
 mod idle_timeout;
 pub mod notify;
+pub mod retry;
 pub use gpu_request::{GpuRequest, GpuSelector, GPUS_FIELDS, MAX_GPU_INDEX};
 pub use idle_timeout::{validate_idle_timeout, MAX_IDLE_TIMEOUT};
 
@@ -81,6 +82,10 @@ pub const SPEC_FIELDS: &[&str] = &[
     "notify_on",
     "hold",
     "begin",
+    "retries",
+    "retry_on",
+    "retry_delay",
+    "requeue_exit_code",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -314,6 +319,9 @@ pub struct JobSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub begin: Option<begin::Begin>,
+    /// Whether a failed attempt runs again ([`retry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<retry::Retry>,
 }
 
 mod timeout_serde {
@@ -474,6 +482,10 @@ pub enum SpecError {
     /// The message says what is wrong and how to write it.
     #[error("field `begin` {0}")]
     Begin(String),
+
+    /// The message names the field and says how to write it.
+    #[error("{0}")]
+    Retry(String),
 
     #[error("field `{field}` must not be empty; write a few words or omit the field")]
     TextEmpty { field: &'static str },
@@ -902,6 +914,10 @@ struct RawSpec {
     notify_on: Option<Value>,
     hold: Option<Value>,
     begin: Option<Value>,
+    retries: Option<Value>,
+    retry_on: Option<Value>,
+    retry_delay: Option<Value>,
+    requeue_exit_code: Option<Value>,
 }
 
 impl RawSpec {
@@ -933,6 +949,10 @@ impl RawSpec {
                 "notify_on" => &mut raw.notify_on,
                 "hold" => &mut raw.hold,
                 "begin" => &mut raw.begin,
+                "retries" => &mut raw.retries,
+                "retry_on" => &mut raw.retry_on,
+                "retry_delay" => &mut raw.retry_delay,
+                "requeue_exit_code" => &mut raw.requeue_exit_code,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -1040,6 +1060,13 @@ impl RawSpec {
             .begin
             .map(|v| begin::validate_begin(&v).map_err(SpecError::Begin))
             .transpose()?;
+        let retry = retry::validate(
+            self.retries.as_ref(),
+            self.retry_on.as_ref(),
+            self.retry_delay.as_ref(),
+            self.requeue_exit_code.as_ref(),
+        )
+        .map_err(SpecError::Retry)?;
         Ok(JobSpec {
             id,
             command,
@@ -1060,6 +1087,7 @@ impl RawSpec {
             credentials,
             hold,
             begin,
+            retry,
         })
     }
 }

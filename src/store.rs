@@ -132,6 +132,40 @@ pub struct JobRecord {
     /// descriptor's `begin`, resolved when it was claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub begin_at: Option<u64>,
+    /// Which attempt this is (1 for the first; a retry or requeue is
+    /// the next, under the same id).
+    #[serde(default = "first_attempt", skip_serializing_if = "is_first_attempt")]
+    pub attempt: u32,
+    /// The attempts before this one, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<Attempt>,
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+fn is_first_attempt(n: &u32) -> bool {
+    *n == 1
+}
+
+/// An attempt that ended and was followed by another: how it ran and
+/// ended, and its invocation (its output in the journal).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub attempt: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
+    pub ended_at: u64,
+    pub outcome: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub systemd_result: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    /// Why it runs again, in words.
+    pub why: String,
 }
 
 /// A job's resource use over its run, read from its unit's cgroup when the
@@ -196,6 +230,8 @@ impl JobRecord {
             notifications: Vec::new(),
             usage: None,
             begin_at: None,
+            attempt: 1,
+            attempts: Vec::new(),
         }
     }
 

@@ -93,6 +93,9 @@ pub fn daemon_environment(record: &JobRecord, result_file: &Path) -> Vec<String>
         format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")),
         "CUDA_DEVICE_ORDER=PCI_BUS_ID".into(),
         format!("PTRAIN_JOB_ID={}", record.id),
+        // Which attempt this is (1 first): a retried script resumes from
+        // its checkpoint when it is more.
+        format!("PTRAIN_ATTEMPT={}", record.attempt),
         format!("PTRAIN_GPUS={}", indices.join(",")),
         format!("PTRAIN_RESULT_FILE={}", result_file.display()),
     ]

@@ -43,6 +43,12 @@ pub struct JobView {
     /// Not started before this moment (the descriptor's `begin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub begin_at: Option<u64>,
+    /// Which attempt this is (1 first), and the attempts before it
+    /// (the owner's, like the exit).
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<crate::store::Attempt>,
     pub started_at: Option<u64>,
     pub ended_at: Option<u64>,
     pub exit_code: Option<i32>,
@@ -108,6 +114,10 @@ pub struct JobView {
     pub usage: Option<crate::accounting::UsageView>,
 }
 
+fn first_attempt() -> u32 {
+    1
+}
+
 /// A job's exit code, signal and the sentence that says how it ended (or
 /// its status word while it has no outcome).
 pub fn outcome_fields(
@@ -161,6 +171,7 @@ impl JobView {
             after_fail: Vec::new(),
             after_any: Vec::new(),
             waiting_for: Vec::new(),
+            attempts: Vec::new(),
             // The sweep's id stays: it names jobs, as their ids do, and
             // `ptrain wait SWEEP` by others needs it.
             priority: 0,
@@ -199,6 +210,8 @@ impl JobView {
             gpu_uuids: record.gpus.iter().map(|g| g.uuid.clone()).collect(),
             submitted_at: record.submitted_at,
             begin_at: record.begin_at,
+            attempt: record.attempt,
+            attempts: record.attempts.clone(),
             started_at: record.started_at,
             ended_at: record.ended_at,
             exit_code,

@@ -15,7 +15,8 @@
 use crate::gpu::GpuInfo;
 use crate::job::{outcome_of_unit, NotifyEvent};
 use crate::notifications::{intents_for, Intent, NotificationsConfig};
-use crate::store::{AssignedGpu, JobRecord, JobState, Outcome, Usage};
+use crate::spec::retry::{next_attempt, Next};
+use crate::store::{AssignedGpu, Attempt, JobRecord, JobState, Outcome, Usage};
 use crate::unit::UnitState;
 
 /// The record's launch, written before `StartTransientUnit` is asked for
@@ -81,7 +82,11 @@ pub(super) fn running(
     record.started_at = Some(state.exec_main_start).filter(|t| *t > 0).or(Some(now));
     record.main_pid = Some(state.main_pid).filter(|p| *p > 0);
     record.invocation_id = state.invocation_id.clone();
-    let intents = intents_for(notifications, record, NotifyEvent::Started, now);
+    // A job is told started once, by its first attempt.
+    let intents = match record.attempt {
+        1 => intents_for(notifications, record, NotifyEvent::Started, now),
+        _ => Vec::new(),
+    };
     record.notifications.extend(intents.iter().cloned());
     Some(intents)
 }
@@ -179,7 +184,8 @@ pub(super) fn ended(
     // Before the intents: their notices are made from the ended record.
     record.outcome = Some(outcome.clone());
     let mut intents = Vec::new();
-    let ran_unseen = current.state == JobState::Launching && record.started_at.is_some();
+    let ran_unseen =
+        current.state == JobState::Launching && record.started_at.is_some() && current.attempt == 1;
     if ran_unseen {
         intents.extend(intents_for(
             notifications,
@@ -200,6 +206,55 @@ pub(super) fn ended(
         outcome,
         intents,
     }
+}
+
+/// Whether the attempt `ended` ends runs again, by the job's retry
+/// policy ([`crate::spec::retry`]): then the record of its next attempt,
+/// made from `current` (left as it is): queued, holding nothing, this
+/// attempt kept in `attempts` (its invocation names its output), its
+/// backoff as its `begin`. The end's intents are not in it: dependents,
+/// waiters and notifications see the last attempt's end only. `None`:
+/// the end stands.
+pub(super) fn requeued(current: &JobRecord, ended: &Ended, now: u64) -> Option<JobRecord> {
+    let end = &ended.record;
+    let Next::Again { delay, why } = next_attempt(
+        current.spec.retry.as_ref(),
+        &ended.outcome,
+        end.systemd_result.as_deref(),
+        current.attempt,
+    ) else {
+        return None;
+    };
+    let mut record = current.clone();
+    record.attempts.push(Attempt {
+        attempt: current.attempt,
+        invocation_id: end.invocation_id.clone(),
+        started_at: end.started_at,
+        ended_at: end.ended_at.unwrap_or(now),
+        outcome: ended.outcome.clone(),
+        systemd_result: end.systemd_result.clone(),
+        gpus: end.gpus.iter().map(|g| g.index).collect(),
+        why,
+    });
+    record.attempt += 1;
+    record.state = JobState::Queued;
+    record.gpus.clear();
+    record.invocation_id = None;
+    record.main_pid = None;
+    record.started_at = None;
+    record.ended_at = None;
+    record.outcome = None;
+    record.systemd_result = None;
+    record.stop_requested_by = None;
+    record.idle_timeout_hit = None;
+    record.result = None;
+    record.result_error = None;
+    record.usage = None;
+    // At least a second: the ended unit's release reaches systemd before
+    // the next attempt's unit of that name is asked for.
+    let delay = delay.max(std::time::Duration::from_secs(1));
+    record.begin_at = Some(now.saturating_add(delay.as_micros() as u64));
+    Some(record)
 }
 
 #[cfg(test)]

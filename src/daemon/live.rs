@@ -15,7 +15,8 @@
 //! The state task changes them only through [`Live`]'s methods, one per
 //! step of a job's life: [`Live::queue_job`] (accepted or restored
 //! queued), [`Live::restore_active`] (launching or running at a restart),
-//! [`Live::launched`] (its launch is recorded), [`Live::ended`], and
+//! [`Live::launched`] (its launch is recorded), [`Live::requeued`] (its
+//! next attempt is recorded), [`Live::ended`], and
 //! [`Live::set_held`] (held or released while queued). A record's
 //! other fields change in place ([`Live::get_mut`]); its state moves only
 //! from launching to running there. [`Live::check`] states the rules, for
@@ -177,6 +178,24 @@ impl Live {
             self.held.insert(gpu.index, id.clone());
         }
         self.dequeue(id, uid, begin_at);
+    }
+
+    /// A launching or running job's attempt ended and the next one is
+    /// recorded queued ([`super::lifecycle::requeued`]): its GPUs are
+    /// free, and it waits in the queue (for its begin) like a new job.
+    pub(super) fn requeued(&mut self, record: JobRecord) {
+        debug_assert_eq!(record.state, JobState::Queued);
+        let id = record.id.clone();
+        if self
+            .jobs
+            .get(&id)
+            .is_some_and(|r| r.state == JobState::Queued)
+        {
+            return;
+        }
+        self.held.retain(|_, holder| *holder != id);
+        self.jobs.remove(&id);
+        self.queue_job(record);
     }
 
     /// A job's end is recorded: it leaves every index, its GPUs are free.

@@ -907,9 +907,14 @@ impl Daemon {
                 self.held_changed();
             }
         }
-        // Recorders that wrote after ptraind had recorded the end itself.
+        // Recorders that wrote after ptraind had recorded the end itself
+        // (or an attempt's end, the job queued again since).
         for id in self.store.exit_record_ids() {
-            if !self.live.contains(&id) {
+            if self
+                .live
+                .get(&id)
+                .is_none_or(|r| r.state == JobState::Queued)
+            {
                 self.store.remove_exit_record(&id);
             }
         }
@@ -994,8 +999,11 @@ impl Daemon {
             return false;
         };
         let other_invocation = exit.invocation_id.is_some()
-            && record.invocation_id.is_some()
-            && exit.invocation_id != record.invocation_id;
+            && (record.invocation_id.is_some() && exit.invocation_id != record.invocation_id
+                || record
+                    .attempts
+                    .iter()
+                    .any(|a| a.invocation_id == exit.invocation_id));
         // Written before this job was even submitted: a namesake's.
         if other_invocation || exit.recorded_at < record.submitted_at {
             // A namesake's: an earlier job with this id ended after ptraind
@@ -2105,13 +2113,14 @@ impl Daemon {
         let stopper_name = lifecycle::stopper_to_name(&outcome)
             .and_then(|uid| self.owners.owner_of_uid(uid))
             .map(|o| o.name);
+        let now = now_micros();
         let facts = lifecycle::EndFacts {
             outcome,
             unit: state,
             result,
             usage,
             stopper_name,
-            now: now_micros(),
+            now,
         };
         // The end and its notification intents are one durable write, made
         // on a copy: memory says "ended" only once the disk does.
@@ -2120,6 +2129,20 @@ impl Daemon {
             outcome,
             intents,
         } = lifecycle::ended(current, facts, &self.config.notifications);
+        let ended = lifecycle::Ended {
+            record,
+            outcome,
+            intents,
+        };
+        if let Some(next) = lifecycle::requeued(current, &ended, now) {
+            self.run_again(next);
+            return;
+        }
+        let lifecycle::Ended {
+            record,
+            outcome,
+            intents,
+        } = ended;
         crash_point("before-record-exit");
         if let Err(e) = self.store.save(&record) {
             // Keep our reference on the unit so the result can still be
@@ -2169,6 +2192,45 @@ impl Daemon {
         // posted before its signal, which a caller may act on.
         self.refresh_queued(self.live.constrained());
         self.announce(&record);
+    }
+
+    /// An attempt ended and the job runs again ([`lifecycle::requeued`]):
+    /// the next attempt is saved queued first; then the ended unit is let
+    /// go at once (the next attempt's unit has its name), its GPUs are
+    /// free, and its begin timer is armed.
+    fn run_again(&mut self, record: JobRecord) {
+        let id = record.id.clone();
+        crash_point("before-record-requeue");
+        if let Err(e) = self.store.save(&record) {
+            error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the job's next attempt; keeping the unit until it can be recorded");
+            self.store_failed();
+            return;
+        }
+        if let Some(last) = record.attempts.last() {
+            info!(
+                job = %id,
+                PTRAIN_JOB = %id,
+                attempt = last.attempt,
+                "attempt {} ended: {}; {}: attempt {} from {}",
+                last.attempt,
+                last.outcome.describe(),
+                last.why,
+                record.attempt,
+                record
+                    .begin_at
+                    .map(crate::spec::begin::format_moment)
+                    .unwrap_or_default(),
+            );
+        }
+        self.live.requeued(record);
+        self.store.remove_exit_record(&id);
+        self.runtime.remove(&id);
+        self.held_changed();
+        let unit = id.unit_name();
+        if self.by_unit.remove(&unit).is_some() {
+            self.systemd.release_in_background(unit);
+        }
+        self.emit_changed(&id);
     }
 
     /// A finished job's full record, from disk (memory keeps a summary).
@@ -2436,13 +2498,18 @@ impl Daemon {
             }
         }
         if let Some(at) = record.begin_at.filter(|at| *at > now_micros()) {
-            return Some((
-                format!(
-                    "waiting until {} (its `begin`)",
-                    crate::spec::begin::format_moment(at)
+            let at = crate::spec::begin::format_moment(at);
+            let detail = match record.attempts.last() {
+                Some(last) => format!(
+                    "attempt {} waits until {at} ({}; attempt {}: {})",
+                    record.attempt,
+                    last.why,
+                    last.attempt,
+                    last.outcome.describe()
                 ),
-                Vec::new(),
-            ));
+                None => format!("waiting until {at} (its `begin`)"),
+            };
+            return Some((detail, Vec::new()));
         }
         if let (true, Some(group), Some(max)) = (
             self.blocked.contains(&record.id),

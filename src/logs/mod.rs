@@ -426,7 +426,14 @@ impl Logs {
                     });
                 }
             }
-            JobState::Queued | JobState::Launching => {}
+            // Queued again as its next attempt: not watched while it
+            // waits (a retry's backoff); its run is watched anew.
+            JobState::Queued => {
+                let _ = self.inner.idle.send(IdleCommand::Untrack {
+                    unit: record.unit.clone(),
+                });
+            }
+            JobState::Launching => {}
         }
     }
 

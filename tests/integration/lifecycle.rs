@@ -219,3 +219,78 @@ fn a_job_with_a_begin_waits_holding_nothing_and_starts_on_time_even_after_a_kill
     let runs = std::fs::read_to_string(work.join("later.runs")).unwrap();
     assert_eq!(runs, "ran\n", "ran once");
 }
+
+#[test]
+fn a_failing_job_with_retries_runs_again_as_its_next_attempt_across_a_kill_9() {
+    let d = TestDaemon::start("retry");
+    let work = d.workdir(ALICE);
+    // Fails twice, then succeeds; each attempt notes PTRAIN_ATTEMPT.
+    let flaky = serde_json::json!({"version": 1, "workdir": work,
+        "retries": 2, "retry_delay": "3s",
+        "command": ["/bin/sh", "-c",
+            "echo $PTRAIN_ATTEMPT >> flaky.attempts; [ $PTRAIN_ATTEMPT -ge 3 ]"]});
+    d.drop_job(ALICE, "flaky.json", &flaky.to_string());
+    d.drop_job(
+        ALICE,
+        "after.json",
+        r#"{"version": 1, "command": ["true"], "after_ok": ["flaky"]}"#,
+    );
+    // Asks to be requeued once by its exit code; fails on another code
+    // that its retry_on does not name.
+    let requeue = serde_json::json!({"version": 1, "workdir": work,
+        "requeue_exit_code": 85,
+        "command": ["/bin/sh", "-c", "[ $PTRAIN_ATTEMPT -ge 2 ] || exit 85"]});
+    d.drop_job(ALICE, "requeue.json", &requeue.to_string());
+    d.drop_job(
+        ALICE,
+        "other.json",
+        r#"{"version": 1, "command": ["sh", "-c", "exit 4"], "retries": 3, "retry_on": [3]}"#,
+    );
+
+    // Attempt 1 failed: queued again as attempt 2, its dependent waiting.
+    let waiting = wait_for("flaky's second attempt to be queued", WAIT, || {
+        d.status("flaky")
+            .filter(|v| v["status"] == "queued" && v["attempt"] == 2)
+    });
+    assert!(
+        waiting["detail"].as_str().unwrap().contains("retry 1 of 2"),
+        "{waiting}"
+    );
+    assert_eq!(
+        waiting["attempts"][0]["outcome"]["exit_code"], 1,
+        "{waiting}"
+    );
+    assert_eq!(d.status("after").unwrap()["status"], "queued");
+    kill_9_once(&d);
+
+    let end = d.wait_ended("flaky");
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(end["attempt"], 3, "{end}");
+    assert_eq!(end["attempts"].as_array().unwrap().len(), 2, "{end}");
+    let seen = std::fs::read_to_string(work.join("flaky.attempts")).unwrap();
+    assert_eq!(
+        seen, "1\n2\n3\n",
+        "each attempt ran once, knowing its number"
+    );
+    assert_eq!(d.wait_ended("after")["status"], "succeeded");
+    let out = d.ptrain(ALICE, &["status", "flaky"]);
+    assert!(
+        text(&out).contains("attempt 2: failed") && text(&out).contains("attempt:   3 (this one)"),
+        "{}",
+        text(&out)
+    );
+
+    let end = d.wait_ended("requeue");
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(end["attempt"], 2, "{end}");
+    assert!(
+        end["attempts"][0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("requeue_exit_code 85"),
+        "{end}"
+    );
+    let end = d.wait_ended("other");
+    assert_eq!(end["status"], "failed", "{end}");
+    assert_eq!(end["attempt"], 1, "{end}");
+}

@@ -114,6 +114,23 @@ pub(crate) fn print_status(j: &JobView) {
     for line in status_extras(j) {
         outln!("{line}");
     }
+    for a in &j.attempts {
+        let invocation = a
+            .invocation_id
+            .as_deref()
+            .map(|inv| format!("; invocation {}", escape(inv)))
+            .unwrap_or_default();
+        outln!(
+            "attempt {}: {} at {}{invocation}; then {}",
+            a.attempt,
+            a.outcome.describe(),
+            format_time(a.ended_at),
+            a.why
+        );
+    }
+    if j.attempt > 1 {
+        outln!("attempt:   {} (this one)", j.attempt);
+    }
     if let Some(inv) = &j.invocation_id {
         outln!("logs:      ptrain logs {} (invocation {inv})", j.id);
     }
