@@ -541,6 +541,17 @@ fn quote(s: &str) -> String {
     }
 }
 
+/// A value for an error message: a string quoted (escaped, bounded), a
+/// number as written, anything else by its kind; never raw text that a
+/// terminal would act on.
+fn shown(v: &Value) -> String {
+    match v {
+        Value::String(s) => quote(s),
+        Value::Number(n) => n.to_string(),
+        other => kind(other).to_owned(),
+    }
+}
+
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",

@@ -450,6 +450,54 @@ mod tests {
     }
 
     #[test]
+    fn a_retried_attempt_is_queued_as_the_next_holding_nothing_and_told_nowhere() {
+        let config = notifications();
+        let json = r#"{"version": 1, "command": ["true"], "gpus": 1, "retries": 1,
+                       "retry_delay": "5s", "notify_on": ["started", "failed"]}"#;
+        let mut current = job(json);
+        launching(&mut current, &[0], &[gpu(0)]);
+        let active = UnitState {
+            active_state: "active".into(),
+            ..exited(1)
+        };
+        let told = running(&mut current, &active, &config, 3_000).unwrap();
+        assert_eq!(keys(&told), ["j1.started.ops"]);
+        let unit = exited(1);
+        let end = ended(
+            &current,
+            facts(Outcome::Failed { exit_code: 1 }, Some(&unit)),
+            &config,
+        );
+        let next = requeued(&current, &end, 10_000).expect("retried");
+        assert_eq!(next.state, JobState::Queued);
+        assert_eq!(next.attempt, 2);
+        assert!(next.gpus.is_empty() && next.invocation_id.is_none() && next.outcome.is_none());
+        assert_eq!(next.begin_at, Some(10_000 + 5_000_000));
+        assert_eq!(next.attempts.len(), 1);
+        let first = &next.attempts[0];
+        assert_eq!(first.outcome, Outcome::Failed { exit_code: 1 });
+        assert_eq!((first.started_at, first.ended_at), (Some(2_000), 9_000));
+        assert_eq!(first.invocation_id.as_deref(), Some("abc"));
+        assert_eq!(first.gpus, [0]);
+        assert!(first.why.contains("retry 1 of 1"), "{}", first.why);
+        // The failure's notice is not in it; the start's stays, and the
+        // second attempt's start is not told again.
+        assert_eq!(keys(&next.notifications), ["j1.started.ops"]);
+        let mut second = next.clone();
+        launching(&mut second, &[0], &[gpu(0)]);
+        let told = running(&mut second, &active, &config, 20_000).unwrap();
+        assert!(told.is_empty());
+        // Its retries used up, the second failure is the end.
+        let end = ended(
+            &second,
+            facts(Outcome::Failed { exit_code: 1 }, Some(&unit)),
+            &config,
+        );
+        assert!(requeued(&second, &end, 30_000).is_none());
+        assert_eq!(keys(&end.intents), ["j1.failed.ops"]);
+    }
+
+    #[test]
     fn a_run_ptraind_never_saw_start_is_announced_before_its_end() {
         let config = notifications();
         let mut current =

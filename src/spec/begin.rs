@@ -57,7 +57,8 @@ pub fn validate_begin(v: &Value) -> Result<Begin, String> {
     if let Begin::After(d) = begin {
         if d > MAX_BEGIN_AHEAD {
             return Err(format!(
-                "{v} is more than 365 days ahead; pick a delay within a year (e.g. \"2h\", \"3d\") or omit the field"
+                "{} is more than 365 days ahead; pick a delay within a year (e.g. \"2h\", \"3d\") or omit the field",
+                super::shown(v)
             ));
         }
     }
@@ -71,26 +72,29 @@ fn parse(s: &str) -> Result<Begin, String> {
     if !looks_like_a_date {
         return humantime::parse_duration(s).map(Begin::After).map_err(|e| {
             format!(
-                "{s:?} is neither a time nor a delay ({e}); write e.g. \"2026-12-02T22:00:00+08:00\", \"2h\" or \"90m\""
+                "{} is neither a time nor a delay ({e}); write e.g. \"2026-12-02T22:00:00+08:00\", \"2h\" or \"90m\"", super::quote(s)
             )
         });
     }
     let (local, offset_secs) = split_offset(s).ok_or_else(|| {
         format!(
-            "{s:?} carries no UTC offset; add one (e.g. \"{s}+08:00\", or \"Z\" for UTC), since ptraind's time zone need not be yours"
+            "{} carries no UTC offset; add one (e.g. \"2026-12-02T22:00:00+08:00\", or \"Z\" for UTC), since ptraind's time zone need not be yours", super::quote(s)
         )
     })?;
     let local = humantime::parse_rfc3339_weak(local).map_err(|e| {
-        format!("{s:?} is not an RFC 3339 time ({e}); write e.g. \"2026-12-02T22:00:00+08:00\"")
+        format!(
+            "{} is not an RFC 3339 time ({e}); write e.g. \"2026-12-02T22:00:00+08:00\"",
+            super::quote(s)
+        )
     })?;
     let local_us = local
         .duration_since(UNIX_EPOCH)
-        .map_err(|_| format!("{s:?} lies before 1970; write a time to come"))?
+        .map_err(|_| format!("{} lies before 1970; write a time to come", super::quote(s)))?
         .as_micros() as i128;
     let utc_us = local_us - i128::from(offset_secs) * 1_000_000;
     u64::try_from(utc_us)
         .map(Begin::At)
-        .map_err(|_| format!("{s:?} lies before 1970; write a time to come"))
+        .map_err(|_| format!("{} lies before 1970; write a time to come", super::quote(s)))
 }
 
 /// `"…Z"` or `"…±HH:MM"`: the time before the offset, and the offset in

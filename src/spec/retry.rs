@@ -182,7 +182,8 @@ pub fn validate(
             }
             None => {
                 return Err(format!(
-                    "field `retries` must be a whole number from 0 to {MAX_RETRIES}, not {v}; write e.g. \"retries\": 2"
+                    "field `retries` must be a whole number from 0 to {MAX_RETRIES}, not {}; write e.g. \"retries\": 2",
+                    super::shown(v)
                 ))
             }
         },
@@ -195,7 +196,8 @@ pub fn validate(
             .collect::<Result<Vec<_>, _>>()?,
         Some(other) => {
             return Err(format!(
-                "field `retry_on` must be a non-empty list, not {other}; write e.g. \"retry_on\": [1, \"oom\", \"timed-out\"]"
+                "field `retry_on` must be a non-empty list, not {}; write e.g. \"retry_on\": [1, \"oom\", \"timed-out\"]",
+                super::shown(other)
             ))
         }
     };
@@ -204,20 +206,22 @@ pub fn validate(
         Some(v) => {
             let d = match v {
                 Value::String(s) => humantime::parse_duration(s.trim()).map_err(|e| {
-                    format!("field `retry_delay` {s:?} is not a duration ({e}); write e.g. \"30s\" or \"5m\"")
+                    format!("field `retry_delay` {} is not a duration ({e}); write e.g. \"30s\" or \"5m\"", super::quote(s))
                 })?,
                 Value::Number(n) => n.as_u64().map(Duration::from_secs).ok_or_else(|| {
                     format!("field `retry_delay` {n} is not a whole number of seconds; write e.g. \"30s\" or 30")
                 })?,
                 other => {
                     return Err(format!(
-                        "field `retry_delay` must be a duration, not {other}; write e.g. \"30s\""
+                        "field `retry_delay` must be a duration, not {}; write e.g. \"30s\"",
+                        super::shown(other)
                     ))
                 }
             };
             if d > MAX_BACKOFF {
                 return Err(format!(
-                    "field `retry_delay` {v} is longer than 6 hours; pick a shorter first wait (each later one doubles, up to 6 hours)"
+                    "field `retry_delay` {} is longer than 6 hours; pick a shorter first wait (each later one doubles, up to 6 hours)",
+                    super::shown(v)
                 ));
             }
             d
@@ -227,7 +231,8 @@ pub fn validate(
         .map(|v| match v.as_u64() {
             Some(n @ 1..=255) => Ok(n as i32),
             _ => Err(format!(
-                "field `requeue_exit_code` must be an exit code from 1 to 255, not {v}; write e.g. \"requeue_exit_code\": 85"
+                "field `requeue_exit_code` must be an exit code from 1 to 255, not {}; write e.g. \"requeue_exit_code\": 85",
+                super::shown(v)
             )),
         })
         .transpose()?;
@@ -258,9 +263,15 @@ fn retry_on_item(v: &Value) -> Result<RetryOn, String> {
         },
         Value::String(s) => serde_json::from_value::<RetryWord>(v.clone())
             .map(RetryOn::Word)
-            .map_err(|_| format!("field `retry_on` holds {s:?}; each item is {WORDS}")),
+            .map_err(|_| {
+                format!(
+                    "field `retry_on` holds {}; each item is {WORDS}",
+                    super::quote(s)
+                )
+            }),
         other => Err(format!(
-            "field `retry_on` holds {other}; each item is {WORDS}"
+            "field `retry_on` holds {}; each item is {WORDS}",
+            super::shown(other)
         )),
     }
 }
