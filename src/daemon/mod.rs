@@ -650,8 +650,6 @@ impl admission::Known for Daemon {
     }
 }
 
-/// A unit's state, or NoAnswer when systemd does not answer in time (zbus
-/// would wait forever).
 /// The monotonic instant of a wall-clock moment (µs since the epoch),
 /// for the loop's timers; a moment passed is now.
 fn instant_of(moment: u64) -> tokio::time::Instant {
@@ -659,6 +657,8 @@ fn instant_of(moment: u64) -> tokio::time::Instant {
         + std::time::Duration::from_micros(moment.saturating_sub(now_micros()))
 }
 
+/// A unit's state, or NoAnswer when systemd does not answer in time (zbus
+/// would wait forever).
 async fn timed_look(systemd: &Systemd, unit: &str) -> Result<UnitState, SystemdError> {
     match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, systemd.unit_state(unit)).await {
         Ok(state) => state,
@@ -2124,16 +2124,8 @@ impl Daemon {
         };
         // The end and its notification intents are one durable write, made
         // on a copy: memory says "ended" only once the disk does.
-        let lifecycle::Ended {
-            record,
-            outcome,
-            intents,
-        } = lifecycle::ended(current, facts, &self.config.notifications);
-        let ended = lifecycle::Ended {
-            record,
-            outcome,
-            intents,
-        };
+        let ended = lifecycle::ended(current, facts, &self.config.notifications);
+        // A retried attempt is not the job's end: the next one is saved.
         if let Some(next) = lifecycle::requeued(current, &ended, now) {
             self.run_again(next);
             return;
