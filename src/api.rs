@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::board::Board;
 use crate::logs::{JobLookup, JobOutput, Logs, LogsError, ReadOptions};
 use crate::notifications::{DeliveriesError, RetryTarget};
-use crate::requests::{ApiError, ApiRequest};
+use crate::requests::{ApiError, ApiRequest, Change};
 use crate::views::{JobView, Privacy};
 
 impl From<ApiError> for zbus::fdo::Error {
@@ -30,7 +30,9 @@ impl From<ApiError> for zbus::fdo::Error {
             ApiError::Rejected(_)
             | ApiError::Gpus(_)
             | ApiError::NotQueued { .. }
-            | ApiError::RecordHold { .. }
+            | ApiError::NotRunning { .. }
+            | ApiError::RecordChange { .. }
+            | ApiError::Freezer { .. }
             | ApiError::RecordStop(_)
             | ApiError::StopUnit(_) => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
@@ -144,20 +146,20 @@ impl DaemonApi {
             .map_err(zbus::fdo::Error::Failed)
     }
 
-    /// `Hold` and `Release`: the caller as the bus knows it, the decision
-    /// the state task's.
-    async fn set_held(
+    /// `Hold`, `Release`, `Pause`, `Resume`: the caller as the bus knows
+    /// it, the decision the state task's.
+    async fn change(
         &self,
         id: String,
-        hold: bool,
+        change: Change,
         conn: &zbus::Connection,
         header: &zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
         let caller_uid = self.callers.uid(conn, header).await?;
         Ok(self
-            .ask(|reply| ApiRequest::Hold {
+            .ask(|reply| ApiRequest::Change {
                 id,
-                hold,
+                change,
                 caller_uid,
                 reply,
             })
@@ -327,7 +329,7 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        self.set_held(id, true, conn, &header).await
+        self.change(id, Change::Hold, conn, &header).await
     }
 
     /// Releases a held job (or every held job of a sweep). Its owner or root.
@@ -337,7 +339,30 @@ impl DaemonApi {
         #[zbus(connection)] conn: &zbus::Connection,
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
-        self.set_held(id, false, conn, &header).await
+        self.change(id, Change::Release, conn, &header).await
+    }
+
+    /// Pauses a running job (or every running job of a sweep): systemd
+    /// freezes its processes, which keep their memory and GPUs. Its owner
+    /// or root.
+    async fn pause(
+        &self,
+        id: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        self.change(id, Change::Pause, conn, &header).await
+    }
+
+    /// Resumes a paused job (or every paused job of a sweep). Its owner or
+    /// root.
+    async fn resume(
+        &self,
+        id: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        self.change(id, Change::Resume, conn, &header).await
     }
 
     /// Rejected spool files: the caller's own (root: all), JSON array.
@@ -521,6 +546,8 @@ pub trait Daemon1 {
     fn stop(&self, id: &str) -> zbus::Result<String>;
     fn hold(&self, id: &str) -> zbus::Result<String>;
     fn release(&self, id: &str) -> zbus::Result<String>;
+    fn pause(&self, id: &str) -> zbus::Result<String>;
+    fn resume(&self, id: &str) -> zbus::Result<String>;
     fn rejected(&self) -> zbus::Result<String>;
     fn gpus(&self) -> zbus::Result<String>;
     fn logs(&self, id: &str, lines: u32) -> zbus::Result<String>;

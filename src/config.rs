@@ -62,6 +62,7 @@ struct RawJobs {
     idle_timeout: Option<serde_json::Value>,
     idle_requires_gpu_idle: Option<bool>,
     stop_grace: Option<String>,
+    max_stop_grace: Option<String>,
     keep_ended_units: Option<String>,
     max_kept_units: Option<usize>,
 }
@@ -94,7 +95,7 @@ pub const DEFAULT_REJECTED_MAX_AGE: std::time::Duration =
 
 /// `[jobs] stop_grace` by default, and its ceiling.
 pub const DEFAULT_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
-pub const MAX_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+pub const MAX_STOP_GRACE: std::time::Duration = crate::spec::checkpoint::MAX_STOP_GRACE;
 
 /// The validated configuration.
 #[derive(Clone, Debug)]
@@ -124,6 +125,9 @@ pub struct Config {
     /// SIGTERM and SIGKILL (the unit's TimeoutStopSec); its GPUs stay held
     /// until then.
     pub stop_grace: std::time::Duration,
+    /// `[jobs] max_stop_grace`: the longest `stop_grace` a job may ask
+    /// for (at most [`MAX_STOP_GRACE`], its default).
+    pub max_stop_grace: std::time::Duration,
     /// `[jobs] keep_ended_units`, `max_kept_units`: how long and how many
     /// ended units stay loaded for `systemctl status`.
     pub kept_units: crate::kept_units::KeepPolicy,
@@ -332,13 +336,33 @@ impl Config {
             raw.jobs.as_ref().and_then(|j| j.stop_grace.clone()),
         )?
         .unwrap_or(DEFAULT_STOP_GRACE);
-        if stop_grace.is_zero() || stop_grace > MAX_STOP_GRACE {
+        let max_stop_grace = duration(
+            "jobs.max_stop_grace",
+            raw.jobs.as_ref().and_then(|j| j.max_stop_grace.clone()),
+        )?
+        .unwrap_or(MAX_STOP_GRACE);
+        for (key, grace) in [
+            ("jobs.stop_grace", stop_grace),
+            ("jobs.max_stop_grace", max_stop_grace),
+        ] {
+            if grace.is_zero() || grace > MAX_STOP_GRACE {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} is outside 1s..{}; a job that ignores SIGTERM keeps its GPUs this long",
+                        humantime::format_duration(grace),
+                        humantime::format_duration(MAX_STOP_GRACE)
+                    ),
+                ));
+            }
+        }
+        if stop_grace > max_stop_grace {
             return Err(invalid(
                 "jobs.stop_grace",
                 format!(
-                    "{} is outside 1s..{}; a job that ignores SIGTERM keeps its GPUs this long",
+                    "{} is longer than jobs.max_stop_grace ({}); the default cannot exceed what a job may ask for, so lower it or raise max_stop_grace",
                     humantime::format_duration(stop_grace),
-                    humantime::format_duration(MAX_STOP_GRACE)
+                    humantime::format_duration(max_stop_grace)
                 ),
             ));
         }
@@ -392,6 +416,7 @@ impl Config {
             idle_timeout,
             idle_requires_gpu_idle,
             stop_grace,
+            max_stop_grace,
             kept_units,
             logs,
             policy,
@@ -418,6 +443,7 @@ impl<'a> From<&'a Config> for crate::unit::UnitSettings<'a> {
         crate::unit::UnitSettings {
             slice: &c.slice,
             stop_grace: c.stop_grace,
+            max_stop_grace: c.max_stop_grace,
             read_write_paths: &c.read_write_paths,
         }
     }

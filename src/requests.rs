@@ -37,13 +37,25 @@ pub enum ApiError {
         "job {id} is not queued (status: {status}); only a queued job can be held or released"
     )]
     NotQueued { id: String, status: &'static str },
-    /// `ptrain hold`, `release`: the change could not be made durable (for
-    /// a sweep, the members before this one were changed).
-    #[error("cannot record that job {id} is {held_or_released}: {source}; it stays as it was, try again once the state directory accepts writes")]
-    RecordHold {
+    /// `ptrain pause`, `resume`: the job is not running.
+    #[error(
+        "job {id} is not running (status: {status}); only a running job can be paused or resumed"
+    )]
+    NotRunning { id: String, status: &'static str },
+    /// A [`Change`] could not be made durable (for a sweep, the members
+    /// before this one were changed).
+    #[error("cannot record that job {id} is {done}: {source}; it stays as it was, try again once the state directory accepts writes")]
+    RecordChange {
         id: String,
-        held_or_released: &'static str,
+        done: &'static str,
         source: StoreError,
+    },
+    /// `ptrain pause`, `resume`: systemd did not freeze or thaw the unit.
+    #[error("systemd could not {verb} job {id}: {source}; it stays as it was")]
+    Freezer {
+        id: String,
+        verb: &'static str,
+        source: Box<SystemdError>,
     },
     /// `ptrain stop`: systemd refused to stop the job's unit.
     #[error("{0}")]
@@ -62,10 +74,10 @@ pub enum ApiRequest {
         caller_uid: u32,
         reply: oneshot::Sender<Result<String, ApiError>>,
     },
-    /// Holds (`hold: true`) or releases a queued job, or a sweep's.
-    Hold {
+    /// A change to a job, or to a sweep's members, by its owner or root.
+    Change {
         id: String,
-        hold: bool,
+        change: Change,
         caller_uid: u32,
         reply: oneshot::Sender<Result<String, ApiError>>,
     },
@@ -80,4 +92,35 @@ pub enum ApiRequest {
         RetryTarget,
         oneshot::Sender<Result<String, DeliveriesError>>,
     ),
+}
+
+/// What its owner (or root) may change of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Keep a queued job from starting (`ptrain hold`).
+    Hold,
+    Release,
+    /// Freeze a running job, its GPUs kept (`ptrain pause`).
+    Pause,
+    Resume,
+}
+
+impl Change {
+    pub fn verb(self) -> &'static str {
+        match self {
+            Change::Hold => "hold",
+            Change::Release => "release",
+            Change::Pause => "pause",
+            Change::Resume => "resume",
+        }
+    }
+
+    pub fn done(self) -> &'static str {
+        match self {
+            Change::Hold => "held",
+            Change::Release => "released",
+            Change::Pause => "paused",
+            Change::Resume => "resumed",
+        }
+    }
 }

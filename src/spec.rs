@@ -18,6 +18,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 pub mod begin;
+pub mod checkpoint;
 pub mod dependencies;
 mod gpu_request;
 mod idle_timeout;
@@ -86,6 +87,9 @@ pub const SPEC_FIELDS: &[&str] = &[
     "retry_on",
     "retry_delay",
     "requeue_exit_code",
+    "checkpoint_signal",
+    "checkpoint_lead",
+    "stop_grace",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -322,6 +326,17 @@ pub struct JobSpec {
     /// Whether a failed attempt runs again ([`retry`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<retry::Retry>,
+    /// A signal sent that long before the job's timeout and before any
+    /// stop ptraind makes ([`checkpoint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<checkpoint::Checkpoint>,
+    /// SIGTERM to SIGKILL for this job; `None`: `[jobs] stop_grace`.
+    #[serde(
+        default,
+        with = "timeout_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub stop_grace: Option<Duration>,
 }
 
 mod timeout_serde {
@@ -486,6 +501,11 @@ pub enum SpecError {
     /// The message names the field and says how to write it.
     #[error("{0}")]
     Retry(String),
+
+    /// `checkpoint_signal`, `checkpoint_lead`, `stop_grace` (the message
+    /// names the field and says how to write it).
+    #[error("{0}")]
+    Checkpoint(String),
 
     #[error("field `{field}` must not be empty; write a few words or omit the field")]
     TextEmpty { field: &'static str },
@@ -929,6 +949,9 @@ struct RawSpec {
     retry_on: Option<Value>,
     retry_delay: Option<Value>,
     requeue_exit_code: Option<Value>,
+    checkpoint_signal: Option<Value>,
+    checkpoint_lead: Option<Value>,
+    stop_grace: Option<Value>,
 }
 
 impl RawSpec {
@@ -964,6 +987,9 @@ impl RawSpec {
                 "retry_on" => &mut raw.retry_on,
                 "retry_delay" => &mut raw.retry_delay,
                 "requeue_exit_code" => &mut raw.requeue_exit_code,
+                "checkpoint_signal" => &mut raw.checkpoint_signal,
+                "checkpoint_lead" => &mut raw.checkpoint_lead,
+                "stop_grace" => &mut raw.stop_grace,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -1078,6 +1104,16 @@ impl RawSpec {
             self.requeue_exit_code.as_ref(),
         )
         .map_err(SpecError::Retry)?;
+        let checkpoint = checkpoint::validate(
+            self.checkpoint_signal.as_ref(),
+            self.checkpoint_lead.as_ref(),
+            timeout,
+        )
+        .map_err(SpecError::Checkpoint)?;
+        let stop_grace = self
+            .stop_grace
+            .map(|v| checkpoint::validate_stop_grace(&v).map_err(SpecError::Checkpoint))
+            .transpose()?;
         Ok(JobSpec {
             id,
             command,
@@ -1099,6 +1135,8 @@ impl RawSpec {
             hold,
             begin,
             retry,
+            checkpoint,
+            stop_grace,
         })
     }
 }

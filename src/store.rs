@@ -139,6 +139,18 @@ pub struct JobRecord {
     /// The attempts before this one, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<Attempt>,
+    /// When this attempt got its checkpoint signal (µs), before its
+    /// timeout or a stop ptraind made: sent once per attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_sent_at: Option<u64>,
+    /// When ptraind stops the job it asked to stop, its checkpoint lead
+    /// after the signal (µs); a restart stops it then, or at once if
+    /// that passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_at: Option<u64>,
+    /// Frozen by `ptrain pause` (systemd's FreezeUnit), its GPUs kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 fn first_attempt() -> u32 {
@@ -232,6 +244,9 @@ impl JobRecord {
             begin_at: None,
             attempt: 1,
             attempts: Vec::new(),
+            checkpoint_sent_at: None,
+            stop_at: None,
+            paused: false,
         }
     }
 

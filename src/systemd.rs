@@ -210,6 +210,7 @@ impl UnitState {
             exec_main_start: micros(service_props, "ExecMainStartTimestamp"),
             exec_main_exit: micros(service_props, "ExecMainExitTimestamp"),
             inactive_enter: micros(unit_props, "InactiveEnterTimestamp"),
+            freezer_state: string(unit_props, "FreezerState"),
         }
     }
 }
@@ -578,6 +579,32 @@ impl Systemd {
             .await
             .map(|_| ())
             .map_err(call_err("StopUnit", unit))
+    }
+
+    /// Sends `signal` to the unit's main process: a job's checkpoint
+    /// signal goes to the command ptraind started, not to its workers
+    /// (a DataLoader worker dies of a SIGUSR1 it does not handle).
+    pub async fn signal_main(&self, unit: &str, signal: i32) -> Result<(), SystemdError> {
+        self.manager
+            .kill_unit(unit.to_owned(), "main".into(), signal)
+            .await
+            .map_err(call_err("KillUnit", unit))
+    }
+
+    /// Freezes every process of the unit (cgroup v2's freezer): they keep
+    /// their memory, GPU contexts included, and run no instruction.
+    pub async fn freeze_unit(&self, unit: &str) -> Result<(), SystemdError> {
+        self.manager
+            .freeze_unit(unit.to_owned())
+            .await
+            .map_err(call_err("FreezeUnit", unit))
+    }
+
+    pub async fn thaw_unit(&self, unit: &str) -> Result<(), SystemdError> {
+        self.manager
+            .thaw_unit(unit.to_owned())
+            .await
+            .map_err(call_err("ThawUnit", unit))
     }
 
     /// Whether any of `units` is loaded and not yet done: active or

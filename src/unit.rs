@@ -37,6 +37,8 @@ pub struct UnitState {
     pub exec_main_start: u64,
     pub exec_main_exit: u64,
     pub inactive_enter: u64,
+    /// `running`, `freezing`, `frozen` or `thawing` (cgroup v2's freezer).
+    pub freezer_state: String,
 }
 
 impl UnitState {
@@ -122,6 +124,9 @@ pub struct UnitSettings<'a> {
     pub slice: &'a str,
     /// `[jobs] stop_grace`: SIGTERM to SIGKILL (`TimeoutStopSec=`).
     pub stop_grace: std::time::Duration,
+    /// `[jobs] max_stop_grace`: a job's own `stop_grace` is held to it
+    /// (the admin may have lowered it since the job was admitted).
+    pub max_stop_grace: std::time::Duration,
     /// The admin's data paths every job may write (`ReadWritePaths=`).
     pub read_write_paths: &'a [PathBuf],
 }
@@ -157,6 +162,14 @@ pub fn syslog_identifier(record: &JobRecord) -> String {
     } else {
         "ptrain-job".into()
     }
+}
+
+/// SIGTERM to SIGKILL for this job.
+pub fn stop_grace(record: &JobRecord, settings: UnitSettings<'_>) -> std::time::Duration {
+    record
+        .spec
+        .stop_grace
+        .map_or(settings.stop_grace, |own| own.min(settings.max_stop_grace))
 }
 
 pub fn job_unit_properties(
@@ -308,11 +321,12 @@ pub fn job_unit_properties(
         // device cgroup does.
         ("DevicePolicy", PropValue::Str("closed".into())),
         ("DeviceAllow", PropValue::Pairs(devices)),
-        // SIGTERM, then SIGKILL after the admin's grace: a job that ignores
+        // SIGTERM, then SIGKILL after the job's grace (the admin's by
+        // default, never more than the admin's maximum): a job that ignores
         // SIGTERM does not keep its GPUs systemd's default 90 s.
         (
             "TimeoutStopUSec",
-            PropValue::U64(settings.stop_grace.as_micros() as u64),
+            PropValue::U64(stop_grace(record, settings).as_micros() as u64),
         ),
     ];
     let limits = &record.limits;

@@ -49,6 +49,15 @@ pub struct JobView {
     pub attempt: u32,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<crate::store::Attempt>,
+    /// Frozen by `ptrain pause`, its GPUs kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// When this attempt got its checkpoint signal, and when ptraind stops
+    /// it after the signal of a stop of its own (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_sent_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_at: Option<u64>,
     pub started_at: Option<u64>,
     pub ended_at: Option<u64>,
     pub exit_code: Option<i32>,
@@ -192,6 +201,16 @@ impl JobView {
         {
             detail = format!("waiting for {}", record.spec.gpus.describe());
         }
+        if record.state == JobState::Running {
+            if let Some(at) = record.stop_at {
+                detail = format!(
+                    "stopping at {} (its checkpoint_lead after its checkpoint signal)",
+                    crate::spec::begin::format_moment(at)
+                );
+            } else if record.paused {
+                detail = format!("paused; `ptrain resume {}` lets it run on", record.id);
+            }
+        }
         JobView {
             id: record.id.to_string(),
             name: record.spec.name.clone(),
@@ -212,6 +231,9 @@ impl JobView {
             begin_at: record.begin_at,
             attempt: record.attempt,
             attempts: record.attempts.clone(),
+            paused: record.paused,
+            checkpoint_sent_at: record.checkpoint_sent_at,
+            stop_at: record.stop_at,
             started_at: record.started_at,
             ended_at: record.ended_at,
             exit_code,

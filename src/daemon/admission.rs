@@ -21,6 +21,8 @@ pub struct Rules<'a> {
     pub limits: &'a LimitsConfig,
     pub notifications: &'a NotificationsConfig,
     pub policy: &'a Policy,
+    /// `[jobs] max_stop_grace`.
+    pub max_stop_grace: std::time::Duration,
 }
 
 /// A job ptraind knows under some id, live or ended.
@@ -168,6 +170,13 @@ fn check(
             }
         }
     }
+    if let Some(grace) = spec.stop_grace.filter(|g| *g > rules.max_stop_grace) {
+        return Err(format!(
+            "field `stop_grace` ({}) is longer than this host allows (max_stop_grace {}); ask for at most that",
+            humantime::format_duration(grace),
+            humantime::format_duration(rules.max_stop_grace)
+        ));
+    }
     check_dependencies(&spec, owner, known)?;
     crate::notifications::check_job(rules.notifications, spec.notify.as_deref(), &owner.name)?;
     // A sweep is known by its first member's record.
@@ -314,6 +323,7 @@ mod tests {
                 limits: &self.limits,
                 notifications: &self.notifications,
                 policy: &self.policy,
+                max_stop_grace: std::time::Duration::from_secs(120),
             }
         }
 
@@ -393,6 +403,28 @@ mod tests {
         let no_begin = Host::new().admit(TRUE, "t", &alice(), &Jobs::default());
         assert!(
             matches!(no_begin, Admission::Accept { records, .. } if records[0].begin_at.is_none())
+        );
+    }
+
+    #[test]
+    fn a_stop_grace_beyond_the_hosts_maximum_is_refused_with_it() {
+        let host = Host::new();
+        let ok = host.admit(
+            r#"{"version":1,"command":["x"],"stop_grace":"2m"}"#,
+            "a",
+            &alice(),
+            &Jobs::default(),
+        );
+        assert!(matches!(ok, Admission::Accept { .. }), "{ok:?}");
+        let why = refusal(host.admit(
+            r#"{"version":1,"command":["x"],"stop_grace":"3m"}"#,
+            "b",
+            &alice(),
+            &Jobs::default(),
+        ));
+        assert!(
+            why.contains("field `stop_grace`") && why.contains("max_stop_grace 2m"),
+            "{why}"
         );
     }
 

@@ -247,6 +247,9 @@ pub(super) fn requeued(current: &JobRecord, ended: &Ended, now: u64) -> Option<J
     record.systemd_result = None;
     record.stop_requested_by = None;
     record.idle_timeout_hit = None;
+    record.checkpoint_sent_at = None;
+    record.stop_at = None;
+    record.paused = false;
     record.result = None;
     record.result_error = None;
     record.usage = None;

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 mod admission;
+mod checkpoints;
 mod lifecycle;
 mod live;
 mod planning;
@@ -23,8 +24,9 @@ use crate::board::{Board, QueuedDetail};
 use crate::config::Config;
 use crate::fsutil::{self, FileIdentity};
 use crate::gpu::{GpuInfo, GpuInventory, GpuState};
-use crate::requests::{ApiError, ApiRequest};
+use crate::requests::{ApiError, ApiRequest, Change};
 use crate::scheduler::{self, Rules};
+use crate::spec::checkpoint::CheckpointSignal;
 use crate::spec::{JobId, JOB_UNIT_PREFIX};
 use crate::spool::{self, SpoolEvent, SpoolRead};
 use crate::store::{JobRecord, JobState, Outcome, RejectRecord, SpoolSource, Store};
@@ -219,6 +221,8 @@ pub struct Daemon {
     /// Running jobs whose units systemd is stopping without ptraind having
     /// asked ([`Daemon::note_stop_from_outside`]).
     stopping_outside: HashSet<JobId>,
+    /// Running jobs' checkpoint signals and ptraind's deferred stops.
+    checkpoints: checkpoints::Timers,
     /// Ended units still referenced, for `systemctl status`; released
     /// oldest first (`[jobs] keep_ended_units`, `max_kept_units`).
     kept: crate::kept_units::KeptUnits,
@@ -420,6 +424,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         kept: Default::default(),
         tasks,
         stopping_outside: HashSet::new(),
+        checkpoints: Default::default(),
         strays: Default::default(),
         slow_workdirs: HashMap::new(),
         requests: api_rx,
@@ -501,6 +506,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         let strays_at = daemon.strays.next_due();
         let release_at = daemon.kept.next_due().map(instant_of);
         let begin_at = daemon.live.next_begin().map(instant_of);
+        let step_at = daemon.checkpoints.next_due().map(instant_of);
         tokio::select! {
             // In this order: a flood of spool files must starve neither the
             // watchdog nor the recording of jobs that end.
@@ -572,6 +578,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                     daemon.schedule().await;
                     daemon.notify_status();
                 }
+            }
+            // A running job's checkpoint signal, or the stop after one.
+            _ = tokio::time::sleep_until(step_at.unwrap_or_else(tokio::time::Instant::now)), if step_at.is_some() => {
+                daemon.take_checkpoint_steps().await;
             }
             // Every file seen goes into the fair intake at once (a name
             // costs an lstat); claims are taken from it a pass at a time.
@@ -652,6 +662,12 @@ impl admission::Known for Daemon {
 
 /// The monotonic instant of a wall-clock moment (µs since the epoch),
 /// for the loop's timers; a moment passed is now.
+/// The jobs a change applies to ([`Daemon::steered`]).
+struct Steered {
+    is_sweep: bool,
+    members: Vec<(JobId, JobState, &'static str)>,
+}
+
 fn instant_of(moment: u64) -> tokio::time::Instant {
     tokio::time::Instant::now()
         + std::time::Duration::from_micros(moment.saturating_sub(now_micros()))
@@ -773,6 +789,11 @@ impl Daemon {
         {
             return;
         }
+        if record.paused {
+            // Frozen, it cannot write: another window once it runs.
+            self.logs.rearm(unit, limit);
+            return;
+        }
         if self.config.idle_requires_gpu_idle && !record.gpus.is_empty() {
             let gpus: Vec<u32> = record.gpus.iter().map(|g| g.index).collect();
             let busy = self
@@ -787,10 +808,12 @@ impl Daemon {
             }
         }
         let record = self.live.get_mut(&id).expect("looked up above");
+        let before = checkpoints::StopMarks::of(record);
         record.idle_timeout_hit = Some(limit.as_secs());
+        let plan = checkpoints::plan_stop(record, now_micros());
         if let Err(e) = self.store.save(record) {
             error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the idle stop; trying again after another idle window");
-            record.idle_timeout_hit = None;
+            before.put_back(record);
             self.logs.rearm(unit, limit);
             return;
         }
@@ -801,8 +824,143 @@ impl Daemon {
             "job wrote no output for {}; stopping it (idle_timeout)",
             humantime::format_duration(limit)
         );
-        if let Err(e) = self.systemd.stop_unit(unit).await {
+        if let Err(e) = self.carry_out_stop(&id, plan).await {
             error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop an idle job");
+        }
+    }
+
+    /// Carries out ptraind's own stop of a running or launching job as
+    /// [`checkpoints::plan_stop`] planned it (recorded already): StopUnit
+    /// now, or the checkpoint signal now and the stop at its moment. Says
+    /// which, for the caller's answer.
+    async fn carry_out_stop(
+        &mut self,
+        id: &JobId,
+        plan: checkpoints::StopPlan,
+    ) -> Result<Option<String>, SystemdError> {
+        let Some(record) = self.live.get(id) else {
+            return Ok(None);
+        };
+        let unit = record.unit.clone();
+        match plan {
+            checkpoints::StopPlan::Now => {
+                self.stop_job_unit(id, &unit).await?;
+                Ok(None)
+            }
+            checkpoints::StopPlan::Later { signal, at } => {
+                self.thaw_to_stop(id, &unit).await;
+                let record = &self.live[id];
+                self.checkpoints.rearm(record);
+                let at = crate::spec::begin::format_moment(at);
+                let said = match signal {
+                    Some(signal) => {
+                        info!(job = %id, PTRAIN_JOB = %id, unit, signal = signal.name(), "sending the job its checkpoint signal; stopping it at {at} (its checkpoint_lead)");
+                        self.signal_in_background(id, &unit, signal);
+                        format!("{} sent to save a checkpoint", signal.name())
+                    }
+                    None => "its checkpoint signal was sent before its timeout".to_owned(),
+                };
+                Ok(Some(format!(
+                    "{said}; it stops at {at} (its checkpoint_lead)"
+                )))
+            }
+        }
+    }
+
+    /// StopUnit, thawing a paused job first.
+    async fn stop_job_unit(&mut self, id: &JobId, unit: &str) -> Result<(), SystemdError> {
+        self.thaw_to_stop(id, unit).await;
+        self.systemd.stop_unit(unit).await
+    }
+
+    /// A paused job that ptraind stops runs again first: frozen, its
+    /// processes can act on neither the checkpoint signal nor SIGTERM.
+    async fn thaw_to_stop(&mut self, id: &JobId, unit: &str) {
+        let Some(record) = self.live.get_mut(id).filter(|r| r.paused) else {
+            return;
+        };
+        record.paused = false;
+        if let Err(e) = self.store.save(record) {
+            warn!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record that the paused job runs again to stop");
+        }
+        match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, self.systemd.thaw_unit(unit)).await {
+            Ok(Ok(())) => {
+                info!(job = %id, PTRAIN_JOB = %id, unit, "resumed the paused job to stop it")
+            }
+            Ok(Err(e)) => {
+                warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot thaw the paused job before stopping it")
+            }
+            Err(_) => {
+                warn!(job = %id, PTRAIN_JOB = %id, unit, "systemd did not thaw the paused job in {LAUNCH_CALL_TIMEOUT:?}")
+            }
+        }
+    }
+
+    /// Sends a job's checkpoint signal to its main process, off the state
+    /// task; a failure is logged with the job's entries.
+    fn signal_in_background(&self, id: &JobId, unit: &str, signal: CheckpointSignal) {
+        let systemd = self.systemd.clone();
+        let (id, unit) = (id.clone(), unit.to_owned());
+        tokio::spawn(async move {
+            let sent = tokio::time::timeout(
+                LAUNCH_CALL_TIMEOUT,
+                systemd.signal_main(&unit, signal.number()),
+            )
+            .await;
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot send the job its checkpoint signal")
+                }
+                Err(_) => {
+                    warn!(job = %id, PTRAIN_JOB = %id, unit, "systemd did not answer the checkpoint signal in {LAUNCH_CALL_TIMEOUT:?}")
+                }
+            }
+        });
+    }
+
+    /// The running jobs' timed steps that fell due ([`checkpoints`]): a
+    /// checkpoint signal before a timeout, recorded before it is sent (so
+    /// a restart never sends it twice), or the stop that follows the
+    /// signal of ptraind's own stop.
+    async fn take_checkpoint_steps(&mut self) {
+        let now = now_micros();
+        for (id, step) in self.checkpoints.take_due(now) {
+            let Some(record) = self.live.get_mut(&id) else {
+                continue;
+            };
+            if record.state != JobState::Running {
+                continue;
+            }
+            let unit = record.unit.clone();
+            match (step, record.spec.checkpoint) {
+                (checkpoints::Step::Signal, Some(checkpoint)) => {
+                    record.checkpoint_sent_at = Some(now);
+                    if let Err(e) = self.store.save(record) {
+                        // Sent all the same: a second signal after a
+                        // restart costs less than a checkpoint missed.
+                        error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the checkpoint signal");
+                    }
+                    self.checkpoints.rearm(record);
+                    info!(
+                        job = %id,
+                        PTRAIN_JOB = %id,
+                        unit,
+                        signal = checkpoint.signal.name(),
+                        "sending the job its checkpoint signal: its timeout comes in {} (its checkpoint_lead)",
+                        humantime::format_duration(checkpoint.lead)
+                    );
+                    self.signal_in_background(&id, &unit, checkpoint.signal);
+                    self.post_view(&id);
+                }
+                (checkpoints::Step::Signal, None) => {}
+                (checkpoints::Step::Stop, _) => {
+                    info!(job = %id, PTRAIN_JOB = %id, unit, "the job's checkpoint_lead is over; stopping it");
+                    if let Err(e) = self.stop_job_unit(&id, &unit).await {
+                        error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop the job after its checkpoint_lead");
+                    }
+                }
+            }
         }
     }
 
@@ -903,6 +1061,7 @@ impl Daemon {
                 // Launching or running.
                 self.by_unit.insert(record.unit.clone(), id.clone());
                 to_check.push(id);
+                self.checkpoints.rearm(&record);
                 self.live.restore_active(record);
                 self.held_changed();
             }
@@ -1205,6 +1364,7 @@ impl Daemon {
             limits: &self.config.limits,
             notifications: &self.config.notifications,
             policy: &self.policy,
+            max_stop_grace: self.config.max_stop_grace,
         };
         let file = admission::Submitted {
             stem,
@@ -2044,6 +2204,7 @@ impl Daemon {
             let notifications = &self.config.notifications;
             let Some(intents) = lifecycle::running(record, state, notifications, now_micros())
             else {
+                self.agree_on_pause(&id, state);
                 return;
             };
             if let Err(e) = self.store.save(record) {
@@ -2051,11 +2212,32 @@ impl Daemon {
             }
             self.notifier.deliver(intents);
             info!(job = %id, PTRAIN_JOB = %id, unit, pid = state.main_pid, "job running");
+            self.checkpoints.rearm(record);
             let owner_uid = record.owner.uid;
             self.emit_changed(&id);
             self.verify_identity(&id, unit, state.main_pid, owner_uid)
                 .await;
         }
+    }
+
+    /// A running job's record says paused exactly when systemd has its
+    /// unit frozen: set right after a restart that came between the
+    /// record and the freeze, or after `systemctl freeze` and `thaw`.
+    fn agree_on_pause(&mut self, id: &JobId, state: &UnitState) {
+        let frozen = match state.freezer_state.as_str() {
+            "frozen" | "freezing" => true,
+            "running" | "thawing" => false,
+            _ => return,
+        };
+        let Some(record) = self.live.get_mut(id).filter(|r| r.paused != frozen) else {
+            return;
+        };
+        record.paused = frozen;
+        info!(job = %id, PTRAIN_JOB = %id, unit = %record.unit, frozen, "the job's unit is {}; recording it so", if frozen { "frozen" } else { "not frozen" });
+        if let Err(e) = self.store.save(record) {
+            error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record whether the job is paused");
+        }
+        self.post_view(id);
     }
 
     /// Checks that the job's main process really runs as its owner: the
@@ -2085,7 +2267,7 @@ impl Daemon {
             record.stop_requested_by = Some(0);
             self.post_view(id);
         }
-        if let Err(e) = self.systemd.stop_unit(unit).await {
+        if let Err(e) = self.stop_job_unit(id, unit).await {
             error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop a job running with the wrong uid");
         }
     }
@@ -2157,6 +2339,7 @@ impl Daemon {
             accounting.record(&record);
         }
         self.live.ended(id);
+        self.checkpoints.remove(id);
         info!(
             job = %id,
             PTRAIN_JOB = %id,
@@ -2215,6 +2398,7 @@ impl Daemon {
             );
         }
         self.live.requeued(record);
+        self.checkpoints.remove(&id);
         self.store.remove_exit_record(&id);
         self.runtime.remove(&id);
         self.held_changed();
@@ -2256,13 +2440,13 @@ impl Daemon {
                 let result = self.stop(&id, caller_uid).await;
                 let _ = reply.send(result);
             }
-            ApiRequest::Hold {
+            ApiRequest::Change {
                 id,
-                hold,
+                change,
                 caller_uid,
                 reply,
             } => {
-                let result = self.hold(&id, hold, caller_uid);
+                let result = self.change(&id, change, caller_uid).await;
                 let _ = reply.send(result);
             }
             ApiRequest::Rejected { caller_uid, reply } => {
@@ -2460,7 +2644,13 @@ impl Daemon {
                 0 => "root".to_string(),
                 uid => users::owner_of_uid(uid).map_or_else(|| format!("uid {uid}"), |o| o.name),
             };
-            view.detail = format!("stopping (asked by {who}): SIGTERM, then SIGKILL if it is still there after the stop grace");
+            view.detail = match record.stop_at {
+                Some(at) => format!(
+                    "stopping at {} (asked by {who}; its checkpoint_lead after its checkpoint signal), then SIGTERM, then SIGKILL after the stop grace",
+                    crate::spec::begin::format_moment(at)
+                ),
+                None => format!("stopping (asked by {who}): SIGTERM, then SIGKILL if it is still there after the stop grace"),
+            };
         }
         if let Some((detail, waiting_for)) = self.queued_detail(record) {
             view.detail = detail;
@@ -2576,60 +2766,58 @@ impl Daemon {
                 Ok(format!("job {id} stopped before its unit started"))
             }
             JobState::Launching | JobState::Running => {
+                let before = checkpoints::StopMarks::of(record);
                 record.stop_requested_by = Some(caller_uid);
+                let plan = checkpoints::plan_stop(record, now_micros());
                 if let Err(e) = self.store.save(record) {
                     // Not recorded, so not made: memory says what disk says.
-                    record.stop_requested_by = None;
+                    before.put_back(record);
                     return Err(ApiError::RecordStop(e));
                 }
                 let unit = record.unit.clone();
                 let launching = record.state == JobState::Launching;
                 self.post_view(&job_id);
                 info!(job = %id, PTRAIN_JOB = %id, unit, by_uid = caller_uid, "stopping job");
-                match self.systemd.stop_unit(&unit).await {
-                    Ok(()) => {}
+                match self.carry_out_stop(&job_id, plan).await {
+                    Ok(Some(later)) => Ok(format!(
+                        "job {id}: {later}; `ptrain stop {id}` again stops it now"
+                    )),
+                    Ok(None) => Ok(format!("job {id} is stopping")),
                     // Its StartTransientUnit is still out: the answer
                     // stops it (on_started), the stop request is recorded.
-                    Err(SystemdError::NoSuchUnit(_)) if launching => {}
-                    Err(e) => return Err(ApiError::StopUnit(e)),
+                    Err(SystemdError::NoSuchUnit(_)) if launching => {
+                        Ok(format!("job {id} is stopping"))
+                    }
+                    Err(e) => Err(ApiError::StopUnit(e)),
                 }
-                Ok(format!("job {id} is stopping"))
             }
         }
     }
 
-    /// Holds or releases a queued job, or every queued member of a sweep;
-    /// says what it did. Durable before it answers: the record says held
-    /// before the caller hears so (a restart keeps it held).
-    fn hold(&mut self, id: &str, hold: bool, caller_uid: u32) -> Result<String, ApiError> {
+    /// The jobs a change to `id` applies to, each its caller's own (or
+    /// the caller is root): the job, or every member of the sweep `id`
+    /// names (the members ended and compacted away left out), with their
+    /// state and status.
+    fn steered(&self, id: &str, caller_uid: u32, verb: &'static str) -> Result<Steered, ApiError> {
         let job_id = JobId::parse(id).map_err(|_| ApiError::NotFound(id.to_owned()))?;
-        let (verb, verbed) = if hold {
-            ("hold", "held")
-        } else {
-            ("release", "released")
-        };
         let is_sweep = self.groups.contains_key(&job_id);
         let members = match self.groups.get(&job_id) {
             Some(members) => members.clone(),
             None => vec![job_id.clone()],
         };
-        let mut changed = Vec::new();
-        for member in &members {
-            let (owner_uid, owner, state, status, held) = match self.live.get(member) {
-                Some(r) => (
-                    r.owner.uid,
-                    r.owner.name.clone(),
-                    r.state,
-                    r.status(),
-                    r.held,
-                ),
-                None => match self.board.history().get(member) {
+        let mut steered = Steered {
+            is_sweep,
+            members: Vec::with_capacity(members.len()),
+        };
+        for member in members {
+            let (owner_uid, owner, state, status) = match self.live.get(&member) {
+                Some(r) => (r.owner.uid, r.owner.name.clone(), r.state, r.status()),
+                None => match self.board.history().get(&member) {
                     Some(e) => (
                         e.owner_uid,
                         e.owner_name.to_string(),
                         JobState::Ended,
                         e.status(),
-                        false,
                     ),
                     None if is_sweep => continue,
                     None => return Err(ApiError::NotFound(id.to_owned())),
@@ -2642,40 +2830,159 @@ impl Daemon {
                     action: verb,
                 });
             }
-            if state != JobState::Queued {
-                if is_sweep {
+            steered.members.push((member, state, status));
+        }
+        Ok(steered)
+    }
+
+    /// The members of `steered` in `state` whose `flag` is not `wanted`
+    /// yet; a job not in `state` is an error `not_in_state` makes (a
+    /// sweep's are passed over).
+    fn to_change(
+        &self,
+        id: &str,
+        steered: Steered,
+        state: JobState,
+        flag: impl Fn(&JobRecord) -> bool,
+        wanted: bool,
+        not_in_state: impl Fn(String, &'static str) -> ApiError,
+    ) -> Result<Vec<JobId>, ApiError> {
+        let mut changed = Vec::new();
+        for (member, member_state, status) in steered.members {
+            if member_state != state {
+                if steered.is_sweep {
                     continue;
                 }
-                return Err(ApiError::NotQueued {
-                    id: id.to_owned(),
-                    status,
-                });
+                return Err(not_in_state(id.to_owned(), status));
             }
-            if held != hold {
-                changed.push(member.clone());
+            if flag(&self.live[&member]) != wanted {
+                changed.push(member);
             }
         }
+        Ok(changed)
+    }
+
+    /// What a change did, for its answer.
+    fn changed_answer(id: &str, is_sweep: bool, n: usize, change: Change) -> String {
+        let done = change.done();
+        match (is_sweep, n) {
+            (false, 0) => format!("job {id} was already {done}"),
+            (false, _) => format!("job {id} {done}"),
+            (true, 0) => format!("no job of sweep {id} to be {done}"),
+            (true, n) => format!("{n} job(s) of sweep {id} {done}"),
+        }
+    }
+
+    async fn change(
+        &mut self,
+        id: &str,
+        change: Change,
+        caller_uid: u32,
+    ) -> Result<String, ApiError> {
+        match change {
+            Change::Hold => self.hold(id, true, caller_uid),
+            Change::Release => self.hold(id, false, caller_uid),
+            Change::Pause => self.pause(id, true, caller_uid).await,
+            Change::Resume => self.pause(id, false, caller_uid).await,
+        }
+    }
+
+    /// Holds or releases a queued job, or every queued member of a sweep;
+    /// says what it did. Durable before it answers: the record says held
+    /// before the caller hears so (a restart keeps it held).
+    fn hold(&mut self, id: &str, hold: bool, caller_uid: u32) -> Result<String, ApiError> {
+        let change = if hold { Change::Hold } else { Change::Release };
+        let steered = self.steered(id, caller_uid, change.verb())?;
+        let is_sweep = steered.is_sweep;
+        let changed = self.to_change(
+            id,
+            steered,
+            JobState::Queued,
+            |r| r.held,
+            hold,
+            |id, status| ApiError::NotQueued { id, status },
+        )?;
         for member in &changed {
             self.live.set_held(member, hold);
             if let Err(source) = self.store.save(&self.live[member]) {
                 // Not recorded, so not made: memory says what disk says.
                 self.live.set_held(member, !hold);
-                return Err(ApiError::RecordHold {
+                return Err(ApiError::RecordChange {
                     id: member.to_string(),
-                    held_or_released: verbed,
+                    done: change.done(),
                     source,
                 });
             }
-            info!(job = %member, PTRAIN_JOB = %member, by_uid = caller_uid, "job {verbed}");
+            info!(job = %member, PTRAIN_JOB = %member, by_uid = caller_uid, "job {}", change.done());
             self.emit_changed(member);
         }
         // Planned again by the loop after the request (`schedule`).
-        Ok(match (is_sweep, changed.len()) {
-            (false, 0) => format!("job {id} was already {verbed}"),
-            (false, _) => format!("job {id} {verbed}"),
-            (true, 0) => format!("no queued job of sweep {id} to be {verbed}"),
-            (true, n) => format!("{n} job(s) of sweep {id} {verbed}"),
-        })
+        Ok(Self::changed_answer(id, is_sweep, changed.len(), change))
+    }
+
+    /// Pauses (systemd's FreezeUnit) or resumes (ThawUnit) a running job,
+    /// or every running member of a sweep; its GPUs stay its own. The
+    /// record says paused before systemd is asked, and is put back if
+    /// systemd refuses; a restart reads the unit's freezer state
+    /// ([`Daemon::apply_unit_state`]), so the two agree again.
+    async fn pause(&mut self, id: &str, pause: bool, caller_uid: u32) -> Result<String, ApiError> {
+        let change = if pause { Change::Pause } else { Change::Resume };
+        let steered = self.steered(id, caller_uid, change.verb())?;
+        let is_sweep = steered.is_sweep;
+        let changed = self.to_change(
+            id,
+            steered,
+            JobState::Running,
+            |r| r.paused,
+            pause,
+            |id, status| ApiError::NotRunning { id, status },
+        )?;
+        for member in &changed {
+            let record = self.live.get_mut(member).expect("running");
+            record.paused = pause;
+            if let Err(source) = self.store.save(record) {
+                record.paused = !pause;
+                return Err(ApiError::RecordChange {
+                    id: member.to_string(),
+                    done: change.done(),
+                    source,
+                });
+            }
+            let unit = record.unit.clone();
+            let systemd = &self.systemd;
+            let call = async {
+                if pause {
+                    systemd.freeze_unit(&unit).await
+                } else {
+                    systemd.thaw_unit(&unit).await
+                }
+            };
+            let failed = match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, call).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(SystemdError::NoAnswer {
+                    call: if pause { "FreezeUnit" } else { "ThawUnit" },
+                    unit: unit.clone(),
+                    secs: LAUNCH_CALL_TIMEOUT.as_secs(),
+                }),
+            };
+            if let Some(source) = failed {
+                let record = self.live.get_mut(member).expect("running");
+                record.paused = !pause;
+                if let Err(e) = self.store.save(record) {
+                    error!(job = %member, PTRAIN_JOB = %member, error = %e, "cannot record that the job was not {}", change.done());
+                }
+                return Err(ApiError::Freezer {
+                    id: member.to_string(),
+                    verb: change.verb(),
+                    source: Box::new(source),
+                });
+            }
+            info!(job = %member, PTRAIN_JOB = %member, unit, by_uid = caller_uid, "job {}", change.done());
+            self.post_view(member);
+            self.emit_changed(member);
+        }
+        Ok(Self::changed_answer(id, is_sweep, changed.len(), change))
     }
 
     /// Posts a live job's view, as `ptrain status` shows it, on the board.

@@ -61,7 +61,7 @@ fn default_delay() -> Duration {
     DEFAULT_RETRY_DELAY
 }
 
-mod humantime_serde_secs {
+pub(super) mod humantime_serde_secs {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};

@@ -1,7 +1,8 @@
 //! Issue 22: a job held by its descriptor or by `ptrain hold` stays
 //! queued, holding nothing, until its owner (or root) releases it; a job
 //! with a `begin` stays queued until then and starts on time; both across
-//! a kill -9 of ptraind.
+//! a kill -9 of ptraind; a checkpoint signal comes before a timeout and
+//! before ptraind's own stops; a paused job stays frozen.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -293,4 +294,193 @@ fn a_failing_job_with_retries_runs_again_as_its_next_attempt_across_a_kill_9() {
     let end = d.wait_ended("other");
     assert_eq!(end["status"], "failed", "{end}");
     assert_eq!(end["attempt"], 1, "{end}");
+}
+
+/// Lines of a file the job writes, 0 before it exists.
+fn lines_of(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_checkpoint_signal_comes_before_the_timeout_and_before_a_stop_which_waits_its_lead_across_a_kill_9(
+) {
+    let d = TestDaemon::start("checkpoint");
+    let work = d.workdir(ALICE);
+    // Each traps its signal and notes it, once per signal, in a file.
+    let trapping = |signal: &str, file: &str| {
+        format!("trap 'echo {signal} >> {file}' {signal}; while :; do sleep 0.2; done")
+    };
+    let timed = serde_json::json!({"version": 1, "workdir": work,
+        "timeout": "10s", "checkpoint_signal": "SIGUSR1", "checkpoint_lead": "6s",
+        "command": ["/bin/sh", "-c", trapping("USR1", "timed.ckpt")]});
+    let stopped = serde_json::json!({"version": 1, "workdir": work,
+        "checkpoint_signal": "USR2", "checkpoint_lead": "4s", "stop_grace": "3s",
+        "command": ["/bin/sh", "-c", trapping("USR2", "stopped.ckpt")]});
+    let kept = serde_json::json!({"version": 1, "workdir": work,
+        "checkpoint_signal": "SIGUSR1", "checkpoint_lead": "10m",
+        "command": ["/bin/sh", "-c", trapping("USR1", "kept.ckpt")]});
+    d.drop_job(ALICE, "timed.json", &timed.to_string());
+    d.drop_job(ALICE, "stopped.json", &stopped.to_string());
+    d.drop_job(ALICE, "kept.json", &kept.to_string());
+
+    // The timeout: the signal is sent its lead before, then the timeout
+    // ends the job.
+    let end = d.wait_ended("timed");
+    assert_eq!(end["status"], "timeout", "{end}");
+    let (started, ended) = (
+        end["started_at"].as_u64().unwrap(),
+        end["ended_at"].as_u64().unwrap(),
+    );
+    let sent = end["checkpoint_sent_at"].as_u64().expect("signal recorded");
+    assert!(
+        sent >= started + 4_000_000 && sent < ended,
+        "the signal came 10s - 6s after the start, before the end: {end}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("timed.ckpt")).unwrap(),
+        "USR1\n",
+        "the script got its signal once, before its timeout"
+    );
+
+    // A stop: the signal now, the stop its lead later, with the job's own
+    // SIGTERM grace on its unit.
+    d.wait_running("stopped");
+    assert_eq!(
+        d.unit_property("ptrain-job@stopped.service", "TimeoutStopUSec"),
+        "3s"
+    );
+    let out = d.ptrain(BOB, &["stop", "stopped"]);
+    assert!(!out.status.success(), "bob may not stop alice's job");
+    let out = d.ptrain(ALICE, &["stop", "stopped"]);
+    assert!(
+        out.status.success()
+            && text(&out).contains("SIGUSR2 sent")
+            && text(&out).contains("stops at"),
+        "{}",
+        text(&out)
+    );
+    let end = d.wait_ended("stopped");
+    assert_eq!(end["status"], "stopped", "{end}");
+    let stop_at = end["stop_at"].as_u64().expect("stop moment recorded");
+    assert_eq!(
+        end["checkpoint_sent_at"].as_u64().unwrap() + 4_000_000,
+        stop_at,
+        "{end}"
+    );
+    assert!(
+        end["ended_at"].as_u64().unwrap() >= stop_at,
+        "ptraind waited the lead before it stopped the job: {end}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("stopped.ckpt")).unwrap(),
+        "USR2\n"
+    );
+
+    // A stop whose lead outlasts a kill -9 of ptraind: the job still runs
+    // after the restart, with the same stop moment, never signalled twice;
+    // a second stop does not wait.
+    d.wait_running("kept");
+    let out = d.ptrain(ALICE, &["stop", "kept"]);
+    assert!(text(&out).contains("SIGUSR1 sent"), "{}", text(&out));
+    wait_for("kept's checkpoint", WAIT, || {
+        (lines_of(&work.join("kept.ckpt")) == 1).then_some(())
+    });
+    let before = d.status("kept").unwrap();
+    kill_9_once(&d);
+    let after = d.wait_running("kept");
+    assert_eq!(after["stop_at"], before["stop_at"], "{after}");
+    assert!(
+        after["detail"].as_str().unwrap().contains("stopping at"),
+        "{after}"
+    );
+    let out = d.ptrain(ALICE, &["stop", "kept"]);
+    assert!(text(&out).contains("is stopping"), "{}", text(&out));
+    let end = d.wait_ended("kept");
+    assert_eq!(end["status"], "stopped", "{end}");
+    assert!(
+        end["ended_at"].as_u64().unwrap() < end["stop_at"].as_u64().unwrap(),
+        "the second stop did not wait the 10 minutes: {end}"
+    );
+    assert_eq!(lines_of(&work.join("kept.ckpt")), 1, "signalled once");
+}
+
+#[test]
+fn a_paused_job_is_frozen_keeping_its_gpu_across_a_kill_9_and_runs_on_when_resumed() {
+    let d = TestDaemon::start("pause");
+    let work = d.workdir(ALICE);
+    let ticking = serde_json::json!({"version": 1, "workdir": work, "gpus": 1,
+        "command": ["/bin/sh", "-c", "while :; do echo tick >> ticks; sleep 0.1; done"]});
+    d.drop_job(ALICE, "p.json", &ticking.to_string());
+    let running = d.wait_running("p");
+    let gpus = running["gpus"].clone();
+    assert_eq!(gpus.as_array().unwrap().len(), 1, "{running}");
+    wait_for("the job to tick", WAIT, || {
+        (lines_of(&work.join("ticks")) > 0).then_some(())
+    });
+
+    let out = d.ptrain(BOB, &["pause", "p"]);
+    assert!(
+        !out.status.success() && text(&out).contains("only its owner or root"),
+        "{}",
+        text(&out)
+    );
+    let out = d.ptrain(ALICE, &["pause", "p"]);
+    assert!(
+        out.status.success() && text(&out).contains("job p paused"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        d.unit_property("ptrain-job@p.service", "FreezerState"),
+        "frozen"
+    );
+    let paused = d.status("p").unwrap();
+    assert_eq!(paused["paused"], true, "{paused}");
+    assert!(
+        paused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("ptrain resume p"),
+        "{paused}"
+    );
+    let ticks = lines_of(&work.join("ticks"));
+    let out = d.ptrain(ALICE, &["resume", "nonesuch"]);
+    assert!(!out.status.success());
+    // A kill -9 of ptraind: still paused, still frozen, still on its GPU,
+    // and it ticked not once meanwhile (ten a second when it runs).
+    kill_9_once(&d);
+    let view = d.wait_running("p");
+    assert_eq!(view["paused"], true, "{view}");
+    assert_eq!(view["gpus"], gpus, "{view}");
+    assert_eq!(
+        d.unit_property("ptrain-job@p.service", "FreezerState"),
+        "frozen"
+    );
+    assert_eq!(
+        lines_of(&work.join("ticks")),
+        ticks,
+        "a frozen job runs nothing"
+    );
+    let out = d.ptrain(ALICE, &["pause", "p"]);
+    assert!(text(&out).contains("already paused"), "{}", text(&out));
+
+    let out = d.ptrain(ALICE, &["resume", "p"]);
+    assert!(
+        out.status.success() && text(&out).contains("job p resumed"),
+        "{}",
+        text(&out)
+    );
+    wait_for("the job to tick again", WAIT, || {
+        (lines_of(&work.join("ticks")) > ticks).then_some(())
+    });
+    assert_eq!(d.status("p").unwrap()["paused"], serde_json::Value::Null);
+    // Paused again, a stop thaws it first so that SIGTERM ends it.
+    d.ptrain(ALICE, &["pause", "p"]);
+    let out = d.ptrain(ALICE, &["stop", "p"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(d.wait_ended("p")["status"], "stopped");
+    let out = d.ptrain(ALICE, &["pause", "p"]);
+    assert!(text(&out).contains("is not running"), "{}", text(&out));
 }

@@ -87,14 +87,15 @@ use stop::{steer, Verb};
 use submit::{submit, Export};
 use wait::wait;
 
-/// The jobs `stop`, `hold` and `release` act on.
+/// The jobs `stop`, `hold`, `release`, `pause` and `resume` act on.
 #[derive(clap::Args)]
 struct Targets {
     /// Job or sweep ids.
     #[arg(required_unless_present = "user")]
     ids: Vec<String>,
     /// Every job of USER (a login name or a uid) the command applies to
-    /// (stop: queued or running; hold, release: queued): root, or USER
+    /// (stop: queued or running; hold, release: queued; pause: running;
+    /// resume: paused): root, or USER
     /// themself.
     #[arg(long, value_name = "USER")]
     user: Option<String>,
@@ -114,6 +115,8 @@ struct Targets {
   ptrain stop --user alice          stop all of alice's (as alice or root)
   ptrain hold resnet-lr01           keep a queued job from starting
   ptrain release resnet-lr01        let a held job start
+  ptrain pause resnet-lr01          freeze a running job, its GPUs kept
+  ptrain resume resnet-lr01         let a paused job run on
 
 Exit codes: 0 success, 1 the request failed (unknown job, not yours),
 2 bad usage or a job file invalid or refused, 3 ptraind is not reachable.
@@ -203,6 +206,11 @@ enum Command {
     /// Release held jobs (or sweeps): they are planned again in their
     /// place in the queue; exit 1 if any was not released.
     Release(Targets),
+    /// Pause running jobs (or sweeps): systemd freezes their processes,
+    /// which keep their memory and GPUs; exit 1 if any was not paused.
+    Pause(Targets),
+    /// Resume paused jobs (or sweeps); exit 1 if any was not resumed.
+    Resume(Targets),
     /// Show a job's output (from the journal, or its archive once the
     /// journal rotated it away).
     Logs {
@@ -407,6 +415,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Stop(t) => steer(Verb::Stop, t.ids, t.user).await,
         Command::Hold(t) => steer(Verb::Hold, t.ids, t.user).await,
         Command::Release(t) => steer(Verb::Release, t.ids, t.user).await,
+        Command::Pause(t) => steer(Verb::Pause, t.ids, t.user).await,
+        Command::Resume(t) => steer(Verb::Resume, t.ids, t.user).await,
         Command::Logs {
             id,
             follow,

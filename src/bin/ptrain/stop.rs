@@ -1,4 +1,5 @@
-//! `ptrain stop`, `hold` and `release`: verbs on jobs by id, sweep or user.
+//! `ptrain stop`, `hold`, `release`, `pause` and `resume`: verbs on jobs
+//! by id, sweep or user.
 
 use ptrain::api::Daemon1Proxy;
 use ptrain::display::escape;
@@ -14,6 +15,8 @@ pub(crate) enum Verb {
     Stop,
     Hold,
     Release,
+    Pause,
+    Resume,
 }
 
 impl Verb {
@@ -22,6 +25,8 @@ impl Verb {
             Verb::Stop => "stop",
             Verb::Hold => "hold",
             Verb::Release => "release",
+            Verb::Pause => "pause",
+            Verb::Resume => "resume",
         }
     }
 
@@ -30,6 +35,8 @@ impl Verb {
             Verb::Stop => "stopped",
             Verb::Hold => "held",
             Verb::Release => "released",
+            Verb::Pause => "paused",
+            Verb::Resume => "resumed",
         }
     }
 
@@ -38,6 +45,8 @@ impl Verb {
         match self {
             Verb::Stop => "queued or running",
             Verb::Hold | Verb::Release => "queued",
+            Verb::Pause => "running",
+            Verb::Resume => "paused",
         }
     }
 
@@ -46,6 +55,8 @@ impl Verb {
         match self {
             Verb::Stop => !is_final(&job.status),
             Verb::Hold | Verb::Release => job.status == "queued",
+            Verb::Pause => job.status == "running" && !job.paused,
+            Verb::Resume => job.status == "running" && job.paused,
         }
     }
 
@@ -54,12 +65,14 @@ impl Verb {
             Verb::Stop => proxy.stop(id).await,
             Verb::Hold => proxy.hold(id).await,
             Verb::Release => proxy.release(id).await,
+            Verb::Pause => proxy.pause(id).await,
+            Verb::Resume => proxy.resume(id).await,
         }
         .map_err(from_bus)
     }
 }
 
-/// `ptrain stop|hold|release ID… [--user USER]`: each job asked for on
+/// `ptrain stop|hold|release|pause|resume ID… [--user USER]`: each job asked for on
 /// its own, each answer on a line of its own; one that fails does not
 /// keep the others from being asked.
 pub(crate) async fn steer(
