@@ -428,6 +428,39 @@ impl DaemonApi {
         Ok(fd.into())
     }
 
+    /// The output of one attempt of a job (1 first; `ptrain logs
+    /// --attempt N`): an earlier attempt's by its invocation, from the
+    /// journal or its archive. Its owner and root, as `OpenLogs`.
+    async fn open_attempt_logs(
+        &self,
+        id: String,
+        attempt: u32,
+        lines: u32,
+        since_usec: u64,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<zbus::OwnedFd> {
+        let caller_uid = self.callers.uid(conn, &header).await?;
+        let changes = self.logs.subscribe();
+        let job = self.output_of(id.clone(), caller_uid).await?;
+        let view = self.board.status(&id).await?;
+        let Some(job) = JobOutput::of_attempt(&view, attempt).filter(|_| !job.archive_only) else {
+            return Err(zbus::fdo::Error::FileNotFound(format!(
+                "job {id} has no attempt {attempt}; it is on attempt {} (`ptrain status {id}` lists them)",
+                view.attempt
+            )));
+        };
+        let opts = ReadOptions {
+            lines,
+            since_us: since_usec,
+            follow: false,
+        };
+        let fd = self
+            .logs
+            .open(job, caller_uid, opts, changes, self.lookup())?;
+        Ok(fd.into())
+    }
+
     /// Ended runs from the accounting database (`ptrain history`): `query`
     /// is a JSON HistoryQuery; returns a JSON array of HistoryRow, oldest
     /// first. A caller other than root gets only their own runs.
@@ -557,6 +590,13 @@ pub trait Daemon1 {
         lines: u32,
         since_usec: u64,
         follow: bool,
+    ) -> zbus::Result<zbus::OwnedFd>;
+    fn open_attempt_logs(
+        &self,
+        id: &str,
+        attempt: u32,
+        lines: u32,
+        since_usec: u64,
     ) -> zbus::Result<zbus::OwnedFd>;
     fn log_usage(&self) -> zbus::Result<String>;
     fn history(&self, query: &str) -> zbus::Result<String>;

@@ -252,6 +252,29 @@ impl JobOutput {
         }
     }
 
+    /// The output of the job's attempt `attempt`, ended: this one's when
+    /// it is the current attempt, else the earlier one's by its
+    /// invocation. None: no such attempt (or its details are hidden).
+    pub fn of_attempt(v: &JobView, attempt: u32) -> Option<JobOutput> {
+        if attempt == v.attempt {
+            return Some(JobOutput::of_view(v));
+        }
+        let earlier = v.attempts.iter().find(|a| a.attempt == attempt)?;
+        Some(JobOutput::of_earlier(&v.id, v.uid, &v.unit, earlier))
+    }
+
+    fn of_earlier(id: &str, uid: u32, unit: &str, a: &crate::store::Attempt) -> JobOutput {
+        JobOutput {
+            id: id.to_owned(),
+            uid,
+            unit: unit.to_owned(),
+            invocation_id: a.invocation_id.clone(),
+            started_at: a.started_at,
+            ended: true,
+            archive_only: false,
+        }
+    }
+
     /// The journal entries of this run; None if it never started.
     pub fn selection(&self) -> Option<Selection> {
         Some(Selection {
@@ -427,11 +450,25 @@ impl Logs {
                 }
             }
             // Queued again as its next attempt: not watched while it
-            // waits (a retry's backoff); its run is watched anew.
+            // waits (a retry's backoff); its run is watched anew. The
+            // attempt that ended is archived under its invocation, so
+            // `ptrain logs --attempt N` reads it after the journal rotated.
             JobState::Queued => {
                 let _ = self.inner.idle.send(IdleCommand::Untrack {
                     unit: record.unit.clone(),
                 });
+                let ended = record.attempts.last().map(|a| {
+                    JobOutput::of_earlier(record.id.as_str(), record.owner.uid, &record.unit, a)
+                });
+                if let (Some(output), Some(archiver)) = (ended, &self.inner.archiver) {
+                    if let Some(selection) = output.selection() {
+                        let _ = archiver.send(ArchiveJob {
+                            id: output.id,
+                            uid: output.uid,
+                            selection,
+                        });
+                    }
+                }
             }
             JobState::Launching => {}
         }

@@ -229,7 +229,7 @@ fn a_failing_job_with_retries_runs_again_as_its_next_attempt_across_a_kill_9() {
     let flaky = serde_json::json!({"version": 1, "workdir": work,
         "retries": 2, "retry_delay": "3s",
         "command": ["/bin/sh", "-c",
-            "echo $PTRAIN_ATTEMPT >> flaky.attempts; [ $PTRAIN_ATTEMPT -ge 3 ]"]});
+            "echo $PTRAIN_ATTEMPT >> flaky.attempts; echo output of attempt $PTRAIN_ATTEMPT; [ $PTRAIN_ATTEMPT -ge 3 ]"]});
     d.drop_job(ALICE, "flaky.json", &flaky.to_string());
     d.drop_job(
         ALICE,
@@ -280,6 +280,30 @@ fn a_failing_job_with_retries_runs_again_as_its_next_attempt_across_a_kill_9() {
         "{}",
         text(&out)
     );
+
+    // Each attempt's output, by its invocation.
+    for n in 1..=3 {
+        let out = d.ptrain(ALICE, &["logs", "flaky", "--attempt", &n.to_string()]);
+        assert!(out.status.success(), "{}", text(&out));
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            said.contains(&format!("output of attempt {n}")),
+            "attempt {n}: {said}"
+        );
+        assert_eq!(
+            said.matches("output of attempt").count(),
+            1,
+            "attempt {n}: {said}"
+        );
+    }
+    let out = d.ptrain(ALICE, &["logs", "flaky", "--attempt", "4"]);
+    assert!(
+        !out.status.success() && text(&out).contains("has no attempt 4"),
+        "{}",
+        text(&out)
+    );
+    let out = d.ptrain(BOB, &["logs", "flaky", "--attempt", "1"]);
+    assert!(!out.status.success(), "{}", text(&out));
 
     let end = d.wait_ended("requeue");
     assert_eq!(end["status"], "succeeded", "{end}");

@@ -22,6 +22,7 @@ pub(crate) async fn logs(
     follow: bool,
     lines: Option<u32>,
     since: Option<&str>,
+    attempt: Option<u32>,
 ) -> Result<u8, Failure> {
     let since_usec = since
         .map(|s| ptrain::logs::parse_since(s, ptrain::now_micros()))
@@ -49,10 +50,19 @@ pub(crate) async fn logs(
         }
     }
     let mut asked_at = ptrain::now_micros();
-    let fd = match proxy
-        .open_logs(id, lines.unwrap_or(0), since_usec, follow)
-        .await
-    {
+    let opened = match attempt {
+        Some(n) => {
+            proxy
+                .open_attempt_logs(id, n, lines.unwrap_or(0), since_usec)
+                .await
+        }
+        None => {
+            proxy
+                .open_logs(id, lines.unwrap_or(0), since_usec, follow)
+                .await
+        }
+    };
+    let fd = match opened {
         Ok(fd) => fd,
         Err(e) => return Err(job.err().unwrap_or_else(|| from_bus(e))),
     };

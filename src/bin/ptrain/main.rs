@@ -226,6 +226,10 @@ enum Command {
         /// a UTC time ("2026-05-01 12:00:00").
         #[arg(long)]
         since: Option<String>,
+        /// The output of attempt N (1 first) of a job that ran again
+        /// (`retries`); `ptrain status ID` lists its attempts.
+        #[arg(long, value_name = "N", conflicts_with = "follow")]
+        attempt: Option<u32>,
     },
     /// The log archive: its retention policy and what it uses (yours; root
     /// sees every user).
@@ -422,7 +426,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             follow,
             lines,
             since,
-        } => logs(&id, follow, lines, since.as_deref()).await,
+            attempt,
+        } => logs(&id, follow, lines, since.as_deref(), attempt).await,
         Command::Du { json } => du(json).await,
         Command::History(args) => history(args).await,
         Command::Report(args) => report(args).await,
