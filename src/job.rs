@@ -230,10 +230,13 @@ pub enum NotifyEvent {
     /// A GPU the running job holds left the pool (lost, uncorrected ECC
     /// errors): the job may fail or hang. Not an end; told once per job.
     GpuLost,
+    /// An attempt ended and the job runs again (`retries`,
+    /// `requeue_exit_code`): told only when `notify_on` names it.
+    Retry,
 }
 
 impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 9] = [
+    pub const ALL: [NotifyEvent; 10] = [
         NotifyEvent::Started,
         NotifyEvent::Succeeded,
         NotifyEvent::Failed,
@@ -243,6 +246,7 @@ impl NotifyEvent {
         NotifyEvent::NotNeeded,
         NotifyEvent::Stopped,
         NotifyEvent::GpuLost,
+        NotifyEvent::Retry,
     ];
 
     /// Every end: what a job hears about when it names no `notify_on`.
@@ -267,6 +271,7 @@ impl NotifyEvent {
             NotifyEvent::NotNeeded => "not-needed",
             NotifyEvent::Stopped => "stopped",
             NotifyEvent::GpuLost => "gpu-lost",
+            NotifyEvent::Retry => "retry",
         }
     }
 

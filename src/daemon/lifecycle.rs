@@ -213,9 +213,15 @@ pub(super) fn ended(
 /// made from `current` (left as it is): queued, holding nothing, this
 /// attempt kept in `attempts` (its invocation names its output), its
 /// backoff as its `begin`. The end's intents are not in it: dependents,
-/// waiters and notifications see the last attempt's end only. `None`:
-/// the end stands.
-pub(super) fn requeued(current: &JobRecord, ended: &Ended, now: u64) -> Option<JobRecord> {
+/// waiters and notifications see the last attempt's end only, but for the
+/// `retry` intents a job whose `notify_on` names it gets (returned too,
+/// recorded in the same save). `None`: the end stands.
+pub(super) fn requeued(
+    current: &JobRecord,
+    ended: &Ended,
+    notifications: &NotificationsConfig,
+    now: u64,
+) -> Option<(JobRecord, Vec<Intent>)> {
     let end = &ended.record;
     let Next::Again { delay, why } = next_attempt(
         current.spec.retry.as_ref(),
@@ -226,6 +232,7 @@ pub(super) fn requeued(current: &JobRecord, ended: &Ended, now: u64) -> Option<J
         return None;
     };
     let mut record = current.clone();
+    let mut told = intents_for(notifications, end, NotifyEvent::Retry, now);
     record.attempts.push(Attempt {
         attempt: current.attempt,
         invocation_id: end.invocation_id.clone(),
@@ -257,7 +264,21 @@ pub(super) fn requeued(current: &JobRecord, ended: &Ended, now: u64) -> Option<J
     // the next attempt's unit of that name is asked for.
     let delay = delay.max(std::time::Duration::from_secs(1));
     record.begin_at = Some(now.saturating_add(delay.as_micros() as u64));
-    Some(record)
+    if let (Some(last), Some(at)) = (record.attempts.last(), record.begin_at) {
+        let detail = format!(
+            "attempt {} {}; {}: attempt {} from {}",
+            last.attempt,
+            last.outcome.describe(),
+            last.why,
+            record.attempt,
+            crate::spec::begin::format_moment(at)
+        );
+        for intent in &mut told {
+            intent.notice.detail = detail.clone();
+        }
+    }
+    record.notifications.extend(told.iter().cloned());
+    Some((record, told))
 }
 
 #[cfg(test)]
@@ -456,7 +477,7 @@ mod tests {
     fn a_retried_attempt_is_queued_as_the_next_holding_nothing_and_told_nowhere() {
         let config = notifications();
         let json = r#"{"version": 1, "command": ["true"], "gpus": 1, "retries": 1,
-                       "retry_delay": "5s", "notify_on": ["started", "failed"]}"#;
+                       "retry_delay": "5s", "notify_on": ["started", "failed", "retry"]}"#;
         let mut current = job(json);
         launching(&mut current, &[0], &[gpu(0)]);
         let active = UnitState {
@@ -471,7 +492,16 @@ mod tests {
             facts(Outcome::Failed { exit_code: 1 }, Some(&unit)),
             &config,
         );
-        let next = requeued(&current, &end, 10_000).expect("retried");
+        let (next, told) = requeued(&current, &end, &config, 10_000).expect("retried");
+        // The retry is told, as the first attempt's, with what comes next.
+        assert_eq!(keys(&told), ["j1.retry.ops"]);
+        assert_eq!(told[0].notice.exit_code, Some(1));
+        assert!(
+            told[0].notice.detail.contains("attempt 1 failed")
+                && told[0].notice.detail.contains("attempt 2 from"),
+            "{}",
+            told[0].notice.detail
+        );
         assert_eq!(next.state, JobState::Queued);
         assert_eq!(next.attempt, 2);
         assert!(next.gpus.is_empty() && next.invocation_id.is_none() && next.outcome.is_none());
@@ -483,9 +513,12 @@ mod tests {
         assert_eq!(first.invocation_id.as_deref(), Some("abc"));
         assert_eq!(first.gpus, [0]);
         assert!(first.why.contains("retry 1 of 1"), "{}", first.why);
-        // The failure's notice is not in it; the start's stays, and the
-        // second attempt's start is not told again.
-        assert_eq!(keys(&next.notifications), ["j1.started.ops"]);
+        // The failure's notice is not in it; the start's and the retry's
+        // stay, and the second attempt's start is not told again.
+        assert_eq!(
+            keys(&next.notifications),
+            ["j1.started.ops", "j1.retry.ops"]
+        );
         let mut second = next.clone();
         launching(&mut second, &[0], &[gpu(0)]);
         let told = running(&mut second, &active, &config, 20_000).unwrap();
@@ -496,8 +529,9 @@ mod tests {
             facts(Outcome::Failed { exit_code: 1 }, Some(&unit)),
             &config,
         );
-        assert!(requeued(&second, &end, 30_000).is_none());
-        assert_eq!(keys(&end.intents), ["j1.failed.ops"]);
+        assert!(requeued(&second, &end, &config, 30_000).is_none());
+        // The end is told under the attempt's own key.
+        assert_eq!(keys(&end.intents), ["j1.failed-2.ops"]);
     }
 
     #[test]

@@ -2308,8 +2308,10 @@ impl Daemon {
         // on a copy: memory says "ended" only once the disk does.
         let ended = lifecycle::ended(current, facts, &self.config.notifications);
         // A retried attempt is not the job's end: the next one is saved.
-        if let Some(next) = lifecycle::requeued(current, &ended, now) {
-            self.run_again(next);
+        if let Some((next, told)) =
+            lifecycle::requeued(current, &ended, &self.config.notifications, now)
+        {
+            self.run_again(next, told);
             return;
         }
         let lifecycle::Ended {
@@ -2373,7 +2375,7 @@ impl Daemon {
     /// the next attempt is saved queued first; then the ended unit is let
     /// go at once (the next attempt's unit has its name), its GPUs are
     /// free, and its begin timer is armed.
-    fn run_again(&mut self, record: JobRecord) {
+    fn run_again(&mut self, record: JobRecord, told: Vec<crate::notifications::Intent>) {
         let id = record.id.clone();
         crash_point("before-record-requeue");
         if let Err(e) = self.store.save(&record) {
@@ -2397,6 +2399,7 @@ impl Daemon {
                     .unwrap_or_default(),
             );
         }
+        self.notifier.deliver(told);
         self.live.requeued(record);
         self.checkpoints.remove(&id);
         self.store.remove_exit_record(&id);

@@ -48,9 +48,15 @@ pub use sender::{DeliveriesError, Notifier, NotifyError, RetryTarget};
 
 pub use crate::spec::notify::{is_valid_channel_name, MAX_CHANNEL_NAME, MAX_JOB_CHANNELS};
 
-/// The idempotency key of one notification.
-pub fn key_of(job_id: &str, event: NotifyEvent, channel: &str) -> String {
-    format!("{job_id}.{}.{channel}", event.as_str())
+/// The idempotency key of one notification: `JOB.EVENT.CHANNEL` for a
+/// job's first attempt, `JOB.EVENT-N.CHANNEL` for its attempt N, so each
+/// attempt's events are told once each (event words hold no digit, so no
+/// two keys are alike).
+pub fn key_of(job_id: &str, attempt: u32, event: NotifyEvent, channel: &str) -> String {
+    match attempt {
+        0 | 1 => format!("{job_id}.{}.{channel}", event.as_str()),
+        n => format!("{job_id}.{}-{n}.{channel}", event.as_str()),
+    }
 }
 
 /// A GPU as notifications show it.
@@ -145,7 +151,7 @@ pub fn intents_for(
             tracing::warn!(job = %record.id, PTRAIN_JOB = %record.id, channel, owner = %record.owner.name, "no email address for the job's owner; not notifying this channel");
             continue;
         }
-        let key = key_of(record.id.as_str(), event, channel);
+        let key = key_of(record.id.as_str(), record.attempt, event, channel);
         if record.notifications.iter().any(|i| i.key == key) {
             continue;
         }
@@ -410,7 +416,7 @@ mod tests {
             assert!(!is_valid_channel_name(bad), "{bad}");
         }
         assert_eq!(
-            key_of("run.1", NotifyEvent::IdleTimeout, "hook"),
+            key_of("run.1", 1, NotifyEvent::IdleTimeout, "hook"),
             "run.1.idle-timeout.hook"
         );
     }

@@ -57,6 +57,8 @@ pub fn outcome_words(n: &Notice) -> String {
         NotifyEvent::NotNeeded => "did not run: not needed".into(),
         NotifyEvent::Stopped => "was stopped".into(),
         NotifyEvent::GpuLost => "lost a GPU".into(),
+        // The detail says which attempt ended how, and when the next runs.
+        NotifyEvent::Retry => format!("runs again: {}", n.detail),
         NotifyEvent::Failed => match (n.exit_code, n.signal) {
             (Some(code), _) => format!("failed (exit code {code})"),
             (None, Some(sig)) => format!("failed (killed by {})", signal_name(sig)),

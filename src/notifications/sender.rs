@@ -715,7 +715,7 @@ pub(crate) mod tests {
 
     pub(crate) fn intent(job: &str, event: NotifyEvent, channel: &str) -> Intent {
         Intent {
-            key: super::super::key_of(job, event, channel),
+            key: super::super::key_of(job, 1, event, channel),
             channel: channel.into(),
             created_at: now_micros(),
             notice: Notice {

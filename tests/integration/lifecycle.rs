@@ -508,3 +508,50 @@ fn a_paused_job_is_frozen_keeping_its_gpu_across_a_kill_9_and_runs_on_when_resum
     let out = d.ptrain(ALICE, &["pause", "p"]);
     assert!(text(&out).contains("is not running"), "{}", text(&out));
 }
+
+#[test]
+fn each_retry_is_told_once_when_notify_on_names_it_and_the_end_under_its_attempts_key() {
+    use crate::notifications::{HttpServer, Reply};
+    let hook = HttpServer::start(vec![], Reply::Status(200, "{}"));
+    let d = TestDaemon::start_with(
+        "retry-notify",
+        crate::daemon::Opts {
+            extra_config: format!(
+                "[notify]\ndefault_channels = [\"hook\"]\n\
+                 [channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\n",
+                hook.url("/h")
+            ),
+            ..crate::daemon::Opts::default()
+        },
+    );
+    let flaky = serde_json::json!({"version": 1, "retries": 2, "retry_delay": "1s",
+        "notify_on": ["retry", "succeeded", "failed"],
+        "command": ["/bin/sh", "-c", "[ $PTRAIN_ATTEMPT -ge 3 ]"]});
+    d.drop_job(ALICE, "told.json", &flaky.to_string());
+    assert_eq!(d.wait_ended("told")["status"], "succeeded");
+    let told = wait_for("two retries and the end to be told", WAIT, || {
+        let requests = hook.requests();
+        (requests.len() >= 3).then_some(requests)
+    });
+    let keys: Vec<String> = told
+        .iter()
+        .map(|r| r.header("idempotency-key").unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "told.retry.hook",
+            "told.retry-2.hook",
+            "told.succeeded-3.hook"
+        ]
+    );
+    let first = told[0].json();
+    assert_eq!(first["event"], "retry", "{first}");
+    assert!(
+        first["detail"]
+            .as_str()
+            .unwrap()
+            .contains("attempt 1 failed"),
+        "{first}"
+    );
+}

@@ -352,7 +352,7 @@ fn notice(job: &str, event: NotifyEvent) -> Notice {
 
 fn intent(job: &str, event: NotifyEvent, channel: &str) -> Intent {
     Intent {
-        key: ptrain::notifications::key_of(job, event, channel),
+        key: ptrain::notifications::key_of(job, 1, event, channel),
         channel: channel.into(),
         created_at: ptrain::now_micros(),
         notice: notice(job, event),
