@@ -31,11 +31,13 @@ impl From<ApiError> for zbus::fdo::Error {
             | ApiError::Gpus(_)
             | ApiError::NotQueued { .. }
             | ApiError::NotRunning { .. }
+            | ApiError::NotEnded { .. }
             | ApiError::RecordChange { .. }
             | ApiError::Freezer { .. }
             | ApiError::RecordStop(_)
             | ApiError::StopUnit(_) => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
+            ApiError::BadUpdate(_) => zbus::fdo::Error::InvalidArgs(e.to_string()),
         }
     }
 }
@@ -365,6 +367,37 @@ impl DaemonApi {
         self.change(id, Change::Resume, conn, &header).await
     }
 
+    /// Changes a queued job's (or every queued job of a sweep's)
+    /// `priority`, `begin` or `timeout`: `changes` is a JSON object of
+    /// them, each checked as in a job file (a `begin` delay counts from
+    /// now). Its owner or root.
+    async fn update(
+        &self,
+        id: String,
+        changes: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let update = crate::spec::parse_update(&changes).map_err(zbus::fdo::Error::InvalidArgs)?;
+        self.change(id, Change::Update(Box::new(update)), conn, &header)
+            .await
+    }
+
+    /// Runs an ended job (or every ended job of a sweep) again, its spec
+    /// unchanged: as its next attempt under its id, or, with `as_id` not
+    /// empty, as a new job of that id. Its owner or root.
+    async fn restart(
+        &self,
+        id: String,
+        as_id: String,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let as_id = Some(as_id).filter(|a| !a.is_empty());
+        self.change(id, Change::Restart { as_id }, conn, &header)
+            .await
+    }
+
     /// Rejected spool files: the caller's own (root: all), JSON array.
     async fn rejected(
         &self,
@@ -581,6 +614,8 @@ pub trait Daemon1 {
     fn release(&self, id: &str) -> zbus::Result<String>;
     fn pause(&self, id: &str) -> zbus::Result<String>;
     fn resume(&self, id: &str) -> zbus::Result<String>;
+    fn update(&self, id: &str, changes: &str) -> zbus::Result<String>;
+    fn restart(&self, id: &str, as_id: &str) -> zbus::Result<String>;
     fn rejected(&self) -> zbus::Result<String>;
     fn gpus(&self) -> zbus::Result<String>;
     fn logs(&self, id: &str, lines: u32) -> zbus::Result<String>;

@@ -33,10 +33,18 @@ pub enum ApiError {
     #[error("cannot record the stop request: {0}")]
     RecordStop(StoreError),
     /// `ptrain hold`, `release`: the job is no longer queued.
-    #[error(
-        "job {id} is not queued (status: {status}); only a queued job can be held or released"
-    )]
-    NotQueued { id: String, status: &'static str },
+    #[error("job {id} is not queued (status: {status}); only a queued job can be {done}")]
+    NotQueued {
+        id: String,
+        status: &'static str,
+        done: &'static str,
+    },
+    /// `ptrain restart`: the job has not ended.
+    #[error("job {id} has not ended (status: {status}); only an ended job can be restarted (`ptrain stop {id}` first)")]
+    NotEnded { id: String, status: &'static str },
+    /// `ptrain update`: the change breaks a rule of the job file.
+    #[error("{0}")]
+    BadUpdate(String),
     /// `ptrain pause`, `resume`: the job is not running.
     #[error(
         "job {id} is not running (status: {status}); only a running job can be paused or resumed"
@@ -95,7 +103,7 @@ pub enum ApiRequest {
 }
 
 /// What its owner (or root) may change of a job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Change {
     /// Keep a queued job from starting (`ptrain hold`).
     Hold,
@@ -103,24 +111,35 @@ pub enum Change {
     /// Freeze a running job, its GPUs kept (`ptrain pause`).
     Pause,
     Resume,
+    /// Run an ended job again (`ptrain restart`): as its next attempt, or
+    /// as a new job of this id.
+    Restart {
+        as_id: Option<String>,
+    },
+    /// Change a queued job's priority, begin or timeout (`ptrain update`).
+    Update(Box<crate::spec::Update>),
 }
 
 impl Change {
-    pub fn verb(self) -> &'static str {
+    pub fn verb(&self) -> &'static str {
         match self {
             Change::Hold => "hold",
             Change::Release => "release",
             Change::Pause => "pause",
             Change::Resume => "resume",
+            Change::Update(_) => "update",
+            Change::Restart { .. } => "restart",
         }
     }
 
-    pub fn done(self) -> &'static str {
+    pub fn done(&self) -> &'static str {
         match self {
             Change::Hold => "held",
             Change::Release => "released",
             Change::Pause => "paused",
             Change::Resume => "resumed",
+            Change::Update(_) => "updated",
+            Change::Restart { .. } => "restarted",
         }
     }
 }

@@ -579,6 +579,23 @@ impl Queue {
         self.positions.insert(id, (position, wants_gpus));
     }
 
+    /// Moves `id` to its new priority, keeping its arrival: among the jobs
+    /// of that priority it stands where its arrival puts it, never behind
+    /// jobs that came after it (`ptrain update --priority`).
+    pub fn reprioritize(&mut self, id: &JobId, priority: i32) {
+        let Some((position, wants_gpus)) = self.positions.get(id).copied() else {
+            return;
+        };
+        let moved = QueuePosition {
+            rank: std::cmp::Reverse(priority),
+            ..position
+        };
+        let list = self.list(wants_gpus);
+        list.remove(&position);
+        list.insert(moved, id.clone());
+        self.positions.insert(id.clone(), (moved, wants_gpus));
+    }
+
     /// Takes `id` out; false if it was not queued.
     pub fn remove(&mut self, id: &JobId) -> bool {
         let Some((position, wants_gpus)) = self.positions.remove(id) else {

@@ -1418,6 +1418,58 @@ pub fn reserved_env(key: &str) -> Option<&'static str> {
         .map(|(_, why)| *why)
 }
 
+/// What `ptrain update` may change of a queued job: the fields of the
+/// descriptor that only order and time its start, each checked by the
+/// same rules as in a job file. Pure.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Update {
+    pub priority: Option<i32>,
+    /// A delay counts from the update.
+    pub begin: Option<begin::Begin>,
+    pub timeout: Option<Duration>,
+}
+
+/// The fields [`parse_update`] takes.
+pub const UPDATE_FIELDS: [&str; 3] = ["priority", "begin", "timeout"];
+
+/// Parses an update, a JSON object of [`UPDATE_FIELDS`] (at least one);
+/// the message names the field and the fix.
+pub fn parse_update(text: &str) -> Result<Update, String> {
+    if text.len() > MAX_SPEC_BYTES {
+        return Err(format!("an update is at most {MAX_SPEC_BYTES} bytes"));
+    }
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(text) else {
+        return Err("an update is a JSON object such as {\"priority\": 10}".into());
+    };
+    let mut update = Update::default();
+    for (key, value) in &map {
+        match key.as_str() {
+            "priority" => update.priority = Some(validate_priority(value).map_err(|e| e.to_string())?),
+            "begin" => {
+                update.begin = Some(
+                    begin::validate_begin(value)
+                        .map_err(|e| SpecError::Begin(e).to_string())?,
+                )
+            }
+            "timeout" => update.timeout = Some(validate_timeout(value).map_err(|e| e.to_string())?),
+            other => {
+                return Err(format!(
+                    "{} cannot be changed by an update; only {} can (stop the job and submit it again for the rest)",
+                    quote(other),
+                    UPDATE_FIELDS.map(|f| format!("`{f}`")).join(", ")
+                ))
+            }
+        }
+    }
+    if update == Update::default() {
+        return Err(format!(
+            "an update names at least one of {}",
+            UPDATE_FIELDS.map(|f| format!("`{f}`")).join(", ")
+        ));
+    }
+    Ok(update)
+}
+
 fn validate_priority(v: &Value) -> Result<i32, SpecError> {
     match v.as_i64() {
         Some(p) if PRIORITY_RANGE.contains(&p) => Ok(p as i32),
@@ -2191,6 +2243,31 @@ mod tests {
         // Records written before the field existed load with priority 0.
         let old = r#"{"id":"a","command":["x"]}"#;
         assert_eq!(serde_json::from_str::<JobSpec>(old).unwrap().priority, 0);
+    }
+
+    #[test]
+    fn an_update_takes_priority_begin_and_timeout_by_the_job_files_rules() {
+        let update = parse_update(r#"{"priority": 50, "begin": "2h", "timeout": "3h"}"#).unwrap();
+        assert_eq!(update.priority, Some(50));
+        assert_eq!(
+            update.begin,
+            Some(begin::Begin::After(Duration::from_secs(7200)))
+        );
+        assert_eq!(update.timeout, Some(Duration::from_secs(3 * 3600)));
+        for (bad, says) in [
+            (r#"{"priority": 101}"#, "field `priority`"),
+            (r#"{"timeout": "0s"}"#, "field `timeout`"),
+            (r#"{"begin": "2020-01-01T00:00:00"}"#, "field `begin`"),
+            (
+                r#"{"command": ["x"]}"#,
+                "only `priority`, `begin`, `timeout`",
+            ),
+            (r#"{}"#, "at least one"),
+            (r#"[1]"#, "a JSON object"),
+        ] {
+            let e = parse_update(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -231,14 +231,64 @@ pub(super) fn requeued(
     ) else {
         return None;
     };
-    let mut record = current.clone();
     let mut told = intents_for(notifications, end, NotifyEvent::Retry, now);
+    let mut record = next_attempt_of(current, end, &ended.outcome, why, now);
+    // At least a second: the ended unit's release reaches systemd before
+    // the next attempt's unit of that name is asked for.
+    let delay = delay.max(UNIT_RELEASE_GAP);
+    record.begin_at = Some(now.saturating_add(delay.as_micros() as u64));
+    if let (Some(last), Some(at)) = (record.attempts.last(), record.begin_at) {
+        let detail = format!(
+            "attempt {} {}; {}: attempt {} from {}",
+            last.attempt,
+            last.outcome.describe(),
+            last.why,
+            record.attempt,
+            crate::spec::begin::format_moment(at)
+        );
+        for intent in &mut told {
+            intent.notice.detail = detail.clone();
+        }
+    }
+    record.notifications.extend(told.iter().cloned());
+    Some((record, told))
+}
+
+/// The wait before a job's next unit of the same name is asked for: the
+/// ended unit's release reaches systemd first.
+const UNIT_RELEASE_GAP: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// An ended job run again by `ptrain restart`, as its next attempt under
+/// its id (`ended` is its record): queued, its run kept in `attempts`,
+/// neither held nor waiting for its `begin`. `None` when it used up
+/// [`crate::spec::retry::MAX_ATTEMPTS`].
+pub(super) fn restarted(ended: &JobRecord, by: &str, now: u64) -> Option<JobRecord> {
+    if ended.attempt >= crate::spec::retry::MAX_ATTEMPTS {
+        return None;
+    }
+    let outcome = ended.outcome.clone()?;
+    let mut record = next_attempt_of(ended, ended, &outcome, format!("restarted by {by}"), now);
+    record.held = false;
+    record.begin_at = Some(now.saturating_add(UNIT_RELEASE_GAP.as_micros() as u64));
+    Some(record)
+}
+
+/// `current`'s next attempt, queued and holding nothing, with the run
+/// that ended (`end`, by `outcome`) kept in its attempts.
+fn next_attempt_of(
+    current: &JobRecord,
+    end: &JobRecord,
+    outcome: &Outcome,
+    why: String,
+    now: u64,
+) -> JobRecord {
+    let mut record = current.clone();
     record.attempts.push(Attempt {
         attempt: current.attempt,
         invocation_id: end.invocation_id.clone(),
         started_at: end.started_at,
         ended_at: end.ended_at.unwrap_or(now),
-        outcome: ended.outcome.clone(),
+        outcome: outcome.clone(),
         systemd_result: end.systemd_result.clone(),
         gpus: end.gpus.iter().map(|g| g.index).collect(),
         why,
@@ -260,25 +310,7 @@ pub(super) fn requeued(
     record.result = None;
     record.result_error = None;
     record.usage = None;
-    // At least a second: the ended unit's release reaches systemd before
-    // the next attempt's unit of that name is asked for.
-    let delay = delay.max(std::time::Duration::from_secs(1));
-    record.begin_at = Some(now.saturating_add(delay.as_micros() as u64));
-    if let (Some(last), Some(at)) = (record.attempts.last(), record.begin_at) {
-        let detail = format!(
-            "attempt {} {}; {}: attempt {} from {}",
-            last.attempt,
-            last.outcome.describe(),
-            last.why,
-            record.attempt,
-            crate::spec::begin::format_moment(at)
-        );
-        for intent in &mut told {
-            intent.notice.detail = detail.clone();
-        }
-    }
-    record.notifications.extend(told.iter().cloned());
-    Some((record, told))
+    record
 }
 
 #[cfg(test)]

@@ -157,6 +157,34 @@ impl Live {
         true
     }
 
+    /// A queued job's record replaced by one with another priority or
+    /// begin (`ptrain update`): its place in the queue follows the
+    /// priority, its arrival kept; its begin timer is the new one. False
+    /// (and nothing changes) unless both records are queued.
+    pub(super) fn update_queued(&mut self, record: JobRecord) -> bool {
+        let id = record.id.clone();
+        let Some(old) = self.jobs.get(&id).filter(|r| r.state == JobState::Queued) else {
+            return false;
+        };
+        if record.state != JobState::Queued {
+            return false;
+        }
+        if let Some(at) = old.begin_at {
+            self.begins.remove(&(at, id.clone()));
+        }
+        if let Some(at) = record.begin_at {
+            self.begins.insert((at, id.clone()));
+        }
+        self.queue.reprioritize(&id, record.spec.priority);
+        if is_constrained(&record) {
+            self.constrained.insert(id.clone());
+        } else {
+            self.constrained.remove(&id);
+        }
+        self.jobs.insert(id, record);
+        true
+    }
+
     /// A launching or running job found at a start: it holds its GPUs.
     pub(super) fn restore_active(&mut self, record: JobRecord) {
         debug_assert_ne!(record.state, JobState::Queued);
@@ -417,6 +445,32 @@ mod tests {
         live.launched(&late);
         live.check().unwrap();
         assert_eq!(live.next_begin(), None);
+    }
+
+    #[test]
+    fn an_update_moves_a_job_by_its_priority_keeping_its_arrival_and_its_timer() {
+        let mut live = Live::default();
+        for id in ["a", "b", "c"] {
+            live.queue_job(queued(GPU, id, 1000));
+        }
+        let order =
+            |live: &Live| -> Vec<String> { live.queue().iter().map(|id| id.to_string()).collect() };
+        let c = JobId::parse("c").unwrap();
+        let mut urgent = live[&c].clone();
+        urgent.spec.priority = 10;
+        urgent.begin_at = Some(500);
+        assert!(live.update_queued(urgent));
+        assert_eq!(order(&live), ["c", "a", "b"]);
+        assert_eq!(live.next_begin(), Some(500));
+        live.check().unwrap();
+        // Back to 0, it stands behind a and b again (it came after them).
+        let mut back = live[&c].clone();
+        back.spec.priority = 0;
+        back.begin_at = None;
+        assert!(live.update_queued(back));
+        assert_eq!(order(&live), ["a", "b", "c"]);
+        assert_eq!(live.next_begin(), None);
+        live.check().unwrap();
     }
 
     #[test]

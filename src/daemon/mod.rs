@@ -2311,6 +2311,11 @@ impl Daemon {
         if let Some((next, told)) =
             lifecycle::requeued(current, &ended, &self.config.notifications, now)
         {
+            // Each attempt is a run of its own in the accounting (its own
+            // invocation); feeding it twice adds nothing.
+            if let Some(accounting) = &self.accounting {
+                accounting.record(&ended.record);
+            }
             self.run_again(next, told);
             return;
         }
@@ -2866,8 +2871,7 @@ impl Daemon {
     }
 
     /// What a change did, for its answer.
-    fn changed_answer(id: &str, is_sweep: bool, n: usize, change: Change) -> String {
-        let done = change.done();
+    fn changed_answer(id: &str, is_sweep: bool, n: usize, done: &str) -> String {
         match (is_sweep, n) {
             (false, 0) => format!("job {id} was already {done}"),
             (false, _) => format!("job {id} {done}"),
@@ -2887,7 +2891,201 @@ impl Daemon {
             Change::Release => self.hold(id, false, caller_uid),
             Change::Pause => self.pause(id, true, caller_uid).await,
             Change::Resume => self.pause(id, false, caller_uid).await,
+            Change::Update(update) => self.update(id, &update, caller_uid),
+            Change::Restart { as_id } => self.restart(id, as_id.as_deref(), caller_uid),
         }
+    }
+
+    /// Runs ended jobs again, their specs unchanged (`ptrain restart`):
+    /// each as its next attempt under its id ([`lifecycle::restarted`]),
+    /// or one as a new job `as_id`. Saved before it is queued; its
+    /// dependents decided by the run that ended stay decided.
+    fn restart(
+        &mut self,
+        id: &str,
+        as_id: Option<&str>,
+        caller_uid: u32,
+    ) -> Result<String, ApiError> {
+        let steered = self.steered(id, caller_uid, "restart")?;
+        let is_sweep = steered.is_sweep;
+        if is_sweep && as_id.is_some() {
+            return Err(ApiError::BadUpdate(format!(
+                "{id} is a sweep: `--as` gives one job a new id; restart its jobs by their own ids, or the sweep without --as"
+            )));
+        }
+        let by = match caller_uid {
+            0 => "root".to_owned(),
+            uid => users::owner_of_uid(uid).map_or_else(|| format!("uid {uid}"), |o| o.name),
+        };
+        let now = now_micros();
+        let mut records = Vec::new();
+        for (member, state, status) in steered.members {
+            if state != JobState::Ended {
+                if is_sweep {
+                    continue;
+                }
+                return Err(ApiError::NotEnded {
+                    id: id.to_owned(),
+                    status,
+                });
+            }
+            let ended = self
+                .ended_record(&member)
+                .ok_or_else(|| ApiError::Compacted(member.to_string()))?;
+            let record = match as_id {
+                Some(new_id) => self.restarted_as(&ended, new_id, now)?,
+                None => lifecycle::restarted(&ended, &by, now).ok_or_else(|| {
+                    ApiError::BadUpdate(format!(
+                        "job {member} ran {} attempts, the most one job may; restart it under a new id (`--as NEW`)",
+                        ended.attempt
+                    ))
+                })?,
+            };
+            records.push(record);
+        }
+        if let Some(first) = records.first() {
+            let owner = &first.owner;
+            let queued = self.live.queued_of(owner.uid);
+            if queued + records.len() > self.config.max_queued_per_user {
+                return Err(ApiError::BadUpdate(format!(
+                    "{} already has {queued} queued jobs, the limit (max_queued_per_user); wait for some to start",
+                    owner.name
+                )));
+            }
+        }
+        let n = records.len();
+        let mut said = Vec::new();
+        for record in records {
+            let new_id = record.id.clone();
+            // A new id is claimed with the descriptor its job came from.
+            let saved = match as_id {
+                None => self.store.save(&record),
+                Some(_) => self
+                    .store
+                    .descriptor(&JobId::parse(id).expect("steered"))
+                    .and_then(|descriptor| self.store.claim(&record, &descriptor)),
+            };
+            if let Err(source) = saved {
+                return Err(ApiError::RecordChange {
+                    id: new_id.to_string(),
+                    done: "restarted",
+                    source,
+                });
+            }
+            if as_id.is_none() {
+                // Out of the history, its kept unit let go: the next
+                // attempt's unit has its name.
+                self.board.history_mut().remove(&new_id);
+                if self.kept.forget(&record.unit) {
+                    self.systemd.release_in_background(record.unit.clone());
+                }
+                said.push(format!(
+                    "job {new_id} queued again as attempt {}",
+                    record.attempt
+                ));
+            } else {
+                said.push(format!("job {id} restarted as job {new_id}"));
+            }
+            info!(job = %new_id, PTRAIN_JOB = %new_id, from = id, by_uid = caller_uid, attempt = record.attempt, "job restarted");
+            self.live.queue_job(record);
+            self.emit_changed(&new_id);
+        }
+        Ok(match (is_sweep, n) {
+            (true, 0) => format!("no ended job of sweep {id} to restart"),
+            _ => said.join("\n"),
+        })
+    }
+
+    /// An ended job's spec as a new job `new_id` of the same owner,
+    /// submitted now: not held, no `begin`, out of any sweep.
+    fn restarted_as(
+        &self,
+        ended: &JobRecord,
+        new_id: &str,
+        now: u64,
+    ) -> Result<JobRecord, ApiError> {
+        let new_id = JobId::parse(new_id).map_err(|e| ApiError::BadUpdate(format!("--as: {e}")))?;
+        if admission::Known::is_taken(self, &new_id) {
+            return Err(ApiError::BadUpdate(format!(
+                "job id {new_id} already exists; ids are unique: pick another for --as"
+            )));
+        }
+        let mut spec = ended.spec.clone();
+        spec.id = new_id;
+        spec.hold = false;
+        spec.begin = None;
+        let mut record = JobRecord::new(spec, ended.owner.clone(), ended.source.clone(), now);
+        record.limits = ended.limits;
+        record.params = ended.params.clone();
+        Ok(record)
+    }
+
+    /// Changes a queued job's priority, begin or timeout, or every queued
+    /// member's of a sweep, by the job file's rules: every member is
+    /// checked before any is changed, and each is saved before its place
+    /// in the queue moves (a restart keeps the change).
+    fn update(
+        &mut self,
+        id: &str,
+        update: &crate::spec::Update,
+        caller_uid: u32,
+    ) -> Result<String, ApiError> {
+        let steered = self.steered(id, caller_uid, "update")?;
+        let is_sweep = steered.is_sweep;
+        let now = now_micros();
+        let begin_at = update
+            .begin
+            .map(|begin| crate::spec::begin::resolve(begin, now, now))
+            .transpose()
+            .map_err(ApiError::BadUpdate)?;
+        let mut updated = Vec::new();
+        for (member, state, status) in steered.members {
+            if state != JobState::Queued {
+                if is_sweep {
+                    continue;
+                }
+                return Err(ApiError::NotQueued {
+                    id: id.to_owned(),
+                    status,
+                    done: "updated",
+                });
+            }
+            let mut next = self.live[&member].clone();
+            if let Some(priority) = update.priority {
+                next.spec.priority = priority;
+            }
+            if let Some(at) = begin_at {
+                next.begin_at = Some(at);
+                next.spec.begin = Some(crate::spec::begin::Begin::At(at));
+            }
+            if let Some(timeout) = update.timeout {
+                if let Some(checkpoint) = next.spec.checkpoint.filter(|c| c.lead >= timeout) {
+                    return Err(ApiError::BadUpdate(format!(
+                        "job {member}'s checkpoint_lead ({}) is not shorter than the new timeout ({}); pick a longer timeout",
+                        humantime::format_duration(checkpoint.lead),
+                        humantime::format_duration(timeout)
+                    )));
+                }
+                next.spec.timeout = Some(timeout);
+            }
+            updated.push(next);
+        }
+        let n = updated.len();
+        for next in updated {
+            let member = next.id.clone();
+            if let Err(source) = self.store.save(&next) {
+                return Err(ApiError::RecordChange {
+                    id: member.to_string(),
+                    done: "updated",
+                    source,
+                });
+            }
+            info!(job = %member, PTRAIN_JOB = %member, by_uid = caller_uid, priority = next.spec.priority, begin_at = ?next.begin_at, timeout = ?next.spec.timeout, "job updated");
+            self.live.update_queued(next);
+            self.emit_changed(&member);
+        }
+        // Planned again by the loop after the request (`schedule`).
+        Ok(Self::changed_answer(id, is_sweep, n, "updated"))
     }
 
     /// Holds or releases a queued job, or every queued member of a sweep;
@@ -2903,7 +3101,11 @@ impl Daemon {
             JobState::Queued,
             |r| r.held,
             hold,
-            |id, status| ApiError::NotQueued { id, status },
+            |id, status| ApiError::NotQueued {
+                id,
+                status,
+                done: change.done(),
+            },
         )?;
         for member in &changed {
             self.live.set_held(member, hold);
@@ -2920,7 +3122,12 @@ impl Daemon {
             self.emit_changed(member);
         }
         // Planned again by the loop after the request (`schedule`).
-        Ok(Self::changed_answer(id, is_sweep, changed.len(), change))
+        Ok(Self::changed_answer(
+            id,
+            is_sweep,
+            changed.len(),
+            change.done(),
+        ))
     }
 
     /// Pauses (systemd's FreezeUnit) or resumes (ThawUnit) a running job,
@@ -2985,7 +3192,12 @@ impl Daemon {
             self.post_view(member);
             self.emit_changed(member);
         }
-        Ok(Self::changed_answer(id, is_sweep, changed.len(), change))
+        Ok(Self::changed_answer(
+            id,
+            is_sweep,
+            changed.len(),
+            change.done(),
+        ))
     }
 
     /// Posts a live job's view, as `ptrain status` shows it, on the board.

@@ -555,3 +555,111 @@ fn each_retry_is_told_once_when_notify_on_names_it_and_the_end_under_its_attempt
         "{first}"
     );
 }
+
+#[test]
+fn update_and_restart_change_only_their_owners_queued_or_ended_jobs() {
+    let d = TestDaemon::start("update");
+    d.drop_job(
+        ALICE,
+        "u.json",
+        r#"{"version": 1, "command": ["sh", "-c", "echo run $PTRAIN_ATTEMPT"], "hold": true}"#,
+    );
+    wait_for("u to be held", WAIT, || is_held(&d, "u").then_some(()));
+    let out = d.ptrain(BOB, &["update", "u", "--priority", "50"]);
+    assert!(
+        !out.status.success() && text(&out).contains("only its owner or root may update"),
+        "{}",
+        text(&out)
+    );
+    let out = d.ptrain(ALICE, &["update", "u", "--priority", "500"]);
+    assert!(
+        !out.status.success() && text(&out).contains("field `priority`"),
+        "{}",
+        text(&out)
+    );
+    let out = d.ptrain(
+        ALICE,
+        &[
+            "update",
+            "u",
+            "--priority",
+            "50",
+            "--timeout",
+            "1h",
+            "--begin",
+            "1h",
+        ],
+    );
+    assert!(
+        out.status.success() && text(&out).contains("job u updated"),
+        "{}",
+        text(&out)
+    );
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let view = d.status("u").unwrap();
+    assert_eq!(
+        (view["priority"].clone(), view["timeout_secs"].clone()),
+        (50.into(), 3600.into()),
+        "{view}"
+    );
+    let begin_at = view["begin_at"].as_u64().unwrap();
+    assert!(begin_at > now + 3_500_000_000, "{view}");
+    // Kept across a restart of ptraind.
+    kill_9_once(&d);
+    let view = wait_for("ptraind to know u again", WAIT, || d.status("u"));
+    assert_eq!(view["begin_at"].as_u64(), Some(begin_at), "{view}");
+    assert_eq!(view["priority"], 50, "{view}");
+    // Sooner, then released: it starts at its new begin.
+    d.ptrain(ALICE, &["update", "u", "--begin", "2s"]);
+    let begin_at = d.status("u").unwrap()["begin_at"].as_u64().unwrap();
+    d.ptrain(ALICE, &["release", "u"]);
+    let end = d.wait_ended("u");
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert!(end["started_at"].as_u64().unwrap() >= begin_at, "{end}");
+    let out = d.ptrain(ALICE, &["update", "u", "--priority", "1"]);
+    assert!(text(&out).contains("is not queued"), "{}", text(&out));
+
+    // Restarted: its next attempt under its id, then a new job.
+    let out = d.ptrain(BOB, &["restart", "u"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let out = d.ptrain(ALICE, &["restart", "u"]);
+    assert!(
+        out.status.success() && text(&out).contains("queued again as attempt 2"),
+        "{}",
+        text(&out)
+    );
+    let end = wait_for("u's second attempt to end", WAIT, || {
+        d.status("u")
+            .filter(|v| v["status"] == "succeeded" && v["attempt"] == 2)
+    });
+    assert!(
+        end["attempts"][0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("restarted by ptrain-alice"),
+        "{end}"
+    );
+    let out = d.ptrain(ALICE, &["logs", "u", "--attempt", "2"]);
+    assert!(text(&out).contains("run 2"), "{}", text(&out));
+    let out = d.ptrain(ALICE, &["restart", "u", "--as", "u2"]);
+    assert!(text(&out).contains("restarted as job u2"), "{}", text(&out));
+    let end = d.wait_ended("u2");
+    assert_eq!(
+        (end["status"].clone(), end["attempt"].clone()),
+        ("succeeded".into(), 1.into()),
+        "{end}"
+    );
+    let out = d.ptrain(ALICE, &["restart", "u", "--as", "u2"]);
+    assert!(text(&out).contains("already exists"), "{}", text(&out));
+    d.drop_job(
+        ALICE,
+        "long.json",
+        r#"{"version": 1, "command": ["sleep", "600"]}"#,
+    );
+    d.wait_running("long");
+    let out = d.ptrain(ALICE, &["restart", "long"]);
+    assert!(text(&out).contains("has not ended"), "{}", text(&out));
+}

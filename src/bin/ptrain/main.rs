@@ -115,6 +115,9 @@ struct Targets {
   ptrain stop --user alice          stop all of alice's (as alice or root)
   ptrain hold resnet-lr01           keep a queued job from starting
   ptrain release resnet-lr01        let a held job start
+  ptrain update resnet-lr01 --priority 50 --begin 2h
+                                    reorder or retime a queued job
+  ptrain restart resnet-lr01        run an ended job again (--as NEW: a new id)
   ptrain pause resnet-lr01          freeze a running job, its GPUs kept
   ptrain resume resnet-lr01         let a paused job run on
 
@@ -206,6 +209,35 @@ enum Command {
     /// Release held jobs (or sweeps): they are planned again in their
     /// place in the queue; exit 1 if any was not released.
     Release(Targets),
+    /// Change queued jobs (or sweeps): their priority, begin or timeout,
+    /// by the job file's rules (a `--begin` delay counts from now); exit 1
+    /// if any was not updated.
+    Update {
+        /// Job or sweep ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// From -100 to 100; higher starts first (its arrival kept).
+        #[arg(long, allow_hyphen_values = true)]
+        priority: Option<i64>,
+        /// Not before then: an RFC 3339 time with its offset, or a delay
+        /// from now ("2h").
+        #[arg(long)]
+        begin: Option<String>,
+        /// "12h", "90m" or seconds.
+        #[arg(long)]
+        timeout: Option<String>,
+    },
+    /// Run ended jobs (or sweeps) again, their job files unchanged: each
+    /// as its next attempt under its id, or one as a new job (`--as`);
+    /// exit 1 if any was not restarted.
+    Restart {
+        /// Job or sweep ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Run it as a new job of this id instead (one job only).
+        #[arg(long = "as", value_name = "NEW")]
+        as_id: Option<String>,
+    },
     /// Pause running jobs (or sweeps): systemd freezes their processes,
     /// which keep their memory and GPUs; exit 1 if any was not paused.
     Pause(Targets),
@@ -419,6 +451,13 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Stop(t) => steer(Verb::Stop, t.ids, t.user).await,
         Command::Hold(t) => steer(Verb::Hold, t.ids, t.user).await,
         Command::Release(t) => steer(Verb::Release, t.ids, t.user).await,
+        Command::Update {
+            ids,
+            priority,
+            begin,
+            timeout,
+        } => stop::update(ids, priority, begin, timeout).await,
+        Command::Restart { ids, as_id } => stop::restart(ids, as_id).await,
         Command::Pause(t) => steer(Verb::Pause, t.ids, t.user).await,
         Command::Resume(t) => steer(Verb::Resume, t.ids, t.user).await,
         Command::Logs {

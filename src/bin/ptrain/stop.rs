@@ -7,7 +7,7 @@ use ptrain::views::JobView;
 
 use crate::list::uid_of_user;
 use crate::wait::is_final;
-use crate::{fail, from_bus, parse, proxy, Failure, EXIT_FAILURE, EXIT_NO_DAEMON};
+use crate::{fail, from_bus, parse, proxy, Failure, EXIT_FAILURE, EXIT_NO_DAEMON, EXIT_USAGE};
 
 /// What is asked of each job.
 #[derive(Clone, Copy)]
@@ -72,6 +72,99 @@ impl Verb {
     }
 }
 
+/// `ptrain update ID… [--priority N] [--begin T] [--timeout T]`: the
+/// changes as one JSON object, checked by ptraind (a bare number is
+/// seconds, as in a job file).
+pub(crate) async fn update(
+    ids: Vec<String>,
+    priority: Option<i64>,
+    begin: Option<String>,
+    timeout: Option<String>,
+) -> Result<u8, Failure> {
+    let as_value = |text: String| match text.trim().parse::<u64>() {
+        Ok(secs) => serde_json::Value::from(secs),
+        Err(_) => serde_json::Value::from(text),
+    };
+    let mut changes = serde_json::Map::new();
+    if let Some(priority) = priority {
+        changes.insert("priority".into(), priority.into());
+    }
+    if let Some(begin) = begin {
+        changes.insert("begin".into(), as_value(begin));
+    }
+    if let Some(timeout) = timeout {
+        changes.insert("timeout".into(), as_value(timeout));
+    }
+    if changes.is_empty() {
+        return Err(fail(
+            EXIT_USAGE,
+            "name what to change: --priority N, --begin T or --timeout T",
+        ));
+    }
+    let changes = serde_json::Value::Object(changes).to_string();
+    let proxy = proxy().await?;
+    ask_each(&ids, "updated", |id| {
+        let (proxy, changes) = (&proxy, &changes);
+        async move { proxy.update(id, changes).await.map_err(from_bus) }
+    })
+    .await
+}
+
+/// `ptrain restart ID… [--as NEW]`.
+pub(crate) async fn restart(ids: Vec<String>, as_id: Option<String>) -> Result<u8, Failure> {
+    if as_id.is_some() && ids.len() > 1 {
+        return Err(fail(
+            EXIT_USAGE,
+            "--as gives one job a new id; name one job with it",
+        ));
+    }
+    let proxy = proxy().await?;
+    let as_id = as_id.unwrap_or_default();
+    ask_each(&ids, "restarted", |id| {
+        let (proxy, as_id) = (&proxy, &as_id);
+        async move { proxy.restart(id, as_id).await.map_err(from_bus) }
+    })
+    .await
+}
+
+/// Asks `ask` of each of `ids` in turn, each answer on a line of its own;
+/// one that fails does not keep the others from being asked (but for a
+/// single id, whose failure is the command's).
+async fn ask_each<'a, F, Fut>(ids: &'a [String], done: &str, ask: F) -> Result<u8, Failure>
+where
+    F: Fn(&'a str) -> Fut,
+    Fut: std::future::Future<Output = Result<String, Failure>>,
+{
+    if let [id] = ids {
+        outln!("{}", escape(&ask(id).await?));
+        return Ok(0);
+    }
+    let mut not_done = Vec::new();
+    for id in ids {
+        match ask(id).await {
+            Ok(said) => outln!("{}", escape(&said)),
+            // Nobody to ask about the rest either.
+            Err(f) if f.code == EXIT_NO_DAEMON => return Err(f),
+            Err(f) => {
+                errln!("ptrain: {}", escape(&f.message));
+                not_done.push(id.as_str());
+            }
+        }
+    }
+    if not_done.is_empty() {
+        return Ok(0);
+    }
+    Err(fail(
+        EXIT_FAILURE,
+        format!(
+            "{} of {} not {done}: {} (why: above)",
+            not_done.len(),
+            ids.len(),
+            not_done.join(", ")
+        ),
+    ))
+}
+
 /// `ptrain stop|hold|release|pause|resume ID… [--user USER]`: each job asked for on
 /// its own, each answer on a line of its own; one that fails does not
 /// keep the others from being asked.
@@ -109,33 +202,6 @@ pub(crate) async fn steer(
     }
     let mut seen = std::collections::BTreeSet::new();
     ids.retain(|id| seen.insert(id.clone()));
-    if let [id] = ids.as_slice() {
-        outln!("{}", escape(&verb.ask(&proxy, id).await?));
-        return Ok(0);
-    }
-    let mut not_done = Vec::new();
-    for id in &ids {
-        match verb.ask(&proxy, id).await {
-            Ok(said) => outln!("{}", escape(&said)),
-            // Nobody to ask about the rest either.
-            Err(f) if f.code == EXIT_NO_DAEMON => return Err(f),
-            Err(f) => {
-                errln!("ptrain: {}", escape(&f.message));
-                not_done.push(id.as_str());
-            }
-        }
-    }
-    if not_done.is_empty() {
-        return Ok(0);
-    }
-    Err(fail(
-        EXIT_FAILURE,
-        format!(
-            "{} of {} not {}: {} (why: above)",
-            not_done.len(),
-            ids.len(),
-            verb.done(),
-            not_done.join(", ")
-        ),
-    ))
+    let proxy = &proxy;
+    ask_each(&ids, verb.done(), |id| verb.ask(proxy, id)).await
 }
