@@ -463,7 +463,8 @@ impl DaemonApi {
 
     /// The output of one attempt of a job (1 first; `ptrain logs
     /// --attempt N`): an earlier attempt's by its invocation, from the
-    /// journal or its archive. Its owner and root, as `OpenLogs`.
+    /// journal or its archive. Its owner and root, as `OpenLogs`; a job
+    /// `[retention]` compacted has only its last run's archive (`OpenLogs`).
     async fn open_attempt_logs(
         &self,
         id: String,
@@ -475,9 +476,18 @@ impl DaemonApi {
     ) -> zbus::fdo::Result<zbus::OwnedFd> {
         let caller_uid = self.callers.uid(conn, &header).await?;
         let changes = self.logs.subscribe();
-        let job = self.output_of(id.clone(), caller_uid).await?;
+        // One view, checked and read: the id cannot name another job in
+        // between (ids are reused once retention compacts a job).
         let view = self.board.status(&id).await?;
-        let Some(job) = JobOutput::of_attempt(&view, attempt).filter(|_| !job.archive_only) else {
+        if caller_uid != 0 && caller_uid != view.uid {
+            return Err(ApiError::NotYours {
+                id,
+                owner: view.owner,
+                action: "read the output of",
+            }
+            .into());
+        }
+        let Some(job) = JobOutput::of_attempt(&view, attempt) else {
             return Err(zbus::fdo::Error::FileNotFound(format!(
                 "job {id} has no attempt {attempt}; it is on attempt {} (`ptrain status {id}` lists them)",
                 view.attempt

@@ -228,7 +228,8 @@ pub enum NotifyEvent {
     NotNeeded,
     Stopped,
     /// A GPU the running job holds left the pool (lost, uncorrected ECC
-    /// errors): the job may fail or hang. Not an end; told once per job.
+    /// errors): the job may fail or hang. Not an end; told once per
+    /// attempt.
     GpuLost,
     /// An attempt ended and the job runs again (`retries`,
     /// `requeue_exit_code`): told only when `notify_on` names it.

@@ -59,11 +59,11 @@ pub enum ApiError {
         source: StoreError,
     },
     /// `ptrain pause`, `resume`: systemd did not freeze or thaw the unit.
-    #[error("systemd could not {verb} job {id}: {source}; it stays as it was")]
+    #[error("systemd could not {verb} job {id}: {why}; it stays as it was")]
     Freezer {
         id: String,
         verb: &'static str,
-        source: Box<SystemdError>,
+        why: String,
     },
     /// `ptrain stop`: systemd refused to stop the job's unit.
     #[error("{0}")]

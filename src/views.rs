@@ -181,6 +181,8 @@ impl JobView {
             after_any: Vec::new(),
             waiting_for: Vec::new(),
             attempts: Vec::new(),
+            checkpoint_sent_at: None,
+            stop_at: None,
             // The sweep's id stays: it names jobs, as their ids do, and
             // `ptrain wait SWEEP` by others needs it.
             priority: 0,

@@ -7,8 +7,11 @@
 //!
 //! Both moments live in the record (`checkpoint_sent_at`, `stop_at`), so
 //! a ptraind killed in between does the rest when it comes back: a signal
-//! that fell due meanwhile is sent then (once: the record says it was),
-//! and a stop whose moment passed is made at once.
+//! that fell due meanwhile is sent then, and a stop whose moment passed is
+//! made at once. The signal is sent at most once per attempt: it is
+//! recorded before it goes out, so a kill -9 in that instant loses it
+//! rather than sending it twice (a script that saved twice would lose
+//! nothing, but one killed by a second SIGUSR1 would).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -131,9 +134,16 @@ impl Timers {
     pub(super) fn rearm(&mut self, record: &JobRecord) {
         self.remove(&record.id);
         if let Some((at, step)) = next_step(record) {
-            self.due.insert((at, record.id.clone(), step));
-            self.by_job.insert(record.id.clone(), (at, step));
+            self.arm(&record.id, at, step);
         }
+    }
+
+    /// Arms `step` for `id` at `at`, in place of what it had (a stop
+    /// that systemd refused, asked again later).
+    pub(super) fn arm(&mut self, id: &JobId, at: u64, step: Step) {
+        self.remove(id);
+        self.due.insert((at, id.clone(), step));
+        self.by_job.insert(id.clone(), (at, step));
     }
 
     pub(super) fn remove(&mut self, id: &JobId) {

@@ -103,6 +103,13 @@ pub enum Event {
         unit: String,
         state: Result<UnitState, SystemdError>,
     },
+    /// systemd froze or thawed a job's unit, or did not (`error`), as
+    /// `ptrain pause` or `resume` asked ([`Daemon::pause`]).
+    Freezer {
+        id: JobId,
+        pause: bool,
+        error: Option<String>,
+    },
     /// systemd answered a job's StartTransientUnit (sent by `Daemon::dispatch_launch`).
     Started {
         id: JobId,
@@ -127,6 +134,11 @@ const LAUNCH_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a StartTransientUnit may take before it counts as unanswered
 /// (systemd answers in milliseconds, in seconds when very busy).
 const LAUNCH_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a FreezeUnit or ThawUnit may take: systemd answers once the
+/// cgroup is frozen, which a process in an uninterruptible wait delays.
+/// How long a deferred stop that systemd refused waits to be asked again.
+const STOP_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+const FREEZER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 pub struct Daemon {
     config: Config,
@@ -223,6 +235,9 @@ pub struct Daemon {
     stopping_outside: HashSet<JobId>,
     /// Running jobs' checkpoint signals and ptraind's deferred stops.
     checkpoints: checkpoints::Timers,
+    /// Jobs whose FreezeUnit or ThawUnit is out ([`Daemon::pause`]): what
+    /// a look at their unit says of the freezer may be older than it.
+    freezing: HashSet<JobId>,
     /// Ended units still referenced, for `systemctl status`; released
     /// oldest first (`[jobs] keep_ended_units`, `max_kept_units`).
     kept: crate::kept_units::KeptUnits,
@@ -425,6 +440,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         tasks,
         stopping_outside: HashSet::new(),
         checkpoints: Default::default(),
+        freezing: HashSet::new(),
         strays: Default::default(),
         slow_workdirs: HashMap::new(),
         requests: api_rx,
@@ -673,6 +689,26 @@ fn instant_of(moment: u64) -> tokio::time::Instant {
         + std::time::Duration::from_micros(moment.saturating_sub(now_micros()))
 }
 
+/// FreezeUnit (`pause`) or ThawUnit, within [`FREEZER_CALL_TIMEOUT`];
+/// the error in words.
+async fn freezer_call(systemd: &Systemd, unit: &str, pause: bool) -> Result<(), String> {
+    let call = async {
+        if pause {
+            systemd.freeze_unit(unit).await
+        } else {
+            systemd.thaw_unit(unit).await
+        }
+    };
+    match tokio::time::timeout(FREEZER_CALL_TIMEOUT, call).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "systemd did not answer in {}s",
+            FREEZER_CALL_TIMEOUT.as_secs()
+        )),
+    }
+}
+
 /// A unit's state, or NoAnswer when systemd does not answer in time (zbus
 /// would wait forever).
 async fn timed_look(systemd: &Systemd, unit: &str) -> Result<UnitState, SystemdError> {
@@ -766,6 +802,7 @@ impl Daemon {
             Event::Started { id, unit, result } => self.on_started(&id, &unit, result).await,
             Event::Relaunch(id) => self.start_unit(&id).await,
             Event::Looked { unit, state } => self.on_looked(&unit, state).await,
+            Event::Freezer { id, pause, error } => self.on_freezer(&id, pause, error),
         }
     }
 
@@ -848,7 +885,14 @@ impl Daemon {
                 Ok(None)
             }
             checkpoints::StopPlan::Later { signal, at } => {
-                self.thaw_to_stop(id, &unit).await;
+                if self.thaw_to_stop(id) {
+                    let (systemd, id, unit) = (self.systemd.clone(), id.clone(), unit.clone());
+                    tokio::spawn(async move {
+                        if let Err(e) = freezer_call(&systemd, &unit, false).await {
+                            warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot thaw the paused job for its checkpoint");
+                        }
+                    });
+                }
                 let record = &self.live[id];
                 self.checkpoints.rearm(record);
                 let at = crate::spec::begin::format_moment(at);
@@ -867,33 +911,38 @@ impl Daemon {
         }
     }
 
-    /// StopUnit, thawing a paused job first.
+    /// StopUnit; for a paused job, ThawUnit then StopUnit from a task of
+    /// their own, so a slow thaw holds up nobody else.
     async fn stop_job_unit(&mut self, id: &JobId, unit: &str) -> Result<(), SystemdError> {
-        self.thaw_to_stop(id, unit).await;
-        self.systemd.stop_unit(unit).await
+        if !self.thaw_to_stop(id) {
+            return self.systemd.stop_unit(unit).await;
+        }
+        let systemd = self.systemd.clone();
+        let (id, unit) = (id.clone(), unit.to_owned());
+        tokio::spawn(async move {
+            if let Err(e) = freezer_call(&systemd, &unit, false).await {
+                warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot thaw the paused job before stopping it");
+            }
+            if let Err(e) = systemd.stop_unit(&unit).await {
+                error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop the job");
+            }
+        });
+        Ok(())
     }
 
     /// A paused job that ptraind stops runs again first: frozen, its
     /// processes can act on neither the checkpoint signal nor SIGTERM.
-    async fn thaw_to_stop(&mut self, id: &JobId, unit: &str) {
+    /// Records it; whether the job was paused (the caller thaws it).
+    fn thaw_to_stop(&mut self, id: &JobId) -> bool {
         let Some(record) = self.live.get_mut(id).filter(|r| r.paused) else {
-            return;
+            return false;
         };
         record.paused = false;
         if let Err(e) = self.store.save(record) {
             warn!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record that the paused job runs again to stop");
         }
-        match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, self.systemd.thaw_unit(unit)).await {
-            Ok(Ok(())) => {
-                info!(job = %id, PTRAIN_JOB = %id, unit, "resumed the paused job to stop it")
-            }
-            Ok(Err(e)) => {
-                warn!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot thaw the paused job before stopping it")
-            }
-            Err(_) => {
-                warn!(job = %id, PTRAIN_JOB = %id, unit, "systemd did not thaw the paused job in {LAUNCH_CALL_TIMEOUT:?}")
-            }
-        }
+        info!(job = %id, PTRAIN_JOB = %id, unit = %record.unit, "resuming the paused job to stop it");
+        true
     }
 
     /// Sends a job's checkpoint signal to its main process, off the state
@@ -957,7 +1006,12 @@ impl Daemon {
                 (checkpoints::Step::Stop, _) => {
                     info!(job = %id, PTRAIN_JOB = %id, unit, "the job's checkpoint_lead is over; stopping it");
                     if let Err(e) = self.stop_job_unit(&id, &unit).await {
-                        error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop the job after its checkpoint_lead");
+                        error!(job = %id, PTRAIN_JOB = %id, unit, error = %e, "cannot stop the job after its checkpoint_lead; trying again in {STOP_RETRY:?}");
+                        self.checkpoints.arm(
+                            &id,
+                            now.saturating_add(STOP_RETRY.as_micros() as u64),
+                            checkpoints::Step::Stop,
+                        );
                     }
                 }
             }
@@ -2224,6 +2278,9 @@ impl Daemon {
     /// unit frozen: set right after a restart that came between the
     /// record and the freeze, or after `systemctl freeze` and `thaw`.
     fn agree_on_pause(&mut self, id: &JobId, state: &UnitState) {
+        if self.freezing.contains(id) {
+            return;
+        }
         let frozen = match state.freezer_state.as_str() {
             "frozen" | "freezing" => true,
             "running" | "thawing" => false,
@@ -2448,13 +2505,20 @@ impl Daemon {
                 let result = self.stop(&id, caller_uid).await;
                 let _ = reply.send(result);
             }
+            // Answered once systemd froze or thawed the units, off this task.
+            ApiRequest::Change {
+                id,
+                change: change @ (Change::Pause | Change::Resume),
+                caller_uid,
+                reply,
+            } => self.pause(&id, change == Change::Pause, caller_uid, reply),
             ApiRequest::Change {
                 id,
                 change,
                 caller_uid,
                 reply,
             } => {
-                let result = self.change(&id, change, caller_uid).await;
+                let result = self.change(&id, change, caller_uid);
                 let _ = reply.send(result);
             }
             ApiRequest::Rejected { caller_uid, reply } => {
@@ -2880,17 +2944,13 @@ impl Daemon {
         }
     }
 
-    async fn change(
-        &mut self,
-        id: &str,
-        change: Change,
-        caller_uid: u32,
-    ) -> Result<String, ApiError> {
+    /// The changes answered at once (pause and resume wait for systemd:
+    /// [`Daemon::pause`]).
+    fn change(&mut self, id: &str, change: Change, caller_uid: u32) -> Result<String, ApiError> {
         match change {
             Change::Hold => self.hold(id, true, caller_uid),
             Change::Release => self.hold(id, false, caller_uid),
-            Change::Pause => self.pause(id, true, caller_uid).await,
-            Change::Resume => self.pause(id, false, caller_uid).await,
+            Change::Pause | Change::Resume => unreachable!("answered by Daemon::pause"),
             Change::Update(update) => self.update(id, &update, caller_uid),
             Change::Restart { as_id } => self.restart(id, as_id.as_deref(), caller_uid),
         }
@@ -3132,72 +3192,118 @@ impl Daemon {
 
     /// Pauses (systemd's FreezeUnit) or resumes (ThawUnit) a running job,
     /// or every running member of a sweep; its GPUs stay its own. The
-    /// record says paused before systemd is asked, and is put back if
-    /// systemd refuses; a restart reads the unit's freezer state
-    /// ([`Daemon::apply_unit_state`]), so the two agree again.
-    async fn pause(&mut self, id: &str, pause: bool, caller_uid: u32) -> Result<String, ApiError> {
+    /// record says paused before systemd is asked; the calls go out from a
+    /// task of their own (systemd answers a freeze once the cgroup is
+    /// frozen, which a process stuck in the kernel delays), which answers
+    /// the caller, and each result comes back as [`Event::Freezer`]: a
+    /// refusal puts the record back. A resume always asks for the thaw,
+    /// so a unit frozen behind the record's back runs again too.
+    fn pause(
+        &mut self,
+        id: &str,
+        pause: bool,
+        caller_uid: u32,
+        reply: tokio::sync::oneshot::Sender<Result<String, ApiError>>,
+    ) {
         let change = if pause { Change::Pause } else { Change::Resume };
-        let steered = self.steered(id, caller_uid, change.verb())?;
+        let steered = match self.steered(id, caller_uid, change.verb()) {
+            Ok(steered) => steered,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
         let is_sweep = steered.is_sweep;
         let changed = self.to_change(
             id,
             steered,
             JobState::Running,
-            |r| r.paused,
+            // A resume asks for every running job's thaw.
+            |r| !pause || r.paused,
             pause,
             |id, status| ApiError::NotRunning { id, status },
-        )?;
+        );
+        let changed = match changed {
+            Ok(changed) => changed,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let mut calls = Vec::new();
+        let mut not_recorded = None;
         for member in &changed {
             let record = self.live.get_mut(member).expect("running");
+            let was = record.paused;
             record.paused = pause;
             if let Err(source) = self.store.save(record) {
-                record.paused = !pause;
-                return Err(ApiError::RecordChange {
+                record.paused = was;
+                // The members recorded before this one are still asked.
+                not_recorded = Some(ApiError::RecordChange {
                     id: member.to_string(),
                     done: change.done(),
                     source,
                 });
+                break;
             }
-            let unit = record.unit.clone();
-            let systemd = &self.systemd;
-            let call = async {
-                if pause {
-                    systemd.freeze_unit(&unit).await
-                } else {
-                    systemd.thaw_unit(&unit).await
+            calls.push((member.clone(), record.unit.clone()));
+            self.freezing.insert(member.clone());
+            self.post_view(member);
+        }
+        let answer = Self::changed_answer(id, is_sweep, changed.len(), change.done());
+        let systemd = self.systemd.clone();
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            let mut failed = None;
+            for (member, unit) in calls {
+                let error = match &failed {
+                    Some(_) => {
+                        Some("not asked: systemd refused an earlier job of the sweep".to_owned())
+                    }
+                    None => freezer_call(&systemd, &unit, pause).await.err(),
+                };
+                if let (None, Some(e)) = (&failed, &error) {
+                    failed = Some(ApiError::Freezer {
+                        id: member.to_string(),
+                        verb: change.verb(),
+                        why: e.clone(),
+                    });
                 }
-            };
-            let failed = match tokio::time::timeout(LAUNCH_CALL_TIMEOUT, call).await {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(_) => Some(SystemdError::NoAnswer {
-                    call: if pause { "FreezeUnit" } else { "ThawUnit" },
-                    unit: unit.clone(),
-                    secs: LAUNCH_CALL_TIMEOUT.as_secs(),
-                }),
-            };
-            if let Some(source) = failed {
-                let record = self.live.get_mut(member).expect("running");
-                record.paused = !pause;
-                if let Err(e) = self.store.save(record) {
-                    error!(job = %member, PTRAIN_JOB = %member, error = %e, "cannot record that the job was not {}", change.done());
-                }
-                return Err(ApiError::Freezer {
-                    id: member.to_string(),
-                    verb: change.verb(),
-                    source: Box::new(source),
+                let _ = events.send(Event::Freezer {
+                    id: member,
+                    pause,
+                    error,
                 });
             }
-            info!(job = %member, PTRAIN_JOB = %member, unit, by_uid = caller_uid, "job {}", change.done());
-            self.post_view(member);
-            self.emit_changed(member);
+            let _ = reply.send(match not_recorded.or(failed) {
+                Some(e) => Err(e),
+                None => Ok(answer),
+            });
+        });
+    }
+
+    /// A freeze or thaw came back ([`Daemon::pause`]): a refused one is
+    /// undone in the record, unless another change came since.
+    fn on_freezer(&mut self, id: &JobId, pause: bool, error: Option<String>) {
+        self.freezing.remove(id);
+        let Some(record) = self.live.get_mut(id) else {
+            return;
+        };
+        let done = if pause { "paused" } else { "resumed" };
+        match error {
+            None => info!(job = %id, PTRAIN_JOB = %id, unit = %record.unit, "job {done}"),
+            Some(e) => {
+                warn!(job = %id, PTRAIN_JOB = %id, unit = %record.unit, error = %e, "systemd did not let the job be {done}");
+                if record.paused == pause && record.state == JobState::Running {
+                    record.paused = !pause;
+                    if let Err(e) = self.store.save(record) {
+                        error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record that the job was not {done}");
+                    }
+                }
+            }
         }
-        Ok(Self::changed_answer(
-            id,
-            is_sweep,
-            changed.len(),
-            change.done(),
-        ))
+        self.post_view(id);
+        self.emit_changed(id);
     }
 
     /// Posts a live job's view, as `ptrain status` shows it, on the board.
