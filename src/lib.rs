@@ -151,6 +151,7 @@ pub mod metrics;
 pub mod notifications;
 pub mod notify_socket;
 pub mod policy;
+pub mod preemption;
 pub mod requests;
 pub mod resources;
 pub mod runtime;

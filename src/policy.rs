@@ -44,6 +44,10 @@ pub struct PolicyConfig {
     pub default: Option<Limits>,
     pub users: BTreeMap<String, Limits>,
     pub groups: BTreeMap<String, Limits>,
+    /// `[policy] preempt`: a queued job that cannot start may stop
+    /// running `preemptible` jobs of lower priority ([`crate::preemption`]).
+    /// Off by default.
+    pub preempt: bool,
 }
 
 /// One rule's limits; an absent key means no limit of that kind.

@@ -544,11 +544,14 @@ pub fn plan_in_order<'a>(
 }
 
 /// Where a queued job stands in planning order: priority (higher first),
-/// then arrival.
+/// then arrival (its submission, µs), then the order it was queued in.
+/// A job queued again (a retry, a preemption) keeps its submission, so
+/// it never loses its place to jobs that arrived after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueuePosition {
     rank: std::cmp::Reverse<i32>,
     arrival: u64,
+    seq: u64,
 }
 
 /// The queued jobs in planning order, those that ask for GPUs apart from
@@ -564,15 +567,17 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Queues `id` behind every job of its priority; one already queued
+    /// Queues `id` among the jobs of its priority by its `arrival` (its
+    /// submission), behind those of the same arrival; one already queued
     /// keeps its place.
-    pub fn push(&mut self, id: JobId, priority: i32, wants_gpus: bool) {
+    pub fn push(&mut self, id: JobId, priority: i32, wants_gpus: bool, arrival: u64) {
         if self.positions.contains_key(&id) {
             return;
         }
         let position = QueuePosition {
             rank: std::cmp::Reverse(priority),
-            arrival: self.arrivals,
+            arrival,
+            seq: self.arrivals,
         };
         self.arrivals += 1;
         self.list(wants_gpus).insert(position, id.clone());
@@ -984,9 +989,9 @@ mod tests {
             .collect();
         let mut queue = Queue::default();
         for j in &jobs {
-            queue.push(j.id.clone(), j.priority, j.request.count() > 0);
+            queue.push(j.id.clone(), j.priority, j.request.count() > 0, 0);
         }
-        queue.push(jobs[0].id.clone(), 7, true);
+        queue.push(jobs[0].id.clone(), 7, true, 0);
         assert_eq!(queue.len(), 10_002);
         let by_id: std::collections::HashMap<&JobId, &Job> =
             jobs.iter().map(|j| (&j.id, j)).collect();

@@ -90,6 +90,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "checkpoint_signal",
     "checkpoint_lead",
     "stop_grace",
+    "preemptible",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -337,6 +338,11 @@ pub struct JobSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub stop_grace: Option<Duration>,
+    /// With the host's `[policy] preempt`, a queued job of higher priority
+    /// that cannot start may stop this one, which runs again as its next
+    /// attempt ([`crate::preemption`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preemptible: bool,
 }
 
 mod timeout_serde {
@@ -952,6 +958,7 @@ struct RawSpec {
     checkpoint_signal: Option<Value>,
     checkpoint_lead: Option<Value>,
     stop_grace: Option<Value>,
+    preemptible: Option<Value>,
 }
 
 impl RawSpec {
@@ -990,6 +997,7 @@ impl RawSpec {
                 "checkpoint_signal" => &mut raw.checkpoint_signal,
                 "checkpoint_lead" => &mut raw.checkpoint_lead,
                 "stop_grace" => &mut raw.stop_grace,
+                "preemptible" => &mut raw.preemptible,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -1114,6 +1122,18 @@ impl RawSpec {
             .stop_grace
             .map(|v| checkpoint::validate_stop_grace(&v).map_err(SpecError::Checkpoint))
             .transpose()?;
+        let preemptible = match self.preemptible {
+            None => false,
+            Some(Value::Bool(b)) => b,
+            Some(other) => {
+                return Err(wrong_type(
+                    "preemptible",
+                    "true or false",
+                    &other,
+                    "write \"preemptible\": true to let a more urgent job stop it (it runs again later), or omit it",
+                ))
+            }
+        };
         Ok(JobSpec {
             id,
             command,
@@ -1137,6 +1157,7 @@ impl RawSpec {
             retry,
             checkpoint,
             stop_grace,
+            preemptible,
         })
     }
 }

@@ -148,6 +148,10 @@ pub struct JobRecord {
     /// that passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_at: Option<u64>,
+    /// The queued job this one is stopped for ([`crate::preemption`]):
+    /// its end is not its last, it runs again as its next attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<JobId>,
     /// Frozen by `ptrain pause` (systemd's FreezeUnit), its GPUs kept.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
@@ -246,6 +250,7 @@ impl JobRecord {
             attempts: Vec::new(),
             checkpoint_sent_at: None,
             stop_at: None,
+            preempted_by: None,
             paused: false,
         }
     }

@@ -223,12 +223,26 @@ pub(super) fn requeued(
     now: u64,
 ) -> Option<(JobRecord, Vec<Intent>)> {
     let end = &ended.record;
-    let Next::Again { delay, why } = next_attempt(
-        current.spec.retry.as_ref(),
-        &ended.outcome,
-        end.systemd_result.as_deref(),
-        current.attempt,
-    ) else {
+    let next = match &current.preempted_by {
+        // Preempted: it runs again, no retry used up, unless it finished
+        // meanwhile (a script that saved and exited during its lead).
+        Some(by)
+            if ended.outcome != Outcome::Succeeded
+                && current.attempt < crate::spec::retry::MAX_ATTEMPTS =>
+        {
+            Next::Again {
+                delay: std::time::Duration::ZERO,
+                why: format!("preempted for job {by}"),
+            }
+        }
+        _ => next_attempt(
+            current.spec.retry.as_ref(),
+            &ended.outcome,
+            end.systemd_result.as_deref(),
+            current.attempt,
+        ),
+    };
+    let Next::Again { delay, why } = next else {
         return None;
     };
     let mut told = intents_for(notifications, end, NotifyEvent::Retry, now);
@@ -306,6 +320,7 @@ fn next_attempt_of(
     record.idle_timeout_hit = None;
     record.checkpoint_sent_at = None;
     record.stop_at = None;
+    record.preempted_by = None;
     record.paused = false;
     record.result = None;
     record.result_error = None;

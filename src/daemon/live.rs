@@ -134,6 +134,7 @@ impl Live {
             record.id.clone(),
             record.spec.priority,
             record.spec.gpus.count() > 0,
+            record.submitted_at,
         );
         *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
         self.jobs.insert(record.id.clone(), record);

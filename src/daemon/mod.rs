@@ -866,6 +866,38 @@ impl Daemon {
         }
     }
 
+    /// Stops a running job for the urgent one ([`crate::preemption`]): the
+    /// stop of ptraind's own, checkpoint signal first, recorded with who it
+    /// is for, so that its end queues it again ([`lifecycle::requeued`]).
+    async fn preempt(&mut self, victim: &JobId, urgent: &JobId) {
+        let urgent_priority = self.live.get(urgent).map_or(0, |r| r.spec.priority);
+        let Some(record) = self.live.get_mut(victim) else {
+            return;
+        };
+        let before = checkpoints::StopMarks::of(record);
+        record.preempted_by = Some(urgent.clone());
+        record.stop_requested_by = Some(0);
+        let plan = checkpoints::plan_stop(record, now_micros());
+        if let Err(e) = self.store.save(record) {
+            error!(job = %victim, PTRAIN_JOB = %victim, error = %e, "cannot record the preemption; leaving the job running");
+            before.put_back(record);
+            record.preempted_by = None;
+            return;
+        }
+        warn!(
+            job = %victim,
+            PTRAIN_JOB = %victim,
+            priority = record.spec.priority,
+            for_job = %urgent,
+            for_priority = urgent_priority,
+            "preempting the job for a queued job of higher priority; it runs again as its next attempt"
+        );
+        self.post_view(victim);
+        if let Err(e) = self.carry_out_stop(victim, plan).await {
+            error!(job = %victim, PTRAIN_JOB = %victim, error = %e, "cannot stop the preempted job");
+        }
+    }
+
     /// Carries out ptraind's own stop of a running or launching job as
     /// [`checkpoints::plan_stop`] planned it (recorded already): StopUnit
     /// now, or the checkpoint signal now and the stop at its moment. Says
@@ -1738,6 +1770,7 @@ impl Daemon {
                 room: self.launch_room(),
                 starting_by_owner: &starting_by_owner,
                 max_starts_per_owner: MAX_STARTS_PER_OWNER,
+                preempt: self.config.policy.preempt,
             },
         );
         let Some(decision) = decided else {
@@ -1745,6 +1778,11 @@ impl Daemon {
         };
         self.never_checked_against = decision.checked_against;
         self.reserved = decision.reserved;
+        if let Some((urgent, victims)) = decision.preemption {
+            for victim in victims {
+                self.preempt(&victim, &urgent).await;
+            }
+        }
         let before = std::mem::replace(&mut self.waits, decision.waits);
         self.refresh_queued(before.keys().chain(self.waits.keys()));
         // Queued before the GPUs or the policy changed (a restart).

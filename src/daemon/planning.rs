@@ -38,6 +38,9 @@ pub(super) struct Situation<'a> {
     /// (a workdir on a hung file system) can hold, so that the other
     /// users' jobs still start ([`super::MAX_STARTS_PER_OWNER`]).
     pub max_starts_per_owner: usize,
+    /// `[policy] preempt`: the plan also chooses running jobs to stop for
+    /// the urgent one ([`crate::preemption`]).
+    pub preempt: bool,
 }
 
 /// A plan's decisions, for the state task to carry out.
@@ -62,6 +65,9 @@ pub(super) struct Decision {
     /// The GPUs as looked at, for naming the launches' GPUs (empty when
     /// not looked at or unreadable).
     pub gpus: Vec<GpuInfo>,
+    /// The urgent job and the running jobs to stop for it
+    /// ([`crate::preemption`]).
+    pub preemption: Option<(JobId, Vec<JobId>)>,
 }
 
 /// Decides the plan; see the module documentation. `None` when no unit
@@ -77,6 +83,7 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         room,
         starting_by_owner,
         max_starts_per_owner,
+        preempt,
     } = situation;
     if live.queue().is_empty() {
         return Some(Decision {
@@ -144,6 +151,10 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         rules,
         check_never,
     );
+    let preemption = match (preempt, snapshot.as_deref()) {
+        (true, Some(snapshot)) => preemption_of(live, blocked, &plan, snapshot, &held, rules),
+        _ => None,
+    };
     let mut launches = plan.placements;
     // Jobs with and without GPUs start in one planning order.
     launches.sort_by_key(|p| live.queue().position(&p.id));
@@ -182,7 +193,64 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
             checked_against
         },
         gpus: snapshot.unwrap_or_default(),
+        preemption,
     })
+}
+
+/// The urgent job (the first waiting for busy GPUs, in planning order)
+/// and the jobs to stop for it, by [`crate::preemption`]'s rule: none
+/// while jobs stopped for it are still on their way out.
+fn preemption_of(
+    live: &Live,
+    blocked: &HashSet<JobId>,
+    plan: &scheduler::Plan,
+    snapshot: &[GpuInfo],
+    held: &BTreeMap<u32, Holder>,
+    rules: Rules<'_>,
+) -> Option<(JobId, Vec<JobId>)> {
+    let waits = &plan.waits;
+    let placed: HashSet<&JobId> = plan.placements.iter().map(|p| &p.id).collect();
+    let never: HashSet<&JobId> = plan.never.iter().map(|(id, _)| id).collect();
+    // The first GPU job not placed: it waits for busy GPUs (a wait of
+    // its own, or none recorded because every GPU was taken before the
+    // plan read it), for a cap, or for GPUs other programs hold.
+    let urgent_id = live
+        .queue()
+        .gpu_jobs()
+        .filter(|id| !blocked.contains(*id))
+        .find(|id| !placed.contains(*id) && !never.contains(*id))?;
+    if !matches!(waits.get(urgent_id), None | Some(Wait::Busy { .. })) {
+        return None;
+    }
+    let holders: HashSet<&JobId> = live.held().values().collect();
+    let mut candidates = Vec::new();
+    for holder in holders {
+        let record = live.get(holder)?;
+        if record.preempted_by.as_ref() == Some(urgent_id) {
+            return None;
+        }
+        if record.state == crate::store::JobState::Running
+            && record.spec.preemptible
+            && record.stop_requested_by.is_none()
+            && record.preempted_by.is_none()
+        {
+            candidates.push(crate::preemption::Candidate {
+                id: holder,
+                priority: record.spec.priority,
+                started_at: record.started_at.unwrap_or(0),
+                gpus: record.gpus.iter().map(|g| g.index).collect(),
+            });
+        }
+    }
+    let urgent = &live[urgent_id];
+    let waiting = Waiting {
+        id: urgent_id,
+        owner: &urgent.owner,
+        priority: urgent.spec.priority,
+        request: &urgent.spec.gpus,
+    };
+    let victims = crate::preemption::victims(waiting, &candidates, snapshot, held, rules);
+    (!victims.is_empty()).then(|| (urgent_id.clone(), victims))
 }
 
 #[cfg(test)]
@@ -250,9 +318,47 @@ mod tests {
                 room,
                 starting_by_owner: starting,
                 max_starts_per_owner: max,
+                // No job is preemptible but where a test says so.
+                preempt: true,
             },
         );
         (decision, looks)
+    }
+
+    /// Moves launched `job` on to running, started at `at`.
+    fn run(live: &mut Live, job: &str, at: u64) {
+        let record = live.get_mut(&id(job)).unwrap();
+        record.state = crate::store::JobState::Running;
+        record.started_at = Some(at);
+    }
+
+    #[test]
+    fn preemption_stops_the_lowest_newest_preemptible_job_once_for_the_first_waiting_job() {
+        let mut live = live(&[
+            ("keep", r#", "gpus": 1"#, 1000),
+            ("old", r#", "gpus": 1, "preemptible": true"#, 1000),
+            ("new", r#", "gpus": 1, "preemptible": true"#, 1000),
+            ("urgent", r#", "gpus": 1, "priority": 10"#, 1001),
+            ("also", r#", "gpus": 1, "priority": 10"#, 1001),
+        ]);
+        for (n, job) in ["keep", "old", "new"].into_iter().enumerate() {
+            launch(&mut live, job, &[n as u32]);
+            run(&mut live, job, 100 + n as u64);
+        }
+        let gpus = [gpu(0), gpu(1), gpu(2)];
+        let d = decide_on(&live, &[], Some(&gpus), 100);
+        assert!(d.launches.is_empty());
+        assert_eq!(d.preemption, Some((id("urgent"), vec![id("new")])));
+        // Once `new` is on its way out for it, nothing more is chosen for
+        // `urgent`, nor for `also` behind it.
+        live.get_mut(&id("new")).unwrap().preempted_by = Some(id("urgent"));
+        live.get_mut(&id("new")).unwrap().stop_requested_by = Some(0);
+        assert_eq!(decide_on(&live, &[], Some(&gpus), 100).preemption, None);
+        // A job held back by its dependencies is not the urgent one.
+        live.get_mut(&id("new")).unwrap().preempted_by = None;
+        live.get_mut(&id("new")).unwrap().stop_requested_by = None;
+        let d = decide_on(&live, &["urgent"], Some(&gpus), 100);
+        assert_eq!(d.preemption, Some((id("also"), vec![id("new")])));
     }
 
     fn decide_on(live: &Live, blocked: &[&str], gpus: Option<&[GpuInfo]>, room: usize) -> Decision {

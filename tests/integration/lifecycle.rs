@@ -663,3 +663,72 @@ fn update_and_restart_change_only_their_owners_queued_or_ended_jobs() {
     let out = d.ptrain(ALICE, &["restart", "long"]);
     assert!(text(&out).contains("has not ended"), "{}", text(&out));
 }
+
+#[test]
+fn preemption_stops_the_preemptible_job_with_its_checkpoint_signal_runs_the_urgent_one_and_requeues_it_in_its_place(
+) {
+    let d = TestDaemon::start_with(
+        "preempt",
+        crate::daemon::Opts {
+            gpus: 2,
+            extra_config: "[policy]\npreempt = true\n".into(),
+            ..crate::daemon::Opts::default()
+        },
+    );
+    let work = d.workdir(ALICE);
+    let keep = serde_json::json!({"version": 1, "gpus": 1, "command": ["sleep", "600"]});
+    let low = serde_json::json!({"version": 1, "workdir": work, "gpus": 1,
+        "preemptible": true, "checkpoint_signal": "SIGUSR1", "checkpoint_lead": "2s",
+        "command": ["/bin/sh", "-c",
+            "echo $PTRAIN_ATTEMPT >> low.attempts; trap 'echo saved >> low.ckpt' USR1; while :; do sleep 0.2; done"]});
+    d.drop_job(ALICE, "keep.json", &keep.to_string());
+    d.wait_running("keep");
+    d.drop_job(ALICE, "low.json", &low.to_string());
+    d.wait_running("low");
+    // Arrived after low: behind it once it is queued again.
+    d.drop_job(
+        BOB,
+        "later.json",
+        r#"{"version": 1, "gpus": 1, "command": ["true"]}"#,
+    );
+    wait_for("later to be queued", WAIT, || {
+        d.status("later").filter(|v| v["status"] == "queued")
+    });
+    d.drop_job(
+        BOB,
+        "urgent.json",
+        r#"{"version": 1, "gpus": 1, "priority": 10, "command": ["sleep", "2"]}"#,
+    );
+    let end = d.wait_ended("urgent");
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(
+        std::fs::read_to_string(work.join("low.ckpt")).unwrap(),
+        "saved\n",
+        "low got its checkpoint signal before its stop"
+    );
+    // low runs again as its next attempt, before `later`, which arrived
+    // after it; `keep`, not preemptible, was never touched.
+    let again = wait_for("low's second attempt to run", WAIT, || {
+        d.status("low")
+            .filter(|v| v["status"] == "running" && v["attempt"] == 2)
+    });
+    assert!(
+        again["attempts"][0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("preempted for job urgent"),
+        "{again}"
+    );
+    assert_eq!(d.status("later").unwrap()["status"], "queued");
+    let keep = d.status("keep").unwrap();
+    assert_eq!(
+        (keep["status"].clone(), keep["attempt"].clone()),
+        ("running".into(), 1.into()),
+        "{keep}"
+    );
+    wait_for("low's second attempt to note itself", WAIT, || {
+        (std::fs::read_to_string(work.join("low.attempts")).ok()? == "1\n2\n").then_some(())
+    });
+    d.ptrain(ALICE, &["stop", "low", "keep"]);
+    assert_eq!(d.wait_ended("later")["status"], "succeeded");
+}
