@@ -461,8 +461,8 @@ impl DaemonApi {
         Ok(fd.into())
     }
 
-    /// The output of one attempt of a job (1 first; `ptrain logs
-    /// --attempt N`): an earlier attempt's by its invocation, from the
+    /// The output of one attempt of a job (1 first; `ptrain logs` with
+    /// its attempt option): an earlier attempt's by its invocation, from the
     /// journal or its archive. Its owner and root, as `OpenLogs`; a job
     /// `[retention]` compacted has only its last run's archive (`OpenLogs`).
     async fn open_attempt_logs(

@@ -63,6 +63,7 @@ struct RawJobs {
     idle_requires_gpu_idle: Option<bool>,
     stop_grace: Option<String>,
     max_stop_grace: Option<String>,
+    max_retries: Option<u32>,
     keep_ended_units: Option<String>,
     max_kept_units: Option<usize>,
 }
@@ -128,6 +129,9 @@ pub struct Config {
     /// `[jobs] max_stop_grace`: the longest `stop_grace` a job may ask
     /// for (at most [`MAX_STOP_GRACE`], its default).
     pub max_stop_grace: std::time::Duration,
+    /// `[jobs] max_retries`: the most `retries` a job may ask for (at most
+    /// [`crate::spec::retry::MAX_RETRIES`], its default).
+    pub max_retries: u32,
     /// `[jobs] keep_ended_units`, `max_kept_units`: how long and how many
     /// ended units stay loaded for `systemctl status`.
     pub kept_units: crate::kept_units::KeepPolicy,
@@ -366,6 +370,20 @@ impl Config {
                 ),
             ));
         }
+        let max_retries = raw
+            .jobs
+            .as_ref()
+            .and_then(|j| j.max_retries)
+            .unwrap_or(crate::spec::retry::MAX_RETRIES);
+        if max_retries > crate::spec::retry::MAX_RETRIES {
+            return Err(invalid(
+                "jobs.max_retries",
+                format!(
+                    "{max_retries} is more than {}: each attempt keeps its record and logs; lower it",
+                    crate::spec::retry::MAX_RETRIES
+                ),
+            ));
+        }
         let kept_units = crate::kept_units::KeepPolicy {
             keep: duration(
                 "jobs.keep_ended_units",
@@ -417,6 +435,7 @@ impl Config {
             idle_requires_gpu_idle,
             stop_grace,
             max_stop_grace,
+            max_retries,
             kept_units,
             logs,
             policy,

@@ -23,6 +23,8 @@ pub struct Rules<'a> {
     pub policy: &'a Policy,
     /// `[jobs] max_stop_grace`.
     pub max_stop_grace: std::time::Duration,
+    /// `[jobs] max_retries`.
+    pub max_retries: u32,
 }
 
 /// A job ptraind knows under some id, live or ended.
@@ -177,6 +179,17 @@ fn check(
             humantime::format_duration(rules.max_stop_grace)
         ));
     }
+    if let Some(retries) = spec
+        .retry
+        .as_ref()
+        .map(|r| r.retries)
+        .filter(|n| *n > rules.max_retries)
+    {
+        return Err(format!(
+            "field `retries` is {retries}, more than this host allows (max_retries {}); ask for at most that",
+            rules.max_retries
+        ));
+    }
     check_dependencies(&spec, owner, known)?;
     crate::notifications::check_job(rules.notifications, spec.notify.as_deref(), &owner.name)?;
     // A sweep is known by its first member's record.
@@ -324,6 +337,7 @@ mod tests {
                 notifications: &self.notifications,
                 policy: &self.policy,
                 max_stop_grace: std::time::Duration::from_secs(120),
+                max_retries: 3,
             }
         }
 
@@ -424,6 +438,28 @@ mod tests {
         ));
         assert!(
             why.contains("field `stop_grace`") && why.contains("max_stop_grace 2m"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn retries_beyond_the_hosts_maximum_are_refused_with_it() {
+        let host = Host::new();
+        let ok = host.admit(
+            r#"{"version":1,"command":["x"],"retries":3}"#,
+            "a",
+            &alice(),
+            &Jobs::default(),
+        );
+        assert!(matches!(ok, Admission::Accept { .. }), "{ok:?}");
+        let why = refusal(host.admit(
+            r#"{"version":1,"command":["x"],"retries":4}"#,
+            "b",
+            &alice(),
+            &Jobs::default(),
+        ));
+        assert!(
+            why.contains("field `retries` is 4") && why.contains("max_retries 3"),
             "{why}"
         );
     }

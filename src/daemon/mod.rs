@@ -1451,6 +1451,7 @@ impl Daemon {
             notifications: &self.config.notifications,
             policy: &self.policy,
             max_stop_grace: self.config.max_stop_grace,
+            max_retries: self.config.max_retries,
         };
         let file = admission::Submitted {
             stem,

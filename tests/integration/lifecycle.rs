@@ -665,7 +665,7 @@ fn update_and_restart_change_only_their_owners_queued_or_ended_jobs() {
 }
 
 #[test]
-fn preemption_stops_the_preemptible_job_with_its_checkpoint_signal_runs_the_urgent_one_and_requeues_it_in_its_place(
+fn preemption_stops_the_preemptible_job_with_its_checkpoint_signal_runs_the_urgent_one_and_requeues_it_in_its_place_across_a_kill_9(
 ) {
     let d = TestDaemon::start_with(
         "preempt",
@@ -699,6 +699,17 @@ fn preemption_stops_the_preemptible_job_with_its_checkpoint_signal_runs_the_urge
         "urgent.json",
         r#"{"version": 1, "gpus": 1, "priority": 10, "command": ["sleep", "2"]}"#,
     );
+    // Inside low's checkpoint lead, its stop planned but not yet made:
+    // a kill -9 here must neither forget the stop nor make it twice,
+    // nor lose that low goes back to the queue.
+    wait_for("low's checkpoint signal", WAIT, || {
+        std::fs::metadata(work.join("low.ckpt")).ok()
+    });
+    assert!(
+        d.status("low").unwrap()["checkpoint_sent_at"].is_u64(),
+        "the signal is recorded before it is sent"
+    );
+    kill_9_once(&d);
     let end = d.wait_ended("urgent");
     assert_eq!(end["status"], "succeeded", "{end}");
     assert_eq!(
