@@ -35,7 +35,8 @@ impl From<ApiError> for zbus::fdo::Error {
             | ApiError::RecordChange { .. }
             | ApiError::Freezer { .. }
             | ApiError::RecordStop(_)
-            | ApiError::StopUnit(_) => zbus::fdo::Error::Failed(e.to_string()),
+            | ApiError::StopUnit(_)
+            | ApiError::FairShareOff => zbus::fdo::Error::Failed(e.to_string()),
             ApiError::RootOnly(_) => zbus::fdo::Error::AccessDenied(e.to_string()),
             ApiError::BadUpdate(_) => zbus::fdo::Error::InvalidArgs(e.to_string()),
         }
@@ -540,6 +541,21 @@ impl DaemonApi {
         .await
     }
 
+    /// Each user's fair-share standing (`ptrain report --fair-share`),
+    /// JSON FairShareView; a caller other than root gets only their own.
+    async fn fair_share(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller_uid = self.callers.uid(conn, &header).await?;
+        Ok(to_json(
+            &self
+                .ask(|reply| ApiRequest::FairShare { caller_uid, reply })
+                .await??,
+        ))
+    }
+
     /// The log archive's retention policy and usage (`ptrain du`), JSON
     /// LogUsage; a user's own row only, root sees every user.
     async fn log_usage(
@@ -646,6 +662,7 @@ pub trait Daemon1 {
     fn log_usage(&self) -> zbus::Result<String>;
     fn history(&self, query: &str) -> zbus::Result<String>;
     fn report(&self, query: &str) -> zbus::Result<String>;
+    fn fair_share(&self) -> zbus::Result<String>;
     fn notifications(&self) -> zbus::Result<String>;
     fn retry_notifications(&self, key: &str, all_dead: bool) -> zbus::Result<String>;
     #[zbus(property)]

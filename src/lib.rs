@@ -21,7 +21,9 @@
 //!    files go to quarantine with their reason.
 //! 4. [`scheduler`]: the pure core that decides which queued jobs start now,
 //!    choosing GPUs from an inventory snapshot ([`gpu`]) by priority, with
-//!    reservations against starvation, within the `[policy]` ([`policy`]).
+//!    reservations against starvation, within the `[policy]` ([`policy`]);
+//!    with `[policy] fair_share`, jobs of equal priority go by their
+//!    owners' recent GPU use ([`fair_share`], Slurm's classic formula).
 //! 5. [`unit`](mod@unit): the transient unit's properties (identity, confinement, GPU
 //!    device allow-list, the daemon's variables) are built from the record.
 //!    Pure. Nothing the user wrote is a property but the workdir: the
@@ -141,6 +143,7 @@ pub mod config;
 pub mod daemon;
 pub mod display;
 pub mod docgen;
+pub mod fair_share;
 pub mod fsutil;
 pub mod gpu;
 pub mod history;

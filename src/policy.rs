@@ -48,6 +48,10 @@ pub struct PolicyConfig {
     /// running `preemptible` jobs of lower priority ([`crate::preemption`]).
     /// Off by default.
     pub preempt: bool,
+    /// `[policy] fair_share = { half_life = "7d" }`: waiting jobs of
+    /// equal priority go by their owners' recent GPU use
+    /// ([`crate::fair_share`]). Off by default.
+    pub fair_share: Option<crate::fair_share::FairShareConfig>,
 }
 
 /// One rule's limits; an absent key means no limit of that kind.
@@ -61,9 +65,18 @@ pub struct Limits {
 }
 
 impl PolicyConfig {
+    /// The fair-share half-life, when fair share is on (checked by
+    /// [`PolicyConfig::validate`]).
+    pub fn fair_share_half_life(&self) -> Option<std::time::Duration> {
+        self.fair_share.as_ref().and_then(|f| f.half_life().ok())
+    }
+
     /// Checks what serde cannot; the error names the key and the fix.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
         let err = |key: String, message: String| Err(InvalidSetting { key, message });
+        if let Some(fair_share) = &self.fair_share {
+            fair_share.half_life()?;
+        }
         let entries = self
             .default
             .iter()

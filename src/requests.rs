@@ -70,6 +70,9 @@ pub enum ApiError {
     StopUnit(SystemdError),
     #[error("only root may {0}; run it with sudo")]
     RootOnly(&'static str),
+    /// `ptrain report --fair-share` on a host without it.
+    #[error("fair share is off on this host; an admin turns it on with `[policy] fair_share = {{ half_life = \"7d\" }}` in ptraind.toml")]
+    FairShareOff,
 }
 
 /// A request from the API to the daemon's state task.
@@ -94,6 +97,12 @@ pub enum ApiRequest {
         reply: oneshot::Sender<Result<Vec<RejectRecord>, ApiError>>,
     },
     Gpus(oneshot::Sender<Result<GpusView, ApiError>>),
+    /// Each user's fair-share standing (`ptrain report --fair-share`):
+    /// root sees everyone's, another caller their own.
+    FairShare {
+        caller_uid: u32,
+        reply: oneshot::Sender<Result<crate::fair_share::FairShareView, ApiError>>,
+    },
     /// Notification deliveries (root only; checked by the API).
     Notifications(oneshot::Sender<Result<Vec<DeliveryView>, DeliveriesError>>),
     RetryNotifications(

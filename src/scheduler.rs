@@ -554,6 +554,14 @@ pub struct QueuePosition {
     seq: u64,
 }
 
+impl QueuePosition {
+    /// The priority part alone, ordered as the position is (higher
+    /// priority first).
+    pub fn rank(&self) -> std::cmp::Reverse<i32> {
+        self.rank
+    }
+}
+
 /// The queued jobs in planning order, those that ask for GPUs apart from
 /// those that do not, so that a plan reads only as far into a long GPU
 /// queue as it can place ([`plan_in_order`]). Adding and removing a job
@@ -562,15 +570,75 @@ pub struct QueuePosition {
 pub struct Queue {
     cpu: BTreeMap<QueuePosition, JobId>,
     gpu: BTreeMap<QueuePosition, JobId>,
-    positions: std::collections::HashMap<JobId, (QueuePosition, bool)>,
+    /// The GPU jobs by priority, then owner, then arrival: what
+    /// [`Queue::gpu_jobs_fair`] reads.
+    gpu_by_owner: BTreeSet<OwnerPosition>,
+    /// Each owner (uid) of a queued GPU job: their primary gid and how
+    /// many such jobs they have, for [`crate::fair_share::standings`].
+    gpu_owners: BTreeMap<u32, (u32, usize)>,
+    positions: std::collections::HashMap<JobId, (QueuePosition, bool, (u32, u32))>,
     arrivals: u64,
 }
 
+/// A GPU job's place among its owner's jobs of its priority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct OwnerPosition {
+    rank: std::cmp::Reverse<i32>,
+    uid: u32,
+    arrival: u64,
+    seq: u64,
+}
+
+impl OwnerPosition {
+    fn of(position: QueuePosition, uid: u32) -> OwnerPosition {
+        OwnerPosition {
+            rank: position.rank,
+            uid,
+            arrival: position.arrival,
+            seq: position.seq,
+        }
+    }
+
+    fn position(self) -> QueuePosition {
+        QueuePosition {
+            rank: self.rank,
+            arrival: self.arrival,
+            seq: self.seq,
+        }
+    }
+
+    /// The first and last places `uid` may have at `rank`.
+    fn first_of(rank: std::cmp::Reverse<i32>, uid: u32) -> OwnerPosition {
+        OwnerPosition {
+            rank,
+            uid,
+            arrival: 0,
+            seq: 0,
+        }
+    }
+
+    fn last_of(rank: std::cmp::Reverse<i32>, uid: u32) -> OwnerPosition {
+        OwnerPosition {
+            rank,
+            uid,
+            arrival: u64::MAX,
+            seq: u64::MAX,
+        }
+    }
+}
+
 impl Queue {
-    /// Queues `id` among the jobs of its priority by its `arrival` (its
-    /// submission), behind those of the same arrival; one already queued
-    /// keeps its place.
-    pub fn push(&mut self, id: JobId, priority: i32, wants_gpus: bool, arrival: u64) {
+    /// Queues `id` (owned by `owner`, its uid and primary gid) among the
+    /// jobs of its priority by its `arrival` (its submission), behind
+    /// those of the same arrival; one already queued keeps its place.
+    pub fn push(
+        &mut self,
+        id: JobId,
+        priority: i32,
+        wants_gpus: bool,
+        arrival: u64,
+        owner: (u32, u32),
+    ) {
         if self.positions.contains_key(&id) {
             return;
         }
@@ -580,32 +648,49 @@ impl Queue {
             seq: self.arrivals,
         };
         self.arrivals += 1;
+        self.place(id, position, wants_gpus, owner);
+    }
+
+    fn place(&mut self, id: JobId, position: QueuePosition, wants_gpus: bool, owner: (u32, u32)) {
+        if wants_gpus {
+            self.gpu_by_owner
+                .insert(OwnerPosition::of(position, owner.0));
+            let entry = self.gpu_owners.entry(owner.0).or_insert((owner.1, 0));
+            *entry = (owner.1, entry.1 + 1);
+        }
         self.list(wants_gpus).insert(position, id.clone());
-        self.positions.insert(id, (position, wants_gpus));
+        self.positions.insert(id, (position, wants_gpus, owner));
     }
 
     /// Moves `id` to its new priority, keeping its arrival: among the jobs
     /// of that priority it stands where its arrival puts it, never behind
     /// jobs that came after it (`ptrain update --priority`).
     pub fn reprioritize(&mut self, id: &JobId, priority: i32) {
-        let Some((position, wants_gpus)) = self.positions.get(id).copied() else {
+        let Some((position, wants_gpus, owner)) = self.positions.get(id).copied() else {
             return;
         };
         let moved = QueuePosition {
             rank: std::cmp::Reverse(priority),
             ..position
         };
-        let list = self.list(wants_gpus);
-        list.remove(&position);
-        list.insert(moved, id.clone());
-        self.positions.insert(id.clone(), (moved, wants_gpus));
+        self.remove(id);
+        self.place(id.clone(), moved, wants_gpus, owner);
     }
 
     /// Takes `id` out; false if it was not queued.
     pub fn remove(&mut self, id: &JobId) -> bool {
-        let Some((position, wants_gpus)) = self.positions.remove(id) else {
+        let Some((position, wants_gpus, (uid, _))) = self.positions.remove(id) else {
             return false;
         };
+        if wants_gpus {
+            self.gpu_by_owner.remove(&OwnerPosition::of(position, uid));
+            if let Some(entry) = self.gpu_owners.get_mut(&uid) {
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    self.gpu_owners.remove(&uid);
+                }
+            }
+        }
         self.list(wants_gpus).remove(&position);
         true
     }
@@ -627,7 +712,7 @@ impl Queue {
     }
 
     pub fn position(&self, id: &JobId) -> Option<QueuePosition> {
-        self.positions.get(id).map(|(position, _)| *position)
+        self.positions.get(id).map(|(position, _, _)| *position)
     }
 
     /// Jobs that ask for no GPUs, in planning order.
@@ -638,6 +723,71 @@ impl Queue {
     /// Jobs that ask for GPUs, in planning order.
     pub fn gpu_jobs(&self) -> impl Iterator<Item = &JobId> {
         self.gpu.values()
+    }
+
+    /// The owners of queued GPU jobs, as (uid, primary gid).
+    pub fn gpu_owners(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.gpu_owners.iter().map(|(uid, (gid, _))| (*uid, *gid))
+    }
+
+    /// Jobs that ask for GPUs in fair-share order ([`crate::fair_share`]):
+    /// priority first; within a priority, owners by their `factor`
+    /// (higher first; an owner missing from it counts 1, and equal factors
+    /// go by the owner's first arrival), each owner's jobs in arrival
+    /// order. Lazy, like [`Queue::gpu_jobs`]: a priority's owners are
+    /// sorted only when the reader gets to it, so a plan still costs what
+    /// it reads plus the owners of the priorities it reads.
+    pub fn gpu_jobs_fair<'a>(
+        &'a self,
+        factor: &'a std::collections::HashMap<u32, f64>,
+    ) -> impl Iterator<Item = &'a JobId> + 'a {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let mut next_rank = self.gpu_by_owner.first().map(|p| p.rank);
+        let mut band: std::vec::IntoIter<(std::cmp::Reverse<i32>, u32)> = Vec::new().into_iter();
+        let mut jobs: Option<std::collections::btree_set::Range<'a, OwnerPosition>> = None;
+        std::iter::from_fn(move || loop {
+            if let Some(p) = jobs.as_mut().and_then(|r| r.next()) {
+                return self.gpu.get(&p.position());
+            }
+            if let Some((rank, uid)) = band.next() {
+                jobs =
+                    Some(self.gpu_by_owner.range(
+                        OwnerPosition::first_of(rank, uid)..=OwnerPosition::last_of(rank, uid),
+                    ));
+                continue;
+            }
+            let rank = next_rank.take()?;
+            // The owners of this priority, each found by one step past
+            // the last.
+            let mut owners: Vec<(f64, OwnerPosition)> = Vec::new();
+            let mut from = OwnerPosition::first_of(rank, 0);
+            while let Some(first) = self
+                .gpu_by_owner
+                .range(from..)
+                .next()
+                .filter(|p| p.rank == rank)
+            {
+                owners.push((factor.get(&first.uid).copied().unwrap_or(1.0), *first));
+                match first.uid.checked_add(1) {
+                    Some(uid) => from = OwnerPosition::first_of(rank, uid),
+                    None => break,
+                }
+            }
+            owners.sort_by(|a, b| {
+                b.0.total_cmp(&a.0)
+                    .then((a.1.arrival, a.1.seq).cmp(&(b.1.arrival, b.1.seq)))
+            });
+            next_rank = self
+                .gpu_by_owner
+                .range((Excluded(OwnerPosition::last_of(rank, u32::MAX)), Unbounded))
+                .next()
+                .map(|p| p.rank);
+            band = owners
+                .into_iter()
+                .map(|(_, p)| (p.rank, p.uid))
+                .collect::<Vec<_>>()
+                .into_iter();
+        })
     }
 
     /// Every queued job: those that ask for no GPUs, then the others.
@@ -980,6 +1130,78 @@ mod tests {
     }
 
     #[test]
+    fn fair_share_order_is_priority_then_owner_factor_then_arrival_and_follows_every_change() {
+        let mut queue = Queue::default();
+        let id = |s: &str| JobId::parse(s).unwrap();
+        // (id, priority, arrival, uid)
+        for (name, prio, arrival, uid) in [
+            ("a1", 0, 1, 1000),
+            ("b1", 0, 2, 1001),
+            ("a2", 0, 3, 1000),
+            ("c1", 0, 4, 1002),
+            ("b2", 0, 5, 1001),
+            ("vip", 5, 9, 1000),
+            ("low", -1, 0, 1001),
+        ] {
+            queue.push(id(name), prio, true, arrival, (uid, 100));
+        }
+        queue.push(id("cpu"), 0, false, 0, (1000, 100));
+        let order = |q: &Queue, f: &[(u32, f64)]| -> Vec<String> {
+            let factors = f.iter().copied().collect();
+            q.gpu_jobs_fair(&factors).map(|j| j.to_string()).collect()
+        };
+        // Equal factors: owners by their first arrival, each owner's jobs together.
+        assert_eq!(
+            order(&queue, &[]),
+            ["vip", "a1", "a2", "b1", "b2", "c1", "low"]
+        );
+        // Bob used least, then Carol, then Alice; priority still comes first.
+        assert_eq!(
+            order(&queue, &[(1000, 0.2), (1001, 0.9), (1002, 0.5)]),
+            ["vip", "b1", "b2", "c1", "a1", "a2", "low"]
+        );
+        assert_eq!(
+            queue.gpu_owners().collect::<Vec<_>>(),
+            [(1000, 100), (1001, 100), (1002, 100)]
+        );
+        queue.remove(&id("b1"));
+        queue.remove(&id("c1"));
+        queue.reprioritize(&id("a2"), 5);
+        assert_eq!(
+            queue.gpu_owners().collect::<Vec<_>>(),
+            [(1000, 100), (1001, 100)],
+            "Carol has no queued job left"
+        );
+        assert_eq!(
+            order(&queue, &[(1000, 0.2), (1001, 0.9), (1002, 0.5)]),
+            // a2 is Alice's too and arrived before vip.
+            ["a2", "vip", "b2", "a1", "low"]
+        );
+        // The same jobs as planning order reads them, and it is lazy.
+        assert_eq!(
+            queue.gpu_jobs_fair(&Default::default()).count(),
+            queue.gpu_jobs().count()
+        );
+        let mut big = Queue::default();
+        for i in 0..10_000u32 {
+            big.push(
+                id(&format!("j{i}")),
+                0,
+                true,
+                i as u64,
+                (1000 + i % 50, 100),
+            );
+        }
+        let factors = (0..50).map(|u| (1000 + u, f64::from(u))).collect();
+        let first: Vec<String> = big
+            .gpu_jobs_fair(&factors)
+            .take(2)
+            .map(|j| j.to_string())
+            .collect();
+        assert_eq!(first, ["j49", "j99"], "user 1049 has the highest factor");
+    }
+
+    #[test]
     fn a_queue_in_planning_order_is_read_only_as_far_as_gpus_are_left() {
         let snap = gpus(2);
         let long = job("long", 1);
@@ -989,9 +1211,15 @@ mod tests {
             .collect();
         let mut queue = Queue::default();
         for j in &jobs {
-            queue.push(j.id.clone(), j.priority, j.request.count() > 0, 0);
+            queue.push(
+                j.id.clone(),
+                j.priority,
+                j.request.count() > 0,
+                0,
+                (1000, 1000),
+            );
         }
-        queue.push(jobs[0].id.clone(), 7, true, 0);
+        queue.push(jobs[0].id.clone(), 7, true, 0, (1000, 1000));
         assert_eq!(queue.len(), 10_002);
         let by_id: std::collections::HashMap<&JobId, &Job> =
             jobs.iter().map(|j| (&j.id, j)).collect();

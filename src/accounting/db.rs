@@ -256,13 +256,58 @@ pub fn report(
     })
 }
 
+/// Fair share's figures ([`crate::fair_share`]): each user's and group's
+/// GPU-seconds of the runs that ended before `until_us` and within
+/// [`crate::fair_share::HORIZON_HALF_LIVES`] half-lives of it, each
+/// weighed by its age, through the index by end time.
+pub fn usage(
+    path: &Path,
+    until_us: u64,
+    half_life: std::time::Duration,
+) -> Result<crate::fair_share::Usage, AccountingError> {
+    let horizon = half_life.as_micros() as u64 * u64::from(crate::fair_share::HORIZON_HALF_LIVES);
+    let (sql, params) = super::query::usage_sql(until_us.saturating_sub(horizon), until_us);
+    let runs = query_rows(path, (sql, params), |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, f64>(3)?,
+        ))
+    })?;
+    let mut usage = crate::fair_share::Usage::new(until_us);
+    for (uid, gid, ended_us, gpu_seconds) in runs {
+        let (Ok(uid), Ok(gid), Ok(ended_us)) = (
+            u32::try_from(uid),
+            u32::try_from(gid),
+            u64::try_from(ended_us),
+        ) else {
+            continue;
+        };
+        usage.add(uid, gid, gpu_seconds, ended_us, half_life);
+    }
+    Ok(usage)
+}
+
 /// The writer: a task of ptraind that takes ended records from a channel
 /// and hands them to a short-lived `ptraind accounting write`
 /// ([`super::helper`]): SQLite never runs in ptraind itself, and the state
 /// task never waits on it. Sending never blocks.
 #[derive(Clone)]
 pub struct Writer {
-    tx: tokio::sync::mpsc::UnboundedSender<Box<HistoryRow>>,
+    tx: tokio::sync::mpsc::UnboundedSender<ToWriter>,
+}
+
+/// What the writer task is handed, in order.
+enum ToWriter {
+    Row(Box<HistoryRow>),
+    /// Fair share's figures of the runs that ended before `until_us`,
+    /// read once every row sent before is written.
+    Usage {
+        until_us: u64,
+        half_life: std::time::Duration,
+        reply: tokio::sync::oneshot::Sender<Result<crate::fair_share::Usage, String>>,
+    },
 }
 
 impl Writer {
@@ -272,7 +317,7 @@ impl Writer {
     /// lost), then each child writes the rows that waited. Call it after
     /// the state is restored.
     pub fn start(state_dir: &Path) -> Writer {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Box<HistoryRow>>();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ToWriter>();
         let state_dir = state_dir.to_owned();
         tokio::spawn(async move { writer_task(&state_dir, rx).await });
         Writer { tx }
@@ -281,15 +326,29 @@ impl Writer {
     /// Hands an ended record's row to the writer.
     pub fn record(&self, record: &JobRecord) {
         if let Some(row) = HistoryRow::of(record) {
-            let _ = self.tx.send(Box::new(row));
+            let _ = self.tx.send(ToWriter::Row(Box::new(row)));
         }
+    }
+
+    /// Fair share's figures of the runs that ended before `until_us`
+    /// ([`usage`]), read after the back-fill and every row sent before
+    /// this call.
+    pub fn usage(
+        &self,
+        until_us: u64,
+        half_life: std::time::Duration,
+    ) -> tokio::sync::oneshot::Receiver<Result<crate::fair_share::Usage, String>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let _ = self.tx.send(ToWriter::Usage {
+            until_us,
+            half_life,
+            reply,
+        });
+        answer
     }
 }
 
-async fn writer_task(
-    state_dir: &Path,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Box<HistoryRow>>,
-) {
+async fn writer_task(state_dir: &Path, mut rx: tokio::sync::mpsc::UnboundedReceiver<ToWriter>) {
     let path = db_path(state_dir);
     match super::helper::write(state_dir, &[], true).await {
         Ok(s) => info!(
@@ -301,16 +360,39 @@ async fn writer_task(
             warn!(error = %e, path = %path.display(), "cannot back-fill the accounting database; the next start tries again")
         }
     }
-    while let Some(first) = rx.recv().await {
-        // Whatever else is waiting goes to the same child, in one
-        // transaction.
+    let mut next = rx.recv().await;
+    while let Some(message) = next.take() {
+        let first = match message {
+            ToWriter::Row(row) => row,
+            ToWriter::Usage {
+                until_us,
+                half_life,
+                reply,
+            } => {
+                let _ = reply.send(super::helper::usage(state_dir, until_us, half_life).await);
+                next = rx.recv().await;
+                continue;
+            }
+        };
+        // Whatever rows else are waiting go to the same child, in one
+        // transaction; a usage query waits for them.
         let mut rows = vec![*first];
-        while let Ok(row) = rx.try_recv() {
-            rows.push(*row);
+        loop {
+            match rx.try_recv() {
+                Ok(ToWriter::Row(row)) => rows.push(*row),
+                Ok(query) => {
+                    next = Some(query);
+                    break;
+                }
+                Err(_) => break,
+            }
         }
         if let Err(e) = super::helper::write(state_dir, &rows, false).await {
             // The records are on disk: the next start's back-fill adds them.
             warn!(error = %e, path = %path.display(), rows = rows.len(), "cannot write to the accounting database; the rows are added at the next start");
+        }
+        if next.is_none() {
+            next = rx.recv().await;
         }
     }
 }
@@ -633,6 +715,39 @@ pub(crate) mod tests {
         assert!(r.gpus > 0 && r.wall_us > 0, "{r:?}");
         assert!((r.gpu_seconds - r.wall_us as f64 / 1e6 * r.gpus as f64).abs() < 1e-6);
         assert_eq!((r.cpu_nsec, r.mem_peak_bytes), (None, None));
+    }
+
+    #[tokio::test]
+    async fn a_usage_query_sees_every_row_sent_before_it_and_weighs_them_by_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let _store = crate::store::Store::open(dir.path()).unwrap();
+        let writer = Writer::start(dir.path());
+        let mut gpu_job = job("g", true);
+        gpu_job.gpus = (0..2)
+            .map(|index| crate::store::AssignedGpu {
+                index,
+                uuid: format!("GPU-{index}"),
+                device: format!("/dev/nvidia{index}").into(),
+            })
+            .collect();
+        writer.record(&gpu_job);
+        writer.record(&job("cpu", true));
+        let day = std::time::Duration::from_secs(24 * 3600);
+        // One day after the end (4 s): half of 2 GPUs × 3 s.
+        let usage = writer
+            .usage(4_000_000 + 24 * 3600 * 1_000_000, day)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(usage.users.len(), 1, "{usage:?}");
+        assert!(
+            (usage.users[&1000].gpu_seconds - 3.0).abs() < 1e-9,
+            "{usage:?}"
+        );
+        assert!((usage.groups[&1000] - 3.0).abs() < 1e-9);
+        // Runs that ended at `until` or later are not the database's to count.
+        let none = writer.usage(4_000_000, day).await.unwrap().unwrap();
+        assert!(none.users.is_empty(), "{none:?}");
     }
 
     #[tokio::test]

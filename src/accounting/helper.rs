@@ -53,6 +53,9 @@ pub enum Task {
     History { caller: u32 },
     /// stdin: a [`ReportQuery`]; stdout: the JSON array of report rows.
     Report { caller: u32 },
+    /// stdin: nothing; stdout: the decayed GPU-seconds per user and group
+    /// of the runs that ended before `until_us` ([`crate::fair_share::Usage`]).
+    Usage { until_us: u64, half_life_secs: u64 },
 }
 
 impl Task {
@@ -62,13 +65,26 @@ impl Task {
             Task::Write { backfill: true } => vec!["write".into(), "--backfill".into()],
             Task::History { caller } => vec!["history".into(), format!("--caller={caller}")],
             Task::Report { caller } => vec!["report".into(), format!("--caller={caller}")],
+            Task::Usage {
+                until_us,
+                half_life_secs,
+            } => vec![
+                "usage".into(),
+                format!("--until={until_us}"),
+                format!("--half-life={half_life_secs}"),
+            ],
         }
     }
 
     /// The child's arguments after `accounting`, as [`Task::args`] makes
     /// them: `(task, state_dir)`.
     pub fn parse(args: &[String]) -> Result<(Task, &Path), String> {
-        let usage = "usage: ptraind accounting write [--backfill] STATE_DIR | history --caller=UID STATE_DIR | report --caller=UID STATE_DIR (ptraind runs it; it is no command for people)";
+        let usage = "usage: ptraind accounting write [--backfill] STATE_DIR | history --caller=UID STATE_DIR | report --caller=UID STATE_DIR | usage --until=US --half-life=SECS STATE_DIR (ptraind runs it; it is no command for people)";
+        let number = |flag: Option<&String>, name: &str| -> Result<u64, String> {
+            flag.and_then(|f| f.strip_prefix(name))
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| usage.to_string())
+        };
         let caller = |flag: Option<&String>| -> Result<u32, String> {
             flag.and_then(|f| f.strip_prefix("--caller="))
                 .and_then(|uid| uid.parse().ok())
@@ -84,6 +100,10 @@ impl Task {
             },
             Some("report") if args.len() == 3 => Task::Report {
                 caller: caller(args.get(1))?,
+            },
+            Some("usage") if args.len() == 4 => Task::Usage {
+                until_us: number(args.get(1), "--until=")?,
+                half_life_secs: number(args.get(2), "--half-life=")?.max(1),
             },
             _ => return Err(usage.into()),
         };
@@ -134,6 +154,15 @@ pub fn run_child(
         Task::Report { caller } => {
             let q: ReportQuery = parse_query(input)?;
             serde_json::to_string(&db::report(&path, &q, caller).map_err(|e| e.to_string())?)
+        }
+        Task::Usage {
+            until_us,
+            half_life_secs,
+        } => {
+            let half_life = std::time::Duration::from_secs(half_life_secs);
+            serde_json::to_string(
+                &db::usage(&path, until_us, half_life).map_err(|e| e.to_string())?,
+            )
         }
     }
     .map_err(|e| format!("cannot write the answer: {e}"))?;
@@ -236,6 +265,21 @@ pub async fn write(
         .map_err(|e| format!("`ptraind {SUBCOMMAND} write`'s summary {answer:?}: {e}"))
 }
 
+/// The decayed usage of the runs that ended before `until_us`, read
+/// through the child.
+pub async fn usage(
+    state_dir: &Path,
+    until_us: u64,
+    half_life: std::time::Duration,
+) -> Result<crate::fair_share::Usage, String> {
+    let task = Task::Usage {
+        until_us,
+        half_life_secs: half_life.as_secs().max(1),
+    };
+    let answer = run(task, state_dir, Vec::new()).await?;
+    serde_json::from_str(&answer).map_err(|e| format!("`ptraind {SUBCOMMAND} usage`'s answer: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +295,10 @@ mod tests {
             Task::Write { backfill: true },
             Task::History { caller: 1000 },
             Task::Report { caller: 0 },
+            Task::Usage {
+                until_us: 1_700_000_000_000_000,
+                half_life_secs: 604_800,
+            },
         ] {
             let mut a = task.args();
             a.push("/var/lib/ptrain".into());
@@ -264,6 +312,8 @@ mod tests {
             &["history", "/s"],
             &["history", "--caller=bob", "/s"],
             &["report", "--caller=", "/s"],
+            &["usage", "--until=x", "--half-life=60", "/s"],
+            &["usage", "--until=1", "/s"],
             &["drop", "/s"],
         ] {
             assert!(Task::parse(&args(bad)).is_err(), "{bad:?}");

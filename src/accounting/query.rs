@@ -243,6 +243,18 @@ fn conditions(q: &HistoryQuery, caller_uid: u32) -> (String, Vec<Param>) {
     (sql, params)
 }
 
+/// Fair share's runs: (uid, gid, ended_us, gpu_seconds) of the GPU runs
+/// that ended in `[from_us, until_us)`, oldest first (so a user's last
+/// group is their latest run's).
+pub fn usage_sql(from_us: u64, until_us: u64) -> (String, Vec<Param>) {
+    (
+        "SELECT uid, gid, ended_us, gpu_seconds FROM jobs \
+         WHERE ended_us >= ?1 AND ended_us < ?2 AND gpu_seconds > 0 ORDER BY ended_us"
+            .to_owned(),
+        vec![Param::Int(from_us as i64), Param::Int(until_us as i64)],
+    )
+}
+
 /// `ptrain history`: the newest `limit` runs that match, newest first
 /// (the caller prints them oldest first).
 pub fn history_sql(q: &HistoryQuery, caller_uid: u32) -> (String, Vec<Param>) {

@@ -135,6 +135,7 @@ impl Live {
             record.spec.priority,
             record.spec.gpus.count() > 0,
             record.submitted_at,
+            (record.owner.uid, record.owner.gid),
         );
         *self.queued_per_user.entry(record.owner.uid).or_default() += 1;
         self.jobs.insert(record.id.clone(), record);

@@ -110,6 +110,9 @@ pub enum Event {
         pause: bool,
         error: Option<String>,
     },
+    /// The accounting database's fair-share figures for the runs that
+    /// ended before this start (`Daemon::read_back_fair_share`).
+    FairShareRead(Result<crate::fair_share::Usage, String>),
     /// systemd answered a job's StartTransientUnit (sent by `Daemon::dispatch_launch`).
     Started {
         id: JobId,
@@ -228,6 +231,10 @@ pub struct Daemon {
     /// The accounting database's writer thread (issue 23): each recorded
     /// end is sent there, never written from this task.
     accounting: Option<crate::accounting::db::Writer>,
+    /// `[policy] fair_share`: each user's and group's decayed GPU use
+    /// ([`crate::fair_share`]), read back from the accounting database at
+    /// the start and added to at each end.
+    fair_share: Option<crate::fair_share::Ledger>,
     /// Entries under stray names, refused when their grace is over.
     strays: spool::Strays,
     /// Running jobs whose units systemd is stopping without ptraind having
@@ -447,6 +454,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         signals_lost: signals_lost.clone(),
         lost_stream: lost_stream.clone(),
         accounting: None,
+        fair_share: None,
     };
     daemon.kept = crate::kept_units::KeptUnits::new(daemon.config.kept_units);
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
@@ -461,6 +469,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     daemon.accounting = Some(crate::accounting::db::Writer::start(
         &daemon.config.state_dir,
     ));
+    daemon.read_back_fair_share();
 
     // The API comes up after the state is restored, so no caller ever sees
     // a half-loaded daemon.
@@ -803,7 +812,101 @@ impl Daemon {
             Event::Relaunch(id) => self.start_unit(&id).await,
             Event::Looked { unit, state } => self.on_looked(&unit, state).await,
             Event::Freezer { id, pause, error } => self.on_freezer(&id, pause, error),
+            Event::FairShareRead(usage) => self.on_fair_share_read(usage),
         }
+    }
+
+    /// With `[policy] fair_share`: the runs that end from now on are
+    /// counted as they end; those that ended before are read back from
+    /// the accounting database, after its back-fill (the writer answers
+    /// in order), off this task ([`Event::FairShareRead`]). Until then,
+    /// the order counts only what ended since the start.
+    fn read_back_fair_share(&mut self) {
+        let (Some(half_life), Some(accounting)) =
+            (self.config.policy.fair_share_half_life(), &self.accounting)
+        else {
+            return;
+        };
+        let ledger = crate::fair_share::Ledger::new(half_life, now_micros());
+        let answer = accounting.usage(ledger.since(), half_life);
+        self.fair_share = Some(ledger);
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            let usage = answer
+                .await
+                .unwrap_or_else(|_| Err("the accounting writer stopped".to_owned()));
+            let _ = events.send(Event::FairShareRead(usage));
+        });
+    }
+
+    fn on_fair_share_read(&mut self, usage: Result<crate::fair_share::Usage, String>) {
+        let Some(ledger) = &mut self.fair_share else {
+            return;
+        };
+        match usage {
+            Ok(usage) => {
+                info!(
+                    users = usage.users.len(),
+                    "fair share: the usage before this start read back from the accounting database"
+                );
+                ledger.read_back(&usage);
+                self.schedule_again = true;
+            }
+            Err(e) => warn!(
+                error = %e,
+                "fair share: cannot read the usage before this start from the accounting database; it counts only the runs that end from now on until ptraind restarts"
+            ),
+        }
+    }
+
+    /// An ended run, to the accounting database and fair share.
+    fn account(&mut self, record: &JobRecord) {
+        if let Some(accounting) = &self.accounting {
+            accounting.record(record);
+        }
+        if let (Some(ledger), Some(ended_at)) = (&mut self.fair_share, record.ended_at) {
+            let account = crate::fair_share::Account {
+                uid: record.owner.uid,
+                gid: record.owner.gid,
+            };
+            ledger.ended(account, record.gpu_seconds(), ended_at);
+        }
+    }
+
+    /// Each owner's fair-share factor now (running jobs count their
+    /// GPU-seconds so far): costs the users with usage, the owners of
+    /// queued GPU jobs and the GPUs held, never the queue's length.
+    fn fair_share_factors(&mut self) -> Option<HashMap<u32, f64>> {
+        let standings = self.fair_share_standings()?;
+        Some(crate::fair_share::factors(&standings))
+    }
+
+    fn fair_share_standings(&mut self) -> Option<Vec<crate::fair_share::Standing>> {
+        let ledger = self.fair_share.as_mut()?;
+        let now = now_micros();
+        let running: Vec<crate::fair_share::Running> = self
+            .live
+            .held()
+            .values()
+            .filter_map(|id| self.live.get(id))
+            .map(|r| crate::fair_share::Running {
+                account: crate::fair_share::Account {
+                    uid: r.owner.uid,
+                    gid: r.owner.gid,
+                },
+                // One entry per GPU held: each adds its seconds.
+                gpu_seconds: r
+                    .started_at
+                    .map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e6),
+            })
+            .collect();
+        let queued: Vec<crate::fair_share::Account> = self
+            .live
+            .queue()
+            .gpu_owners()
+            .map(|(uid, gid)| crate::fair_share::Account { uid, gid })
+            .collect();
+        Some(ledger.standings(now, &running, &queued))
     }
 
     /// A running job wrote nothing for its idle timeout: stop it, and it
@@ -1757,6 +1860,7 @@ impl Daemon {
                 *starting_by_owner.entry(record.owner.uid).or_default() += 1;
             }
         }
+        let factors = self.fair_share_factors();
         let mut look_at_gpus = || self.gpu_snapshot();
         let decided = planning::decide(
             &self.live,
@@ -1772,6 +1876,7 @@ impl Daemon {
                 starting_by_owner: &starting_by_owner,
                 max_starts_per_owner: MAX_STARTS_PER_OWNER,
                 preempt: self.config.policy.preempt,
+                fair_share: factors.as_ref(),
             },
         );
         let Some(decision) = decided else {
@@ -2409,9 +2514,7 @@ impl Daemon {
         {
             // Each attempt is a run of its own in the accounting (its own
             // invocation); feeding it twice adds nothing.
-            if let Some(accounting) = &self.accounting {
-                accounting.record(&ended.record);
-            }
+            self.account(&ended.record);
             self.run_again(next, told);
             return;
         }
@@ -2438,9 +2541,7 @@ impl Daemon {
             cpu_ns as f64 / 1e9,
         );
         self.notifier.deliver(intents);
-        if let Some(accounting) = &self.accounting {
-            accounting.record(&record);
-        }
+        self.account(&record);
         self.live.ended(id);
         self.checkpoints.remove(id);
         info!(
@@ -2571,6 +2672,22 @@ impl Daemon {
                     })
                     .map_err(ApiError::Rejected);
                 let _ = reply.send(result);
+            }
+            ApiRequest::FairShare { caller_uid, reply } => {
+                let half_life_secs = self.fair_share.as_ref().map(|l| l.half_life().as_secs());
+                let read_back = self.fair_share.as_ref().is_some_and(|l| l.is_read_back());
+                let view = match (half_life_secs, self.fair_share_standings()) {
+                    (Some(half_life_secs), Some(mut users)) => {
+                        users.retain(|s| caller_uid == 0 || s.uid == caller_uid);
+                        Ok(crate::fair_share::FairShareView {
+                            half_life_secs,
+                            read_back,
+                            users,
+                        })
+                    }
+                    _ => Err(ApiError::FairShareOff),
+                };
+                let _ = reply.send(view);
             }
             ApiRequest::Gpus(reply) => {
                 let snapshot = self.inventory.snapshot().map_err(ApiError::Gpus);

@@ -41,6 +41,21 @@ pub(super) struct Situation<'a> {
     /// `[policy] preempt`: the plan also chooses running jobs to stop for
     /// the urgent one ([`crate::preemption`]).
     pub preempt: bool,
+    /// `[policy] fair_share`: each owner's factor ([`crate::fair_share`]);
+    /// GPU jobs of equal priority are read highest factor first.
+    pub fair_share: Option<&'a HashMap<u32, f64>>,
+}
+
+/// The queued GPU jobs in the order a plan reads them: planning order, or
+/// fair-share order when it is on.
+fn gpu_order<'a>(
+    live: &'a Live,
+    fair_share: Option<&'a HashMap<u32, f64>>,
+) -> Box<dyn Iterator<Item = &'a JobId> + 'a> {
+    match fair_share {
+        Some(factors) => Box::new(live.queue().gpu_jobs_fair(factors)),
+        None => Box::new(live.queue().gpu_jobs()),
+    }
 }
 
 /// A plan's decisions, for the state task to carry out.
@@ -84,6 +99,7 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         starting_by_owner,
         max_starts_per_owner,
         preempt,
+        fair_share,
     } = situation;
     if live.queue().is_empty() {
         return Some(Decision {
@@ -112,9 +128,7 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         .filter(not_blocked)
         .map(waiting)
         .collect();
-    let mut gpu_jobs = live
-        .queue()
-        .gpu_jobs()
+    let mut gpu_jobs = gpu_order(live, fair_share)
         .filter(not_blocked)
         .map(waiting)
         .peekable();
@@ -152,12 +166,19 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         check_never,
     );
     let preemption = match (preempt, snapshot.as_deref()) {
-        (true, Some(snapshot)) => preemption_of(live, blocked, &plan, snapshot, &held, rules),
+        (true, Some(snapshot)) => {
+            preemption_of(live, blocked, &plan, snapshot, &held, rules, fair_share)
+        }
         _ => None,
     };
     let mut launches = plan.placements;
-    // Jobs with and without GPUs start in one planning order.
-    launches.sort_by_key(|p| live.queue().position(&p.id));
+    // Jobs with and without GPUs start in one planning order (by
+    // priority alone under fair share: the plan's GPU order stands
+    // within a priority).
+    match fair_share {
+        None => launches.sort_by_key(|p| live.queue().position(&p.id)),
+        Some(_) => launches.sort_by_key(|p| live.queue().position(&p.id).map(|q| q.rank())),
+    }
     // An owner at their share of pending starts waits for one of them to
     // run (each unit that runs or ends plans again).
     let mut starting = starting_by_owner.clone();
@@ -207,6 +228,7 @@ fn preemption_of(
     snapshot: &[GpuInfo],
     held: &BTreeMap<u32, Holder>,
     rules: Rules<'_>,
+    fair_share: Option<&HashMap<u32, f64>>,
 ) -> Option<(JobId, Vec<JobId>)> {
     let waits = &plan.waits;
     let placed: HashSet<&JobId> = plan.placements.iter().map(|p| &p.id).collect();
@@ -214,9 +236,7 @@ fn preemption_of(
     // The first GPU job not placed: it waits for busy GPUs (a wait of
     // its own, or none recorded because every GPU was taken before the
     // plan read it), for a cap, or for GPUs other programs hold.
-    let urgent_id = live
-        .queue()
-        .gpu_jobs()
+    let urgent_id = gpu_order(live, fair_share)
         .filter(|id| !blocked.contains(*id))
         .find(|id| !placed.contains(*id) && !never.contains(*id))?;
     if !matches!(waits.get(urgent_id), None | Some(Wait::Busy { .. })) {
@@ -286,8 +306,9 @@ mod tests {
 
     /// The plan over `live` with `blocked` held back, on `gpus` (`None`:
     /// unreadable), after `checked_against`, with `share`'s launches per
-    /// owner pending of at most its limit each (`None`: none, no limit);
-    /// and how often it looked at the GPUs.
+    /// owner pending of at most its limit each (`None`: none, no limit),
+    /// under `fair_share`'s factors if any; and how often it looked at
+    /// the GPUs.
     fn plan(
         live: &Live,
         blocked: &[&str],
@@ -295,6 +316,7 @@ mod tests {
         checked_against: Option<u64>,
         room: usize,
         share: Option<(&HashMap<u32, usize>, usize)>,
+        fair_share: Option<&HashMap<u32, f64>>,
     ) -> (Option<Decision>, usize) {
         let none = HashMap::new();
         let (starting, max) = share.unwrap_or((&none, usize::MAX));
@@ -320,6 +342,7 @@ mod tests {
                 max_starts_per_owner: max,
                 // No job is preemptible but where a test says so.
                 preempt: true,
+                fair_share,
             },
         );
         (decision, looks)
@@ -362,7 +385,7 @@ mod tests {
     }
 
     fn decide_on(live: &Live, blocked: &[&str], gpus: Option<&[GpuInfo]>, room: usize) -> Decision {
-        plan(live, blocked, gpus, None, room, None)
+        plan(live, blocked, gpus, None, room, None, None)
             .0
             .expect("room to start")
     }
@@ -380,6 +403,43 @@ mod tests {
         let snapshot: Vec<GpuInfo> = gpus.iter().map(|&i| gpu(i)).collect();
         super::super::lifecycle::launching(live.get_mut(&job).unwrap(), gpus, &snapshot);
         live.launched(&job);
+    }
+
+    #[test]
+    fn under_fair_share_the_owner_who_used_less_goes_first_among_equal_priorities() {
+        let mut live = live(&[
+            ("a1", r#", "gpus": 1"#, 1000),
+            ("a2", r#", "gpus": 1"#, 1000),
+            ("b1", r#", "gpus": 1"#, 1001),
+            ("vip", r#", "gpus": 1, "priority": 3"#, 1000),
+            ("cpu", "", 1000),
+        ]);
+        let gpus = [gpu(0), gpu(1)];
+        let order = |live: &Live, factors: Option<&HashMap<u32, f64>>| -> Vec<String> {
+            let d = plan(live, &[], Some(&gpus), None, 100, None, factors)
+                .0
+                .unwrap();
+            started(&d).into_iter().map(|(id, _)| id).collect()
+        };
+        assert_eq!(order(&live, None), ["vip", "a1", "cpu"]);
+        let alice_used_more: HashMap<u32, f64> = [(1000, 0.25), (1001, 0.9)].into();
+        assert_eq!(order(&live, Some(&alice_used_more)), ["vip", "cpu", "b1"]);
+        // The first waiting job in that order keeps the GPUs it waits for.
+        launch(&mut live, "vip", &[0]);
+        launch(&mut live, "cpu", &[]);
+        let d = plan(
+            &live,
+            &[],
+            Some(&gpus),
+            None,
+            100,
+            None,
+            Some(&alice_used_more),
+        )
+        .0
+        .unwrap();
+        assert_eq!(started(&d), [("b1".to_owned(), vec![1])]);
+        live.check().unwrap();
     }
 
     #[test]
@@ -402,11 +462,11 @@ mod tests {
     fn a_blocked_job_is_passed_by_those_behind_it() {
         let live = a_gpu_job_between_two_cpu_jobs();
         let gpus = [gpu(0)];
-        let (d, looks) = plan(&live, &["a", "b"], Some(&gpus), None, 100, None);
+        let (d, looks) = plan(&live, &["a", "b"], Some(&gpus), None, 100, None, None);
         assert_eq!(started(&d.unwrap()), [("c".to_string(), vec![])]);
         // Only blocked GPU jobs: no look at the GPUs is needed.
         assert_eq!(looks, 0);
-        assert_eq!(plan(&live, &[], Some(&gpus), None, 100, None).1, 1);
+        assert_eq!(plan(&live, &[], Some(&gpus), None, 100, None, None).1, 1);
         let d = decide_on(&live, &["b"], None, 100);
         assert_eq!(
             started(&d).len(),
@@ -444,7 +504,7 @@ mod tests {
         let first = decide_on(&live, &[], Some(&gpus), 100);
         assert_eq!(first.never.len(), 1);
         let again = |checked_against, gpus: &[GpuInfo]| {
-            plan(&live, &[], Some(gpus), checked_against, 100, None)
+            plan(&live, &[], Some(gpus), checked_against, 100, None, None)
                 .0
                 .unwrap()
         };
@@ -465,11 +525,11 @@ mod tests {
         assert_eq!(order, ["a", "b"]);
         assert!(d.gpu_jobs_wait, "the rest wait for room");
         // No room: nothing decided, not even a look at the GPUs.
-        let (d, looks) = plan(&live, &[], Some(&gpus), None, 0, None);
+        let (d, looks) = plan(&live, &[], Some(&gpus), None, 0, None, None);
         assert!(d.is_none());
         assert_eq!(looks, 0);
         // An empty queue: nothing kept, nothing waits.
-        let (d, looks) = plan(&Live::default(), &[], Some(&gpus), Some(7), 100, None);
+        let (d, looks) = plan(&Live::default(), &[], Some(&gpus), Some(7), 100, None, None);
         let d = d.unwrap();
         assert!(d.launches.is_empty() && d.reserved.is_empty() && d.waits.is_empty());
         assert_eq!((d.checked_against, looks), (Some(7), 0));
@@ -484,14 +544,22 @@ mod tests {
             ("b1", "", 1001),
         ]);
         // Nothing pending: each owner starts at most their share (2).
-        let (d, _) = plan(&live, &[], None, None, 100, Some((&HashMap::new(), 2)));
+        let (d, _) = plan(
+            &live,
+            &[],
+            None,
+            None,
+            100,
+            Some((&HashMap::new(), 2)),
+            None,
+        );
         let d = d.unwrap();
         let order: Vec<String> = started(&d).into_iter().map(|(id, _)| id).collect();
         assert_eq!(order, ["a1", "a2", "b1"]);
         assert!(d.gpu_jobs_wait, "a3 waits, and is planned again");
         // Alice's two starts hang: Bob's job still starts.
         let stuck: HashMap<u32, usize> = [(1000, 2)].into();
-        let (d, _) = plan(&live, &[], None, None, 100, Some((&stuck, 2)));
+        let (d, _) = plan(&live, &[], None, None, 100, Some((&stuck, 2)), None);
         assert_eq!(started(&d.unwrap()), [("b1".to_string(), vec![])]);
     }
 

@@ -331,3 +331,91 @@ fn a_run_that_ended_while_ptraind_was_stopped_is_in_history_after_it_starts() {
     assert!(ok, "{out}");
     assert_eq!(wait_history(&d, &["late"]).len(), 1);
 }
+
+fn fair_share_of(d: &TestDaemon, user: &str) -> Value {
+    let out = d.ptrain(user, &["report", "--fair-share", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn under_fair_share_the_user_who_used_less_starts_first_and_usage_survives_a_restart() {
+    let d = TestDaemon::start_with(
+        "fair-share",
+        Opts {
+            gpus: 1,
+            extra_config: "[policy]\nfair_share = { half_life = \"7d\" }\n".into(),
+            ..Opts::default()
+        },
+    );
+    let one_gpu = |user: &str, command: &str| {
+        job(
+            &d,
+            user,
+            serde_json::json!({"gpus": 1, "command": ["/bin/sh", "-c", command]}),
+        )
+        .to_string()
+    };
+    // Alice has used the GPU lately; Bob has not.
+    d.run_to_end(ALICE, "used", &one_gpu(ALICE, "sleep 2"));
+    // Read back from the accounting database after a restart, not kept
+    // in memory only.
+    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+    assert!(ok, "{out}");
+    let view = wait_for("the usage to be read back after the restart", WAIT, || {
+        let v = fair_share_of(&d, "root");
+        (v["read_back"] == true && !v["users"].as_array()?.is_empty()).then_some(v)
+    });
+    let alice = &view["users"][0];
+    within(
+        "Alice's GPU-seconds",
+        alice["usage"].as_f64().unwrap(),
+        2.0,
+        0.25,
+    );
+    assert!(alice["factor"].as_f64().unwrap() < 1.0, "{view}");
+
+    // The GPU busy with Alice's job; then Alice queues a job, and Bob
+    // one after her.
+    let work = d.workdir(ALICE);
+    d.drop_job(
+        ALICE,
+        "blocker.json",
+        &one_gpu(ALICE, "while [ ! -e go ]; do sleep 0.05; done"),
+    );
+    d.wait_running("blocker");
+    d.drop_job(ALICE, "alice2.json", &one_gpu(ALICE, "true"));
+    d.wait_claimed("alice2");
+    d.drop_job(BOB, "bob1.json", &one_gpu(BOB, "sleep 1"));
+    d.wait_claimed("bob1");
+    let standing = fair_share_of(&d, "root");
+    let factor = |uid: u64| {
+        standing["users"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["uid"] == uid)
+            .map(|s| s["factor"].as_f64().unwrap())
+            .unwrap()
+    };
+    let alice_uid = d.status("alice2").unwrap()["uid"].as_u64().unwrap();
+    let bob_uid = d.status("bob1").unwrap()["uid"].as_u64().unwrap();
+    assert!(factor(bob_uid) > factor(alice_uid), "{standing}");
+    // A user sees their own standing only.
+    let own = fair_share_of(&d, BOB);
+    assert_eq!(own["users"].as_array().unwrap().len(), 1, "{own}");
+    assert_eq!(own["users"][0]["uid"], bob_uid);
+    let table = d.ptrain(BOB, &["report", "--fair-share"]);
+    assert!(text(&table).contains("factor"), "{}", text(&table));
+
+    std::fs::write(work.join("go"), "").unwrap();
+    // Bob arrived later but used less: his job takes the GPU first.
+    let bob = d.wait_ended("bob1");
+    let alice = d.wait_ended("alice2");
+    assert_eq!(bob["status"], "succeeded", "{bob}");
+    assert_eq!(alice["status"], "succeeded", "{alice}");
+    assert!(
+        alice["started_at"].as_u64().unwrap() >= bob["ended_at"].as_u64().unwrap(),
+        "Alice's job ran before Bob's: {alice} {bob}"
+    );
+}

@@ -66,6 +66,11 @@ pub(crate) struct ReportArgs {
     /// Only the N lines with the most GPU-hours (0: all).
     #[arg(long, value_name = "N", default_value_t = 0)]
     top: u32,
+    /// Each user's fair-share standing now instead (`[policy]
+    /// fair_share`): decayed GPU-hours, share and factor; among jobs of
+    /// equal priority, those of a higher factor start first.
+    #[arg(long, conflicts_with_all = ["by", "top"])]
+    fair_share: bool,
     #[arg(long, conflicts_with = "csv")]
     json: bool,
     #[arg(long)]
@@ -151,8 +156,65 @@ pub(crate) async fn history(args: HistoryArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
+/// `ptrain report --fair-share`.
+async fn fair_share(args: ReportArgs) -> Result<u8, Failure> {
+    use ptrain::accounting::query;
+    let view: ptrain::fair_share::FairShareView =
+        parse(&proxy().await?.fair_share().await.map_err(from_bus)?)?;
+    if args.json {
+        print_json(&view);
+        return Ok(0);
+    }
+    let header = [
+        "user",
+        "gid",
+        "gpu_hours",
+        "usage",
+        "share",
+        "effective",
+        "factor",
+    ];
+    let cells: Vec<Vec<String>> = view
+        .users
+        .iter()
+        .map(|s| {
+            let user =
+                ptrain::users::owner_of_uid(s.uid).map_or_else(|| s.uid.to_string(), |o| o.name);
+            vec![
+                user,
+                s.gid.to_string(),
+                format!("{:.3}", s.usage / 3600.0),
+                format!("{:.4}", s.normalized_usage),
+                format!("{:.4}", s.share),
+                format!("{:.4}", s.effective_usage),
+                format!("{:.4}", s.factor),
+            ]
+        })
+        .collect();
+    if args.csv {
+        out!("{}", query::csv(&header, &cells));
+        return Ok(0);
+    }
+    let half_life = humantime::format_duration(std::time::Duration::from_secs(view.half_life_secs));
+    outln!("fair share: GPU use halves in weight every {half_life}; a higher factor starts first among equal priorities");
+    if !view.read_back {
+        outln!(
+            "(the usage before ptraind's start is still being read from the accounting database)"
+        );
+    }
+    if cells.is_empty() {
+        errln!("nobody has used a GPU lately or waits for one");
+    } else {
+        out!("{}", query::table(&header, &cells));
+    }
+    Ok(0)
+}
+
 pub(crate) async fn report(args: ReportArgs) -> Result<u8, Failure> {
     use ptrain::accounting::query::{self, ReportBy, ReportQuery, ReportRow, REPORT_COLUMNS};
+    if args.fair_share {
+        return fair_share(args).await;
+    }
     let by = match args.by.as_str() {
         "group" => ReportBy::Group,
         "gpu" => ReportBy::Gpu,
