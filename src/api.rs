@@ -541,8 +541,10 @@ impl DaemonApi {
         .await
     }
 
-    /// Each user's fair-share standing (`ptrain report --fair-share`),
-    /// JSON FairShareView; a caller other than root gets only their own.
+    /// Each user's fair-share standing (what `ptrain report` prints with
+    /// its fair-share flag), JSON FairShareView; a caller other than root
+    /// gets only their own. No double hyphen here: zbus puts this text in
+    /// an XML comment of the introspection.
     async fn fair_share(
         &self,
         #[zbus(connection)] conn: &zbus::Connection,
