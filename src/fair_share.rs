@@ -61,31 +61,12 @@ pub struct FairShareConfig {
 impl FairShareConfig {
     /// The half-life, checked; the error names the key and the fix.
     pub fn half_life(&self) -> Result<Duration, InvalidSetting> {
-        let key = "policy.fair_share.half_life".to_owned();
-        let d = humantime::parse_duration(self.half_life.trim())
-            .or_else(|_| {
-                self.half_life
-                    .trim()
-                    .parse::<u64>()
-                    .map(Duration::from_secs)
-            })
-            .map_err(|_| InvalidSetting {
-                key: key.clone(),
-                message: format!(
-                    "{:?} is not a duration; write e.g. \"7d\" or \"12h\"",
-                    self.half_life
-                ),
-            })?;
-        if !(MIN_HALF_LIFE..=MAX_HALF_LIFE).contains(&d) {
-            return Err(InvalidSetting {
-                key,
-                message: format!(
-                    "{} is outside 1m..365d; usage this long ago counts half",
-                    humantime::format_duration(d)
-                ),
-            });
-        }
-        Ok(d)
+        crate::setting::span(
+            "policy.fair_share.half_life",
+            &self.half_life,
+            MIN_HALF_LIFE..=MAX_HALF_LIFE,
+            "usage this long ago counts half",
+        )
     }
 }
 

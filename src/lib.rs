@@ -23,7 +23,8 @@
 //!    choosing GPUs from an inventory snapshot ([`gpu`]) by priority, with
 //!    reservations against starvation, within the `[policy]` ([`policy`]);
 //!    with `[policy] fair_share`, jobs of equal priority go by their
-//!    owners' recent GPU use ([`fair_share`], Slurm's classic formula).
+//!    owners' recent GPU use ([`fair_share`], Slurm's classic formula);
+//!    the GPU jobs of a user over their `gpu_hours` quota wait ([`quota`]).
 //! 5. [`unit`](mod@unit): the transient unit's properties (identity, confinement, GPU
 //!    device allow-list, the daemon's variables) are built from the record.
 //!    Pure. Nothing the user wrote is a property but the workdir: the
@@ -155,6 +156,7 @@ pub mod notifications;
 pub mod notify_socket;
 pub mod policy;
 pub mod preemption;
+pub mod quota;
 pub mod requests;
 pub mod resources;
 pub mod runtime;

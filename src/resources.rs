@@ -119,6 +119,10 @@ pub struct LimitsConfig {
     pub cpus_max: Option<f64>,
     #[serde(default)]
     pub tasks_max: Option<u64>,
+    /// A GPU-hour quota for every user without one of their own
+    /// ([`crate::quota`]).
+    #[serde(default)]
+    pub gpu_hours: Option<crate::quota::GpuHoursQuota>,
     #[serde(default)]
     pub users: BTreeMap<String, UserLimits>,
 }
@@ -132,6 +136,8 @@ pub struct UserLimits {
     pub cpus_max: Option<f64>,
     #[serde(default)]
     pub tasks_max: Option<u64>,
+    #[serde(default)]
+    pub gpu_hours: Option<crate::quota::GpuHoursQuota>,
 }
 
 impl UserLimits {
@@ -154,6 +160,9 @@ impl UserLimits {
                 "must be at least 1".into(),
             ));
         }
+        if let Some(q) = &self.gpu_hours {
+            q.validate(&format!("{prefix}gpu_hours"))?;
+        }
         Ok(())
     }
 }
@@ -165,12 +174,32 @@ impl LimitsConfig {
             memory_max: self.memory_max.clone(),
             cpus_max: self.cpus_max,
             tasks_max: self.tasks_max,
+            gpu_hours: self.gpu_hours.clone(),
         };
         global.validate("limits.")?;
         for (user, limits) in &self.users {
             limits.validate(&format!("limits.users.{user}."))?;
         }
         Ok(())
+    }
+
+    /// The GPU-hour quota of `user` and its key: their own where set,
+    /// else the global one.
+    pub fn quota_for(&self, user: &str) -> Option<(&crate::quota::GpuHoursQuota, String)> {
+        match self.users.get(user).and_then(|u| u.gpu_hours.as_ref()) {
+            Some(own) => Some((own, format!("limits.users.{user}.gpu_hours"))),
+            None => self
+                .gpu_hours
+                .as_ref()
+                .map(|q| (q, "limits.gpu_hours".to_owned())),
+        }
+    }
+
+    /// Every quota the config names.
+    pub fn quotas(&self) -> impl Iterator<Item = &crate::quota::GpuHoursQuota> {
+        self.gpu_hours
+            .iter()
+            .chain(self.users.values().filter_map(|u| u.gpu_hours.as_ref()))
     }
 
     /// The caps that apply to `user`: their own where set, else the global.

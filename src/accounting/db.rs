@@ -289,6 +289,33 @@ pub fn usage(
     Ok(usage)
 }
 
+/// The quotas' sums ([`super::query::window_sql`]): (uid, bucket,
+/// GPU-seconds).
+pub fn window(
+    path: &Path,
+    from_us: u64,
+    until_us: u64,
+    bucket_us: u64,
+) -> Result<Vec<(u32, u64, f64)>, AccountingError> {
+    let sums = query_rows(
+        path,
+        super::query::window_sql(from_us, until_us, bucket_us),
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, f64>(2)?,
+            ))
+        },
+    )?;
+    Ok(sums
+        .into_iter()
+        .filter_map(|(uid, bucket, s)| {
+            Some((u32::try_from(uid).ok()?, u64::try_from(bucket).ok()?, s))
+        })
+        .collect())
+}
+
 /// The writer: a task of ptraind that takes ended records from a channel
 /// and hands them to a short-lived `ptraind accounting write`
 /// ([`super::helper`]): SQLite never runs in ptraind itself, and the state
@@ -301,13 +328,22 @@ pub struct Writer {
 /// What the writer task is handed, in order.
 enum ToWriter {
     Row(Box<HistoryRow>),
-    /// Fair share's figures of the runs that ended before `until_us`,
-    /// read once every row sent before is written.
-    Usage {
-        until_us: u64,
-        half_life: std::time::Duration,
-        reply: tokio::sync::oneshot::Sender<Result<crate::fair_share::Usage, String>>,
+    /// A read-only task (fair share's figures, the quotas' window), run
+    /// once every row sent before is written; its answer as JSON.
+    Read {
+        task: super::helper::Task,
+        reply: tokio::sync::oneshot::Sender<Result<String, String>>,
     },
+}
+
+/// A [`ToWriter::Read`]'s answer to come, parsed.
+async fn answer<T: serde::de::DeserializeOwned>(
+    answer: tokio::sync::oneshot::Receiver<Result<String, String>>,
+) -> Result<T, String> {
+    let json = answer
+        .await
+        .map_err(|_| "the accounting writer stopped".to_owned())??;
+    serde_json::from_str(&json).map_err(|e| format!("the accounting helper's answer: {e}"))
 }
 
 impl Writer {
@@ -337,13 +373,34 @@ impl Writer {
         &self,
         until_us: u64,
         half_life: std::time::Duration,
-    ) -> tokio::sync::oneshot::Receiver<Result<crate::fair_share::Usage, String>> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let _ = self.tx.send(ToWriter::Usage {
+    ) -> impl std::future::Future<Output = Result<crate::fair_share::Usage, String>> {
+        answer(self.read(super::helper::Task::Usage {
             until_us,
-            half_life,
-            reply,
-        });
+            half_life_secs: half_life.as_secs().max(1),
+        }))
+    }
+
+    /// The quotas' sums of the runs that ended in `[from_us, until_us)`
+    /// ([`window`]), read as [`Writer::usage`] is.
+    pub fn window(
+        &self,
+        from_us: u64,
+        until_us: u64,
+        bucket_us: u64,
+    ) -> impl std::future::Future<Output = Result<Vec<(u32, u64, f64)>, String>> {
+        answer(self.read(super::helper::Task::Window {
+            from_us,
+            until_us,
+            bucket_us,
+        }))
+    }
+
+    fn read(
+        &self,
+        task: super::helper::Task,
+    ) -> tokio::sync::oneshot::Receiver<Result<String, String>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let _ = self.tx.send(ToWriter::Read { task, reply });
         answer
     }
 }
@@ -364,12 +421,8 @@ async fn writer_task(state_dir: &Path, mut rx: tokio::sync::mpsc::UnboundedRecei
     while let Some(message) = next.take() {
         let first = match message {
             ToWriter::Row(row) => row,
-            ToWriter::Usage {
-                until_us,
-                half_life,
-                reply,
-            } => {
-                let _ = reply.send(super::helper::usage(state_dir, until_us, half_life).await);
+            ToWriter::Read { task, reply } => {
+                let _ = reply.send(super::helper::run(task, state_dir, Vec::new()).await);
                 next = rx.recv().await;
                 continue;
             }
@@ -737,7 +790,6 @@ pub(crate) mod tests {
         let usage = writer
             .usage(4_000_000 + 24 * 3600 * 1_000_000, day)
             .await
-            .unwrap()
             .unwrap();
         assert_eq!(usage.users.len(), 1, "{usage:?}");
         assert!(
@@ -746,7 +798,12 @@ pub(crate) mod tests {
         );
         assert!((usage.groups[&1000] - 3.0).abs() < 1e-9);
         // Runs that ended at `until` or later are not the database's to count.
-        let none = writer.usage(4_000_000, day).await.unwrap().unwrap();
+        let none = writer.usage(4_000_000, day).await.unwrap();
+        // The quotas' window: 6 GPU-seconds of uid 1000, in bucket 0.
+        let sums = writer.window(0, 10_000_000, 3_600_000_000).await.unwrap();
+        assert_eq!(sums, [(1000, 0, 6.0)]);
+        let none_yet = writer.window(0, 4_000_000, 1).await.unwrap();
+        assert!(none_yet.is_empty(), "{none_yet:?}");
         assert!(none.users.is_empty(), "{none:?}");
     }
 

@@ -56,6 +56,14 @@ pub enum Task {
     /// stdin: nothing; stdout: the decayed GPU-seconds per user and group
     /// of the runs that ended before `until_us` ([`crate::fair_share::Usage`]).
     Usage { until_us: u64, half_life_secs: u64 },
+    /// stdin: nothing; stdout: the GPU-seconds per user and bucket
+    /// (`ended_us / bucket_us`) of the runs that ended in `[from_us,
+    /// until_us)`, for the quotas ([`crate::quota::Quotas::read_back`]).
+    Window {
+        from_us: u64,
+        until_us: u64,
+        bucket_us: u64,
+    },
 }
 
 impl Task {
@@ -73,13 +81,23 @@ impl Task {
                 format!("--until={until_us}"),
                 format!("--half-life={half_life_secs}"),
             ],
+            Task::Window {
+                from_us,
+                until_us,
+                bucket_us,
+            } => vec![
+                "window".into(),
+                format!("--from={from_us}"),
+                format!("--until={until_us}"),
+                format!("--bucket={bucket_us}"),
+            ],
         }
     }
 
     /// The child's arguments after `accounting`, as [`Task::args`] makes
     /// them: `(task, state_dir)`.
     pub fn parse(args: &[String]) -> Result<(Task, &Path), String> {
-        let usage = "usage: ptraind accounting write [--backfill] STATE_DIR | history --caller=UID STATE_DIR | report --caller=UID STATE_DIR | usage --until=US --half-life=SECS STATE_DIR (ptraind runs it; it is no command for people)";
+        let usage = "usage: ptraind accounting write [--backfill] STATE_DIR | history --caller=UID STATE_DIR | report --caller=UID STATE_DIR | usage --until=US --half-life=SECS STATE_DIR | window --from=US --until=US --bucket=US STATE_DIR (ptraind runs it; it is no command for people)";
         let number = |flag: Option<&String>, name: &str| -> Result<u64, String> {
             flag.and_then(|f| f.strip_prefix(name))
                 .and_then(|n| n.parse().ok())
@@ -104,6 +122,11 @@ impl Task {
             Some("usage") if args.len() == 4 => Task::Usage {
                 until_us: number(args.get(1), "--until=")?,
                 half_life_secs: number(args.get(2), "--half-life=")?.max(1),
+            },
+            Some("window") if args.len() == 5 => Task::Window {
+                from_us: number(args.get(1), "--from=")?,
+                until_us: number(args.get(2), "--until=")?,
+                bucket_us: number(args.get(3), "--bucket=")?.max(1),
             },
             _ => return Err(usage.into()),
         };
@@ -164,6 +187,13 @@ pub fn run_child(
                 &db::usage(&path, until_us, half_life).map_err(|e| e.to_string())?,
             )
         }
+        Task::Window {
+            from_us,
+            until_us,
+            bucket_us,
+        } => serde_json::to_string(
+            &db::window(&path, from_us, until_us, bucket_us).map_err(|e| e.to_string())?,
+        ),
     }
     .map_err(|e| format!("cannot write the answer: {e}"))?;
     output
@@ -265,21 +295,6 @@ pub async fn write(
         .map_err(|e| format!("`ptraind {SUBCOMMAND} write`'s summary {answer:?}: {e}"))
 }
 
-/// The decayed usage of the runs that ended before `until_us`, read
-/// through the child.
-pub async fn usage(
-    state_dir: &Path,
-    until_us: u64,
-    half_life: std::time::Duration,
-) -> Result<crate::fair_share::Usage, String> {
-    let task = Task::Usage {
-        until_us,
-        half_life_secs: half_life.as_secs().max(1),
-    };
-    let answer = run(task, state_dir, Vec::new()).await?;
-    serde_json::from_str(&answer).map_err(|e| format!("`ptraind {SUBCOMMAND} usage`'s answer: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +314,11 @@ mod tests {
                 until_us: 1_700_000_000_000_000,
                 half_life_secs: 604_800,
             },
+            Task::Window {
+                from_us: 1,
+                until_us: 2,
+                bucket_us: 3,
+            },
         ] {
             let mut a = task.args();
             a.push("/var/lib/ptrain".into());
@@ -314,6 +334,8 @@ mod tests {
             &["report", "--caller=", "/s"],
             &["usage", "--until=x", "--half-life=60", "/s"],
             &["usage", "--until=1", "/s"],
+            &["window", "--from=1", "--until=2", "/s"],
+            &["window", "--from=1", "--until=2", "--bucket=-3", "/s"],
             &["drop", "/s"],
         ] {
             assert!(Task::parse(&args(bad)).is_err(), "{bad:?}");

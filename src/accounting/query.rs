@@ -255,6 +255,22 @@ pub fn usage_sql(from_us: u64, until_us: u64) -> (String, Vec<Param>) {
     )
 }
 
+/// The quotas' window: (uid, bucket, GPU-seconds) summed per user and
+/// bucket (`ended_us / bucket_us`) of the runs that ended in `[from_us,
+/// until_us)`, through the index by end time.
+pub fn window_sql(from_us: u64, until_us: u64, bucket_us: u64) -> (String, Vec<Param>) {
+    (
+        "SELECT uid, ended_us / ?3 AS bucket, TOTAL(gpu_seconds) FROM jobs \
+         WHERE ended_us >= ?1 AND ended_us < ?2 AND gpu_seconds > 0 GROUP BY uid, bucket"
+            .to_owned(),
+        vec![
+            Param::Int(from_us as i64),
+            Param::Int(until_us as i64),
+            Param::Int(bucket_us.max(1) as i64),
+        ],
+    )
+}
+
 /// `ptrain history`: the newest `limit` runs that match, newest first
 /// (the caller prints them oldest first).
 pub fn history_sql(q: &HistoryQuery, caller_uid: u32) -> (String, Vec<Param>) {

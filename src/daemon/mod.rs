@@ -113,6 +113,12 @@ pub enum Event {
     /// The accounting database's fair-share figures for the runs that
     /// ended before this start (`Daemon::read_back_fair_share`).
     FairShareRead(Result<crate::fair_share::Usage, String>),
+    /// The accounting database's sums for the quota window of `per`, of
+    /// the runs that ended before this start (`Daemon::read_back_quotas`).
+    QuotaWindowRead {
+        per: std::time::Duration,
+        sums: Result<Vec<(u32, u64, f64)>, String>,
+    },
     /// systemd answered a job's StartTransientUnit (sent by `Daemon::dispatch_launch`).
     Started {
         id: JobId,
@@ -235,6 +241,14 @@ pub struct Daemon {
     /// ([`crate::fair_share`]), read back from the accounting database at
     /// the start and added to at each end.
     fair_share: Option<crate::fair_share::Ledger>,
+    /// `gpu_hours` quotas ([`crate::quota`]): each window's use, read back
+    /// from the accounting database at the start and added to at each end.
+    quotas: crate::quota::Quotas,
+    /// The owners over their quota at the last plan, with the reason
+    /// their queued GPU jobs show; and when the first of them is under it
+    /// again (a plan then).
+    over_quota: HashMap<u32, String>,
+    quota_wake_at: Option<tokio::time::Instant>,
     /// Entries under stray names, refused when their grace is over.
     strays: spool::Strays,
     /// Running jobs whose units systemd is stopping without ptraind having
@@ -455,6 +469,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         lost_stream: lost_stream.clone(),
         accounting: None,
         fair_share: None,
+        quotas: crate::quota::Quotas::new([], 0),
+        over_quota: HashMap::new(),
+        quota_wake_at: None,
     };
     daemon.kept = crate::kept_units::KeptUnits::new(daemon.config.kept_units);
     daemon.policy = crate::policy::Policy::from_system(&daemon.config.policy);
@@ -470,6 +487,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         &daemon.config.state_dir,
     ));
     daemon.read_back_fair_share();
+    daemon.quotas = crate::quota::Quotas::new(daemon.config.limits.quotas(), now_micros());
+    daemon.read_back_quotas();
 
     // The API comes up after the state is restored, so no caller ever sees
     // a half-loaded daemon.
@@ -532,6 +551,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         let release_at = daemon.kept.next_due().map(instant_of);
         let begin_at = daemon.live.next_begin().map(instant_of);
         let step_at = daemon.checkpoints.next_due().map(instant_of);
+        let quota_at = daemon.quota_wake_at;
         tokio::select! {
             // In this order: a flood of spool files must starve neither the
             // watchdog nor the recording of jobs that end.
@@ -603,6 +623,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                     daemon.schedule().await;
                     daemon.notify_status();
                 }
+            }
+            // A user's oldest GPU-hours aged out of their quota's window.
+            _ = tokio::time::sleep_until(quota_at.unwrap_or_else(tokio::time::Instant::now)), if quota_at.is_some() => {
+                daemon.quota_wake_at = None;
+                daemon.schedule().await;
+                daemon.notify_status();
             }
             // A running job's checkpoint signal, or the stop after one.
             _ = tokio::time::sleep_until(step_at.unwrap_or_else(tokio::time::Instant::now)), if step_at.is_some() => {
@@ -813,6 +839,7 @@ impl Daemon {
             Event::Looked { unit, state } => self.on_looked(&unit, state).await,
             Event::Freezer { id, pause, error } => self.on_freezer(&id, pause, error),
             Event::FairShareRead(usage) => self.on_fair_share_read(usage),
+            Event::QuotaWindowRead { per, sums } => self.on_quota_window_read(per, sums),
         }
     }
 
@@ -832,10 +859,7 @@ impl Daemon {
         self.fair_share = Some(ledger);
         let events = self.events.clone();
         tokio::spawn(async move {
-            let usage = answer
-                .await
-                .unwrap_or_else(|_| Err("the accounting writer stopped".to_owned()));
-            let _ = events.send(Event::FairShareRead(usage));
+            let _ = events.send(Event::FairShareRead(answer.await));
         });
     }
 
@@ -859,7 +883,122 @@ impl Daemon {
         }
     }
 
-    /// An ended run, to the accounting database and fair share.
+    /// With `gpu_hours` quotas: as for fair share, the runs that ended
+    /// before this start are read back from the accounting database (one
+    /// query per window length), off this task.
+    fn read_back_quotas(&mut self) {
+        let Some(accounting) = &self.accounting else {
+            return;
+        };
+        let since = self.quotas.since();
+        for (per, bucket_us) in self.quotas.periods() {
+            let from = since.saturating_sub(per.as_micros() as u64);
+            let answer = accounting.window(from, since, bucket_us);
+            let events = self.events.clone();
+            tokio::spawn(async move {
+                let sums = answer.await;
+                let _ = events.send(Event::QuotaWindowRead { per, sums });
+            });
+        }
+    }
+
+    fn on_quota_window_read(
+        &mut self,
+        per: std::time::Duration,
+        sums: Result<Vec<(u32, u64, f64)>, String>,
+    ) {
+        match sums {
+            Ok(sums) => {
+                info!(
+                    per = %crate::setting::span_text(per),
+                    users = sums.iter().map(|s| s.0).collect::<HashSet<_>>().len(),
+                    "quotas: the GPU-hours before this start read back from the accounting database"
+                );
+                self.quotas.read_back(per, &sums);
+                self.schedule_again = true;
+            }
+            Err(e) => warn!(
+                error = %e,
+                "quotas: cannot read the GPU-hours before this start from the accounting database; they count only the runs that end from now on until ptraind restarts"
+            ),
+        }
+    }
+
+    /// Who of the owners of queued GPU jobs is over their `gpu_hours`
+    /// quota now (running jobs count their GPU-seconds so far); their jobs
+    /// show why, and the first moment one is under it again wakes a plan.
+    /// Costs the owners of queued GPU jobs and the GPUs held.
+    fn check_quotas(&mut self) {
+        if self.quotas.is_empty() {
+            return;
+        }
+        let now = now_micros();
+        let mut running: HashMap<u32, f64> = HashMap::new();
+        for id in self.live.held().values() {
+            if let Some(r) = self.live.get(id) {
+                *running.entry(r.owner.uid).or_default() += r
+                    .started_at
+                    .map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e6);
+            }
+        }
+        let mut over = HashMap::new();
+        let mut wake: Option<u64> = None;
+        let owners: Vec<u32> = self.live.queue().gpu_owners().map(|(uid, _)| uid).collect();
+        for uid in owners {
+            let Some(owner) = self.owners.owner_of_uid(uid) else {
+                continue;
+            };
+            let Some((quota, key)) = self.config.limits.quota_for(&owner.name) else {
+                continue;
+            };
+            let used = running.get(&uid).copied().unwrap_or(0.0);
+            if let Some(o) = self.quotas.over(uid, quota, now, used) {
+                if let Some(at) = o.under_at {
+                    wake = Some(wake.map_or(at, |w| w.min(at)));
+                }
+                over.insert(uid, o.describe(&owner.name, &key));
+            }
+        }
+        self.quota_wake_at = wake.map(instant_of);
+        let before = std::mem::replace(&mut self.over_quota, over);
+        // Only when someone's standing changed: their jobs show it.
+        let changed: HashSet<u32> = before
+            .iter()
+            .filter(|(uid, why)| self.over_quota.get(*uid) != Some(*why))
+            .map(|(uid, _)| *uid)
+            .chain(
+                self.over_quota
+                    .keys()
+                    .filter(|uid| !before.contains_key(*uid))
+                    .copied(),
+            )
+            .collect();
+        if !changed.is_empty() {
+            for uid in before.keys() {
+                if changed.contains(uid) && !self.over_quota.contains_key(uid) {
+                    info!(
+                        uid,
+                        "under the GPU-hour quota again; its GPU jobs may start"
+                    );
+                }
+            }
+            for (uid, why) in &self.over_quota {
+                if changed.contains(uid) {
+                    info!(uid, "over the GPU-hour quota; its GPU jobs wait: {why}");
+                }
+            }
+            let theirs: Vec<JobId> = self
+                .live
+                .queue()
+                .gpu_jobs()
+                .filter(|id| changed.contains(&self.live[*id].owner.uid))
+                .cloned()
+                .collect();
+            self.refresh_queued(theirs.iter());
+        }
+    }
+
+    /// An ended run, to the accounting database, fair share and quotas.
     fn account(&mut self, record: &JobRecord) {
         if let Some(accounting) = &self.accounting {
             accounting.record(record);
@@ -870,6 +1009,10 @@ impl Daemon {
                 gid: record.owner.gid,
             };
             ledger.ended(account, record.gpu_seconds(), ended_at);
+        }
+        if let Some(ended_at) = record.ended_at {
+            self.quotas
+                .ended(record.owner.uid, record.gpu_seconds(), ended_at);
         }
     }
 
@@ -1861,6 +2004,7 @@ impl Daemon {
             }
         }
         let factors = self.fair_share_factors();
+        self.check_quotas();
         let mut look_at_gpus = || self.gpu_snapshot();
         let decided = planning::decide(
             &self.live,
@@ -1877,6 +2021,7 @@ impl Daemon {
                 max_starts_per_owner: MAX_STARTS_PER_OWNER,
                 preempt: self.config.policy.preempt,
                 fair_share: factors.as_ref(),
+                over_quota: &self.over_quota,
             },
         );
         let Some(decision) = decided else {
@@ -2932,6 +3077,11 @@ impl Daemon {
                 ),
                 Vec::new(),
             ));
+        }
+        if record.spec.gpus.count() > 0 {
+            if let Some(why) = self.over_quota.get(&record.owner.uid) {
+                return Some((why.clone(), Vec::new()));
+            }
         }
         self.waits
             .get(&record.id)

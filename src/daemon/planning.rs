@@ -44,6 +44,9 @@ pub(super) struct Situation<'a> {
     /// `[policy] fair_share`: each owner's factor ([`crate::fair_share`]);
     /// GPU jobs of equal priority are read highest factor first.
     pub fair_share: Option<&'a HashMap<u32, f64>>,
+    /// Owners over their `gpu_hours` quota ([`crate::quota`]), with the
+    /// reason: their GPU jobs wait, their other jobs do not.
+    pub over_quota: &'a HashMap<u32, String>,
 }
 
 /// The queued GPU jobs in the order a plan reads them: planning order, or
@@ -100,6 +103,7 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         max_starts_per_owner,
         preempt,
         fair_share,
+        over_quota,
     } = situation;
     if live.queue().is_empty() {
         return Some(Decision {
@@ -128,8 +132,10 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         .filter(not_blocked)
         .map(waiting)
         .collect();
+    let may_use_gpus =
+        |id: &&JobId| not_blocked(id) && !over_quota.contains_key(&live[*id].owner.uid);
     let mut gpu_jobs = gpu_order(live, fair_share)
-        .filter(not_blocked)
+        .filter(may_use_gpus)
         .map(waiting)
         .peekable();
     let wants_gpus = gpu_jobs.peek().is_some();
@@ -166,9 +172,15 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
         check_never,
     );
     let preemption = match (preempt, snapshot.as_deref()) {
-        (true, Some(snapshot)) => {
-            preemption_of(live, blocked, &plan, snapshot, &held, rules, fair_share)
-        }
+        (true, Some(snapshot)) => preemption_of(
+            live,
+            &may_use_gpus,
+            &plan,
+            snapshot,
+            &held,
+            rules,
+            fair_share,
+        ),
         _ => None,
     };
     let mut launches = plan.placements;
@@ -223,7 +235,7 @@ pub(super) fn decide(live: &Live, situation: Situation<'_>) -> Option<Decision> 
 /// while jobs stopped for it are still on their way out.
 fn preemption_of(
     live: &Live,
-    blocked: &HashSet<JobId>,
+    may_use_gpus: &dyn Fn(&&JobId) -> bool,
     plan: &scheduler::Plan,
     snapshot: &[GpuInfo],
     held: &BTreeMap<u32, Holder>,
@@ -237,7 +249,7 @@ fn preemption_of(
     // its own, or none recorded because every GPU was taken before the
     // plan read it), for a cap, or for GPUs other programs hold.
     let urgent_id = gpu_order(live, fair_share)
-        .filter(|id| !blocked.contains(*id))
+        .filter(may_use_gpus)
         .find(|id| !placed.contains(*id) && !never.contains(*id))?;
     if !matches!(waits.get(urgent_id), None | Some(Wait::Busy { .. })) {
         return None;
@@ -307,8 +319,9 @@ mod tests {
     /// The plan over `live` with `blocked` held back, on `gpus` (`None`:
     /// unreadable), after `checked_against`, with `share`'s launches per
     /// owner pending of at most its limit each (`None`: none, no limit),
-    /// under `fair_share`'s factors if any; and how often it looked at
-    /// the GPUs.
+    /// under `fair_share`'s factors if any, with the owners `over_quota`;
+    /// and how often it looked at the GPUs.
+    #[allow(clippy::too_many_arguments)]
     fn plan(
         live: &Live,
         blocked: &[&str],
@@ -317,6 +330,7 @@ mod tests {
         room: usize,
         share: Option<(&HashMap<u32, usize>, usize)>,
         fair_share: Option<&HashMap<u32, f64>>,
+        over_quota: &HashMap<u32, String>,
     ) -> (Option<Decision>, usize) {
         let none = HashMap::new();
         let (starting, max) = share.unwrap_or((&none, usize::MAX));
@@ -343,6 +357,7 @@ mod tests {
                 // No job is preemptible but where a test says so.
                 preempt: true,
                 fair_share,
+                over_quota,
             },
         );
         (decision, looks)
@@ -385,7 +400,7 @@ mod tests {
     }
 
     fn decide_on(live: &Live, blocked: &[&str], gpus: Option<&[GpuInfo]>, room: usize) -> Decision {
-        plan(live, blocked, gpus, None, room, None, None)
+        plan(live, blocked, gpus, None, room, None, None, &HashMap::new())
             .0
             .expect("room to start")
     }
@@ -415,10 +430,14 @@ mod tests {
             ("cpu", "", 1000),
         ]);
         let gpus = [gpu(0), gpu(1)];
-        let order = |live: &Live, factors: Option<&HashMap<u32, f64>>| -> Vec<String> {
-            let d = plan(live, &[], Some(&gpus), None, 100, None, factors)
+        let no_quota = HashMap::new();
+        let decide_under = |live: &Live, factors: Option<&HashMap<u32, f64>>| {
+            plan(live, &[], Some(&gpus), None, 100, None, factors, &no_quota)
                 .0
-                .unwrap();
+                .unwrap()
+        };
+        let order = |live: &Live, factors: Option<&HashMap<u32, f64>>| -> Vec<String> {
+            let d = decide_under(live, factors);
             started(&d).into_iter().map(|(id, _)| id).collect()
         };
         assert_eq!(order(&live, None), ["vip", "a1", "cpu"]);
@@ -427,19 +446,45 @@ mod tests {
         // The first waiting job in that order keeps the GPUs it waits for.
         launch(&mut live, "vip", &[0]);
         launch(&mut live, "cpu", &[]);
-        let d = plan(
-            &live,
-            &[],
-            Some(&gpus),
-            None,
-            100,
-            None,
-            Some(&alice_used_more),
-        )
-        .0
-        .unwrap();
+        let d = decide_under(&live, Some(&alice_used_more));
         assert_eq!(started(&d), [("b1".to_owned(), vec![1])]);
         live.check().unwrap();
+    }
+
+    #[test]
+    fn an_owner_over_quota_waits_for_gpus_but_not_for_cpus_and_preempts_nobody() {
+        let mut live = live(&[
+            ("a1", r#", "gpus": 1, "priority": 5"#, 1000),
+            ("acpu", "", 1000),
+            ("b1", r#", "gpus": 1"#, 1001),
+            (
+                "low",
+                r#", "gpus": 1, "priority": -5, "preemptible": true"#,
+                1001,
+            ),
+        ]);
+        let gpus = [gpu(0)];
+        let over: HashMap<u32, String> = [(1000, "over".to_owned())].into();
+        let decide_over = |live: &Live, over: &HashMap<u32, String>| {
+            plan(live, &[], Some(&gpus), None, 100, None, None, over)
+                .0
+                .unwrap()
+        };
+        let urgent = |d: Decision| d.preemption.map(|(urgent, _)| urgent.to_string());
+        let d = decide_over(&live, &over);
+        assert_eq!(
+            started(&d),
+            [("acpu".to_owned(), vec![]), ("b1".to_owned(), vec![0])]
+        );
+        // With the GPU taken by a preemptible job, Alice's urgent job
+        // stops nothing while she is over quota: Bob's, next, does.
+        launch(&mut live, "low", &[0]);
+        run(&mut live, "low", 100);
+        assert_eq!(urgent(decide_over(&live, &over)).as_deref(), Some("b1"));
+        assert_eq!(
+            urgent(decide_over(&live, &HashMap::new())).as_deref(),
+            Some("a1")
+        );
     }
 
     #[test]
@@ -462,11 +507,33 @@ mod tests {
     fn a_blocked_job_is_passed_by_those_behind_it() {
         let live = a_gpu_job_between_two_cpu_jobs();
         let gpus = [gpu(0)];
-        let (d, looks) = plan(&live, &["a", "b"], Some(&gpus), None, 100, None, None);
+        let (d, looks) = plan(
+            &live,
+            &["a", "b"],
+            Some(&gpus),
+            None,
+            100,
+            None,
+            None,
+            &HashMap::new(),
+        );
         assert_eq!(started(&d.unwrap()), [("c".to_string(), vec![])]);
         // Only blocked GPU jobs: no look at the GPUs is needed.
         assert_eq!(looks, 0);
-        assert_eq!(plan(&live, &[], Some(&gpus), None, 100, None, None).1, 1);
+        assert_eq!(
+            plan(
+                &live,
+                &[],
+                Some(&gpus),
+                None,
+                100,
+                None,
+                None,
+                &HashMap::new()
+            )
+            .1,
+            1
+        );
         let d = decide_on(&live, &["b"], None, 100);
         assert_eq!(
             started(&d).len(),
@@ -504,9 +571,18 @@ mod tests {
         let first = decide_on(&live, &[], Some(&gpus), 100);
         assert_eq!(first.never.len(), 1);
         let again = |checked_against, gpus: &[GpuInfo]| {
-            plan(&live, &[], Some(gpus), checked_against, 100, None, None)
-                .0
-                .unwrap()
+            plan(
+                &live,
+                &[],
+                Some(gpus),
+                checked_against,
+                100,
+                None,
+                None,
+                &HashMap::new(),
+            )
+            .0
+            .unwrap()
         };
         assert_eq!(started(&first), [("a".to_string(), vec![0, 1])]);
         // The same GPUs: the job was judged (and ended) already.
@@ -525,11 +601,29 @@ mod tests {
         assert_eq!(order, ["a", "b"]);
         assert!(d.gpu_jobs_wait, "the rest wait for room");
         // No room: nothing decided, not even a look at the GPUs.
-        let (d, looks) = plan(&live, &[], Some(&gpus), None, 0, None, None);
+        let (d, looks) = plan(
+            &live,
+            &[],
+            Some(&gpus),
+            None,
+            0,
+            None,
+            None,
+            &HashMap::new(),
+        );
         assert!(d.is_none());
         assert_eq!(looks, 0);
         // An empty queue: nothing kept, nothing waits.
-        let (d, looks) = plan(&Live::default(), &[], Some(&gpus), Some(7), 100, None, None);
+        let (d, looks) = plan(
+            &Live::default(),
+            &[],
+            Some(&gpus),
+            Some(7),
+            100,
+            None,
+            None,
+            &HashMap::new(),
+        );
         let d = d.unwrap();
         assert!(d.launches.is_empty() && d.reserved.is_empty() && d.waits.is_empty());
         assert_eq!((d.checked_against, looks), (Some(7), 0));
@@ -543,24 +637,29 @@ mod tests {
             ("a3", "", 1000),
             ("b1", "", 1001),
         ]);
+        let no_quota = HashMap::new();
+        let with_pending = |pending: &HashMap<u32, usize>| {
+            plan(
+                &live,
+                &[],
+                None,
+                None,
+                100,
+                Some((pending, 2)),
+                None,
+                &no_quota,
+            )
+            .0
+            .unwrap()
+        };
         // Nothing pending: each owner starts at most their share (2).
-        let (d, _) = plan(
-            &live,
-            &[],
-            None,
-            None,
-            100,
-            Some((&HashMap::new(), 2)),
-            None,
-        );
-        let d = d.unwrap();
+        let d = with_pending(&HashMap::new());
         let order: Vec<String> = started(&d).into_iter().map(|(id, _)| id).collect();
         assert_eq!(order, ["a1", "a2", "b1"]);
         assert!(d.gpu_jobs_wait, "a3 waits, and is planned again");
         // Alice's two starts hang: Bob's job still starts.
         let stuck: HashMap<u32, usize> = [(1000, 2)].into();
-        let (d, _) = plan(&live, &[], None, None, 100, Some((&stuck, 2)), None);
-        assert_eq!(started(&d.unwrap()), [("b1".to_string(), vec![])]);
+        assert_eq!(started(&with_pending(&stuck)), [("b1".to_string(), vec![])]);
     }
 
     #[test]

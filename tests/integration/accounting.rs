@@ -2,6 +2,8 @@
 //! not ptraind runs, kept in its end record and in the accounting database,
 //! and `ptrain history` / `ptrain report` answer from it.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::daemon::{text, Opts, TestDaemon, ALICE, BOB, WAIT};
@@ -417,5 +419,69 @@ fn under_fair_share_the_user_who_used_less_starts_first_and_usage_survives_a_res
     assert!(
         alice["started_at"].as_u64().unwrap() >= bob["ended_at"].as_u64().unwrap(),
         "Alice's job ran before Bob's: {alice} {bob}"
+    );
+}
+
+#[test]
+fn a_user_over_the_gpu_hour_quota_waits_with_the_reason_until_the_window_passes_a_restart_included()
+{
+    // 0.001 GPU-hours (3.6 GPU-seconds) per 30 s, for Alice alone.
+    let d = TestDaemon::start_with(
+        "quota",
+        Opts {
+            gpus: 2,
+            extra_config: format!(
+                "[limits.users.{ALICE}]\ngpu_hours = {{ per = \"30s\", max = 0.001 }}\n"
+            ),
+            ..Opts::default()
+        },
+    );
+    let spec = |user: &str, gpus: u32, command: &str| {
+        job(
+            &d,
+            user,
+            serde_json::json!({"gpus": gpus, "command": ["/bin/sh", "-c", command]}),
+        )
+        .to_string()
+    };
+    let used = d.run_to_end(ALICE, "used", &spec(ALICE, 1, "sleep 4"));
+    assert_eq!(used["status"], "succeeded", "{used}");
+    // The window is read back from the accounting database, not kept in
+    // memory only.
+    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+    assert!(ok, "{out}");
+    wait_for("the quotas' window to be read back", WAIT, || {
+        let reads = d
+            .daemon_log()
+            .matches("quotas: the GPU-hours before this start read back")
+            .count();
+        (reads >= 2).then_some(())
+    });
+    d.drop_job(ALICE, "again.json", &spec(ALICE, 1, "true"));
+    d.drop_job(ALICE, "cpu.json", &spec(ALICE, 0, "true"));
+    d.drop_job(BOB, "bobs.json", &spec(BOB, 1, "true"));
+    // Bob has no quota and Alice's job without GPUs needs none.
+    assert_eq!(d.wait_ended("bobs")["status"], "succeeded");
+    assert_eq!(d.wait_ended("cpu")["status"], "succeeded");
+    let waiting = d.status("again").unwrap();
+    assert_eq!(waiting["status"], "queued", "{waiting}");
+    let detail = waiting["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!("limits.users.{ALICE}.gpu_hours"))
+            && detail.contains("GPU-hours per 30s")
+            && detail.contains("under it again at"),
+        "{detail}"
+    );
+    // It starts by itself once the run has aged out of the window (30 s
+    // plus a bucket of 0.25 s after its end), with no event to wake it.
+    let again = wait_for(
+        "Alice's job to start once under the quota",
+        Duration::from_secs(60),
+        || d.status("again").filter(|s| s["status"] == "succeeded"),
+    );
+    let aged_out = used["ended_at"].as_u64().unwrap() + 30_000_000;
+    assert!(
+        again["started_at"].as_u64().unwrap() >= aged_out,
+        "{again} started before {aged_out}"
     );
 }
