@@ -131,13 +131,12 @@ pub struct OverQuota {
 }
 
 impl OverQuota {
-    /// "alice used 101.2 of the 100 GPU-hours per 7d of limits.users.alice.gpu_hours ...".
-    pub fn describe(&self, who: &str, key: &str) -> String {
+    /// "waiting: alice used 101.20 of the 100 GPU-hours per 7d allowed
+    /// (limits.users.alice.gpu_hours); under it again at ...", with the
+    /// moment written by `moment`.
+    pub fn describe(&self, who: &str, key: &str, moment: impl Fn(u64) -> String) -> String {
         let when = match self.under_at {
-            Some(at) => format!(
-                "; under it again at {}",
-                crate::spec::begin::format_moment(at)
-            ),
+            Some(at) => format!("; under it again at {}", moment(at)),
             None => "; under it again once running jobs end and their hours age out".to_owned(),
         };
         format!(
@@ -291,7 +290,7 @@ mod tests {
         // The 6 hours' bucket (1:00-2:00) ages out 120 h after its end.
         assert_eq!(over.under_at, Some(2 * HOUR_US + 120 * HOUR_US));
         assert!(over
-            .describe("alice", "limits.gpu_hours")
+            .describe("alice", "limits.gpu_hours", |at| at.to_string())
             .contains("11.00 of the 10 GPU-hours per 5d"));
         // Another user, and the same one after that moment.
         assert_eq!(quotas.over(1001, &q, now, 0.0), None);
@@ -303,7 +302,7 @@ mod tests {
         let over = quotas.over(1000, &q, 125 * HOUR_US, 10.0 * 3600.0).unwrap();
         assert_eq!(over.under_at, None);
         assert!(over
-            .describe("alice", "k")
+            .describe("alice", "k", |at| at.to_string())
             .contains("once running jobs end"));
     }
 

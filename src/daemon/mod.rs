@@ -956,7 +956,10 @@ impl Daemon {
                 if let Some(at) = o.under_at {
                     wake = Some(wake.map_or(at, |w| w.min(at)));
                 }
-                over.insert(uid, o.describe(&owner.name, &key));
+                over.insert(
+                    uid,
+                    o.describe(&owner.name, &key, crate::spec::begin::format_moment),
+                );
             }
         }
         self.quota_wake_at = wake.map(instant_of);
