@@ -964,41 +964,35 @@ impl Daemon {
         }
         self.quota_wake_at = wake.map(instant_of);
         let before = std::mem::replace(&mut self.over_quota, over);
-        // Only when someone's standing changed: their jobs show it.
-        let changed: HashSet<u32> = before
-            .iter()
-            .filter(|(uid, why)| self.over_quota.get(*uid) != Some(*why))
-            .map(|(uid, _)| *uid)
-            .chain(
-                self.over_quota
-                    .keys()
-                    .filter(|uid| !before.contains_key(*uid))
-                    .copied(),
-            )
+        // Only those who went over or came under: their jobs show it. (The
+        // figures of one who stays over move with their running jobs; a
+        // change of every plan would cost the queue each time.)
+        let crossed: HashSet<u32> = before
+            .keys()
+            .chain(self.over_quota.keys())
+            .filter(|uid| before.contains_key(*uid) != self.over_quota.contains_key(*uid))
+            .copied()
             .collect();
-        if !changed.is_empty() {
-            for uid in before.keys() {
-                if changed.contains(uid) && !self.over_quota.contains_key(uid) {
-                    info!(
-                        uid,
-                        "under the GPU-hour quota again; its GPU jobs may start"
-                    );
-                }
-            }
-            for (uid, why) in &self.over_quota {
-                if changed.contains(uid) {
-                    info!(uid, "over the GPU-hour quota; its GPU jobs wait: {why}");
-                }
-            }
-            let theirs: Vec<JobId> = self
-                .live
-                .queue()
-                .gpu_jobs()
-                .filter(|id| changed.contains(&self.live[*id].owner.uid))
-                .cloned()
-                .collect();
-            self.refresh_queued(theirs.iter());
+        if crossed.is_empty() {
+            return;
         }
+        for uid in &crossed {
+            match self.over_quota.get(uid) {
+                Some(why) => info!(uid, "over the GPU-hour quota; its GPU jobs wait: {why}"),
+                None => info!(
+                    uid,
+                    "under the GPU-hour quota again; its GPU jobs may start"
+                ),
+            }
+        }
+        let theirs: Vec<JobId> = self
+            .live
+            .queue()
+            .gpu_jobs()
+            .filter(|id| crossed.contains(&self.live[*id].owner.uid))
+            .cloned()
+            .collect();
+        self.refresh_queued(theirs.iter());
     }
 
     /// An ended run, to the accounting database, fair share and quotas.
