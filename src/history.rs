@@ -107,7 +107,10 @@ impl EndedJob {
 /// Every finished job still in history, by id and by end time.
 #[derive(Default)]
 pub struct History {
-    jobs: HashMap<JobId, EndedJob>,
+    /// Boxed: the table keeps a power of two of slots, up to half of
+    /// them empty after a load, and an empty slot then costs a pointer,
+    /// not a whole summary.
+    jobs: HashMap<JobId, Box<EndedJob>>,
     /// (ended_at, id): the oldest first, for retention; the newest last,
     /// for `ListRecent`.
     order: BTreeSet<(u64, JobId)>,
@@ -147,14 +150,14 @@ impl History {
             has_result: record.result.is_some(),
             source,
         };
-        if let Some(old) = self.jobs.insert(record.id.clone(), job) {
+        if let Some(old) = self.jobs.insert(record.id.clone(), Box::new(job)) {
             self.order.remove(&(old.ended_at, old.id));
         }
         self.order.insert((ended_at, record.id.clone()));
     }
 
     pub fn get(&self, id: &JobId) -> Option<&EndedJob> {
-        self.jobs.get(id)
+        self.jobs.get(id).map(|job| &**job)
     }
 
     pub fn contains(&self, id: &JobId) -> bool {
@@ -164,7 +167,7 @@ impl History {
     pub fn remove(&mut self, id: &JobId) -> Option<EndedJob> {
         let job = self.jobs.remove(id)?;
         self.order.remove(&(job.ended_at, job.id.clone()));
-        Some(job)
+        Some(*job)
     }
 
     pub fn len(&self) -> usize {
@@ -178,7 +181,7 @@ impl History {
     /// The job that ended first.
     pub fn oldest(&self) -> Option<&EndedJob> {
         let (_, id) = self.order.first()?;
-        self.jobs.get(id)
+        self.get(id)
     }
 
     /// Up to `n` jobs, the most recently ended first.
@@ -187,7 +190,7 @@ impl History {
             .iter()
             .rev()
             .take(n)
-            .filter_map(|(_, id)| self.jobs.get(id))
+            .filter_map(|(_, id)| self.get(id))
     }
 
     /// Gives back what loading the history over-allocated.

@@ -135,11 +135,15 @@ const PATH_MAX_BYTES: usize = 200;
 
 /// A validated job id: `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`, so it is safe as a
 /// file name and as a systemd unit instance without escaping.
+///
+/// Shared, not owned: the live table, the history's map and its end-time
+/// index, and every message about a job hold the same id, and a long
+/// history keeps one copy of each.
 #[derive(
     Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 #[serde(try_from = "String", into = "String")]
-pub struct JobId(String);
+pub struct JobId(std::sync::Arc<str>);
 
 /// Prefix of every job unit's name (`ptrain-job@ID.service`).
 pub const JOB_UNIT_PREFIX: &str = "ptrain-job@";
@@ -152,7 +156,7 @@ impl JobId {
     /// Validates `s` as a job id.
     pub fn parse(s: &str) -> Result<JobId, SpecError> {
         if is_valid_id(s) {
-            Ok(JobId(s.to_owned()))
+            Ok(JobId(s.into()))
         } else {
             Err(SpecError::InvalidId { id: quote(s) })
         }
@@ -217,7 +221,7 @@ impl TryFrom<String> for JobId {
     type Error = SpecError;
     fn try_from(s: String) -> Result<Self, Self::Error> {
         if is_valid_id(&s) {
-            Ok(JobId(s))
+            Ok(JobId(s.into()))
         } else {
             Err(SpecError::InvalidId { id: quote(&s) })
         }
@@ -226,7 +230,7 @@ impl TryFrom<String> for JobId {
 
 impl From<JobId> for String {
     fn from(id: JobId) -> String {
-        id.0
+        id.0.to_string()
     }
 }
 

@@ -1410,6 +1410,10 @@ impl Bench<'_> {
             return;
         };
         let secs = window.as_secs_f64();
+        say(&format!(
+            "ptraind: idle RSS {} KiB: {} KiB anonymous, {} KiB file-backed, {} threads",
+            b.rss_kib, b.rss_anon_kib, b.rss_file_kib, b.threads
+        ));
         self.push(
             Figure::new(
                 "idle.rss",
@@ -1441,7 +1445,8 @@ impl Bench<'_> {
         ));
         self.detail(
             "idle",
-            json!({"history": history, "rss_kib": b.rss_kib, "threads": b.threads,
+            json!({"history": history, "rss_kib": b.rss_kib, "rss_anon_kib": b.rss_anon_kib,
+                   "rss_file_kib": b.rss_file_kib, "threads": b.threads,
                    "voluntary": b.voluntary - a.voluntary, "involuntary": b.involuntary - a.involuntary,
                    "cpu_ns": b.cpu_ns - a.cpu_ns, "window_s": secs}),
         );
@@ -2442,6 +2447,10 @@ fn ptraind_pid(d: &TestDaemon) -> u32 {
 #[derive(Clone, Copy, Debug, Default)]
 struct ProcSample {
     rss_kib: u64,
+    /// The anonymous part of the RSS (heap, stacks) and the file-backed
+    /// part (the binary's and libraries' pages), from status.
+    rss_anon_kib: u64,
+    rss_file_kib: u64,
     /// On-CPU time of every thread, from schedstat (ns).
     cpu_ns: u64,
     /// Children reaped (systemd: the job processes), from stat (ns).
@@ -2462,6 +2471,8 @@ impl ProcSample {
         };
         let mut s = ProcSample {
             rss_kib: num(&status, "VmRSS:"),
+            rss_anon_kib: num(&status, "RssAnon:"),
+            rss_file_kib: num(&status, "RssFile:"),
             threads: num(&status, "Threads:"),
             ..ProcSample::default()
         };
