@@ -101,9 +101,10 @@ const ACTIVE_STATUSES: [&str; 3] = ["queued", "launching", "running"];
 /// so that a series does not appear out of nowhere.
 pub const OUTCOMES: &[&str] = &crate::job::Outcome::STATUSES;
 
-/// The most users with series of their own in `ptrain_gpu_seconds_total`
-/// and `ptrain_cpu_seconds_total`; later ones add to `user="other"`, so a
-/// host with many users cannot grow the scrape without bound.
+/// The most users with series of their own in `ptrain_gpu_seconds_total`,
+/// `ptrain_cpu_seconds_total` and `ptrain_user_jobs_finished_total`; later
+/// ones add to `user="other"`, so a host with many users cannot grow the
+/// scrape without bound.
 pub const MAX_USER_SERIES: usize = 100;
 
 /// The label every user past [`MAX_USER_SERIES`] shares.
@@ -148,9 +149,19 @@ pub struct Metrics {
     rejected_files: AtomicU64,
     queue_wait: Histogram,
     run_duration: Histogram,
-    /// Per user: (GPU-seconds, CPU-seconds) of the runs that ended since
-    /// ptraind started; at most [`MAX_USER_SERIES`] users and "other".
-    usage: Mutex<BTreeMap<String, (f64, f64)>>,
+    /// Per user: what the jobs that ended since ptraind started used, and
+    /// how they ended; at most [`MAX_USER_SERIES`] users and "other".
+    usage: Mutex<BTreeMap<String, UserUsage>>,
+}
+
+/// One user's figures in [`Metrics`].
+#[derive(Clone, Default)]
+struct UserUsage {
+    gpu_seconds: f64,
+    cpu_seconds: f64,
+    /// Jobs ended, by outcome (only outcomes seen: a user's series start
+    /// with their first job, and each user adds at most one per outcome).
+    finished: BTreeMap<&'static str, u64>,
 }
 
 impl Default for Metrics {
@@ -197,8 +208,9 @@ impl Metrics {
         }
     }
 
-    /// What an ended run of `user` used: its GPU-seconds and CPU-seconds.
-    pub fn job_usage(&self, user: &str, gpu_seconds: f64, cpu_seconds: f64) {
+    /// A job of `user` ended with `status`, its run having used these
+    /// GPU-seconds and CPU-seconds.
+    pub fn job_usage(&self, user: &str, status: &'static str, gpu_seconds: f64, cpu_seconds: f64) {
         let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         // Room for MAX_USER_SERIES users besides "other".
         let key = match usage.contains_key(user) {
@@ -207,8 +219,9 @@ impl Metrics {
             false => OTHER_USERS,
         };
         let entry = usage.entry(key.to_owned()).or_default();
-        entry.0 += gpu_seconds;
-        entry.1 += cpu_seconds;
+        entry.gpu_seconds += gpu_seconds;
+        entry.cpu_seconds += cpu_seconds;
+        *entry.finished.entry(status).or_default() += 1;
     }
 
     /// A spool file was refused (and quarantined).
@@ -293,8 +306,26 @@ pub fn render(m: &Metrics, scrape: &Scrape) -> String {
     ] {
         out.family(name, "counter", help);
         for (user, figures) in &usage {
-            let value = if pick == 0 { figures.0 } else { figures.1 };
+            let value = if pick == 0 {
+                figures.gpu_seconds
+            } else {
+                figures.cpu_seconds
+            };
             out.sample(name, &[("user", user)], value);
+        }
+    }
+    out.family(
+        "ptrain_user_jobs_finished_total",
+        "counter",
+        "Jobs that ended since ptraind started, by user and outcome (users as for GPU-seconds).",
+    );
+    for (user, figures) in &usage {
+        for (status, n) in &figures.finished {
+            out.sample(
+                "ptrain_user_jobs_finished_total",
+                &[("user", user), ("status", status)],
+                *n as f64,
+            );
         }
     }
     out.family(
@@ -772,14 +803,14 @@ mod tests {
     #[test]
     fn usage_is_summed_per_user_and_users_past_the_guard_share_other() {
         let m = Metrics::default();
-        m.job_usage("alice", 6.0, 2.0);
-        m.job_usage("alice", 1.5, 0.5);
-        m.job_usage("bo\"b", 0.0, 1.0);
+        m.job_usage("alice", "succeeded", 6.0, 2.0);
+        m.job_usage("alice", "failed", 1.5, 0.5);
+        m.job_usage("bo\"b", "succeeded", 0.0, 1.0);
         for i in 0..MAX_USER_SERIES + 5 {
-            m.job_usage(&format!("u{i}"), 1.0, 1.0);
+            m.job_usage(&format!("u{i}"), "succeeded", 1.0, 1.0);
         }
         // A user seen before the guard filled keeps their own series.
-        m.job_usage("alice", 1.0, 0.0);
+        m.job_usage("alice", "succeeded", 1.0, 0.0);
         let s = samples(&render(&m, &Scrape::default()));
         assert_eq!(s["ptrain_gpu_seconds_total{user=\"alice\"}"], 8.5);
         assert_eq!(s["ptrain_cpu_seconds_total{user=\"alice\"}"], 2.5);
@@ -795,6 +826,23 @@ mod tests {
         );
         // alice, bo"b and 98 of the u's have their own; 7 u's are "other".
         assert_eq!(s["ptrain_gpu_seconds_total{user=\"other\"}"], 7.0);
+        let finished = |user: &str, status: &str| {
+            s.get(&format!(
+                "ptrain_user_jobs_finished_total{{user=\"{user}\",status=\"{status}\"}}"
+            ))
+            .copied()
+        };
+        assert_eq!(finished("alice", "succeeded"), Some(2.0));
+        assert_eq!(finished("alice", "failed"), Some(1.0));
+        assert_eq!(finished("other", "succeeded"), Some(7.0));
+        // Only outcomes a user has had: the guard bounds users, this the
+        // series per user.
+        assert_eq!(finished("bo\\\"b", "failed"), None);
+        let series = s
+            .keys()
+            .filter(|k| k.starts_with("ptrain_user_jobs_finished_total{"))
+            .count();
+        assert_eq!(series, MAX_USER_SERIES + 2, "alice has two outcomes");
     }
 
     #[test]
@@ -932,6 +980,7 @@ mod tests {
         .expect("packaging/grafana-dashboard.json");
         let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
         let m = Metrics::default();
+        m.job_usage("alice", "succeeded", 1.0, 1.0);
         let mut full = gpu(0, "held", Some(1), Some(1));
         full.gpu.temperature_c = Some(40);
         let gpus = GpusView {

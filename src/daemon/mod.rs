@@ -2679,6 +2679,7 @@ impl Daemon {
         let cpu_ns = record.usage.as_ref().and_then(|u| u.cpu_nsec).unwrap_or(0);
         self.metrics.job_usage(
             &record.owner.name,
+            outcome.status(),
             record.gpu_seconds(),
             cpu_ns as f64 / 1e9,
         );

@@ -545,6 +545,15 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
         metric(&s, "ptrain_job_queue_wait_seconds_bucket{le=\"+Inf\"}"),
         succeeded as f64
     );
+    // The same ends, per user: every one is some user's.
+    let per_user_succeeded: f64 = s
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("ptrain_user_jobs_finished_total{") && k.contains("status=\"succeeded\"")
+        })
+        .map(|(_, v)| *v)
+        .sum();
+    assert_eq!(per_user_succeeded, succeeded as f64);
     assert_eq!(metric(&s, "ptrain_rejected_files_total"), 1.0);
     assert_eq!(metric(&s, "ptrain_gpus{backend=\"declared\"}"), 2.0);
     assert_eq!(metric(&s, "ptrain_gpus_allocated"), 0.0);
