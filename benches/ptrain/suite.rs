@@ -1304,6 +1304,7 @@ impl Bench<'_> {
             }
             self.detail("cli", serde_json::Value::Object(cli_detail));
         }
+        self.accounting_queries(&d, &control);
         drop((control_quiet, control_tracker));
         let control_root = control.root.clone();
         drop(control);
@@ -1314,6 +1315,83 @@ impl Bench<'_> {
         drop(d);
         say("removing the history");
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// `ptrain report` for the last 30 days and `ptrain history` of one
+    /// user's last 100 runs, as root, with a million rows in the history
+    /// daemon's accounting database (written here straight into it, runs
+    /// of 200 users over a year: issue 23's proof), against the same
+    /// commands on the control (a few hundred rows): the control's time is
+    /// the CLI's and the bus's, the difference SQLite's.
+    fn accounting_queries(&mut self, d: &TestDaemon, control: &TestDaemon) {
+        let rows = ACCOUNTING_ROWS;
+        let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+        assert!(ok, "cannot stop ptraind: {out}");
+        say(&format!("writing {rows} accounting rows"));
+        let t0 = Instant::now();
+        let path = ptrain::accounting::db::db_path(&d.state);
+        let written = write_accounting_rows(&path, rows);
+        let write_secs = t0.elapsed().as_secs_f64();
+        d.start_service();
+        let commands: [(&str, &str, &[&str], f64); 2] = [
+            (
+                "accounting.report_month",
+                "ptrain report --since 30d",
+                &["report", "--since", "30d"],
+                200.0,
+            ),
+            (
+                "accounting.history_user",
+                "ptrain history --user U -n 100",
+                &["history", "--user", "acct-user-42", "-n", "100"],
+                50.0,
+            ),
+        ];
+        let mut detail = serde_json::Map::new();
+        for (key, label, args, target_ms) in commands {
+            let mut times = [Vec::new(), Vec::new()];
+            let mut errors = [String::new(), String::new()];
+            let mut lines = [0usize; 2];
+            // The first run of each warms SQLite's pages and the page cache.
+            for run in 0..=self.scale.cli_runs.max(1) {
+                for (side, daemon) in [d, control].into_iter().enumerate() {
+                    let t0 = Instant::now();
+                    let o = daemon.ptrain("root", args);
+                    let ms = t0.elapsed().as_secs_f64() * 1e3;
+                    if !o.status.success() {
+                        errors[side] = first_line(&crate::daemon::text(&o));
+                    } else if run > 0 {
+                        times[side].push(ms);
+                        lines[side] = o.stdout.iter().filter(|&&b| b == b'\n').count();
+                    }
+                }
+            }
+            let fastest = |t: &[f64]| t.iter().copied().reduce(f64::min);
+            let mut note = errors.join(" ").trim().to_string();
+            if let Err(e) = &written {
+                note = format!("cannot write the rows: {e}");
+            }
+            detail.insert(
+                key.into(),
+                json!({"ms": times[0], "control_ms": times[1], "lines": lines[0]}),
+            );
+            self.push(
+                Figure::new(
+                    key,
+                    &format!(
+                        "{label}, {rows} accounting rows, fastest of {}",
+                        times[0].len()
+                    ),
+                    "ms",
+                    written.as_ref().ok().and(fastest(&times[0])),
+                )
+                .floor(fastest(&times[1]), "control")
+                .target(Target::MaxValue(target_ms))
+                .note(note),
+            );
+        }
+        detail.insert("write_s".into(), json!(write_secs));
+        self.detail("accounting", serde_json::Value::Object(detail));
     }
 
     /// `ptrain list`, `ptrain list --all`, `ptrain status ID` as root,
@@ -2721,4 +2799,58 @@ fn load_average() -> f64 {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// Rows in the accounting database for the query figures (issue 23: "over
+/// 1,000,000 records").
+const ACCOUNTING_ROWS: u64 = 1_000_000;
+
+/// `rows` ended runs of 200 users (`acct-user-N`) spread evenly over the
+/// year up to now, a third of them on GPUs, a tenth failed, in chunks of
+/// one transaction each.
+fn write_accounting_rows(path: &std::path::Path, rows: u64) -> Result<(), String> {
+    use ptrain::accounting::{db, query::HistoryRow};
+    const USERS: u64 = 200;
+    let now_us = ptrain::now_micros();
+    let year_us = 365 * 86_400 * 1_000_000u64;
+    let mut conn = db::open_for_writing(path).map_err(|e| e.to_string())?;
+    let row = |i: u64| {
+        let gpus = (i % 3) as u32;
+        let ended_us = now_us - year_us + i * (year_us / rows);
+        let wall_us = 600_000_000;
+        let failed = i % 10 == 9;
+        HistoryRow {
+            id: format!("acct-{i}"),
+            submitted_us: ended_us - wall_us - 1_000_000,
+            invocation: format!("{i:032x}"),
+            uid: 20_000 + (i % USERS) as u32,
+            user: format!("acct-user-{}", i % USERS),
+            gid: 20_000 + (i % 7) as u32,
+            sweep: None,
+            name: Some(format!("train-{}", i % 50)),
+            status: if failed { "failed" } else { "succeeded" }.into(),
+            exit_code: Some(if failed { 1 } else { 0 }),
+            signal: None,
+            started_us: Some(ended_us - wall_us),
+            ended_us,
+            wall_us,
+            gpus,
+            gpu_indices: (0..gpus).collect(),
+            gpu_uuids: (0..gpus).map(|g| format!("GPU-{g}")).collect(),
+            gpu_seconds: 600.0 * f64::from(gpus),
+            cpu_nsec: Some(550_000_000_000),
+            mem_peak_bytes: Some(2 << 30),
+            io_read_bytes: Some(1 << 30),
+            io_write_bytes: Some(1 << 20),
+        }
+    };
+    let mut chunk = Vec::with_capacity(50_000);
+    for i in 0..rows {
+        chunk.push(row(i));
+        if chunk.len() == chunk.capacity() || i + 1 == rows {
+            db::insert_rows(&mut conn, &chunk).map_err(|e| e.to_string())?;
+            chunk.clear();
+        }
+    }
+    Ok(())
 }
