@@ -1338,19 +1338,16 @@ impl Bench<'_> {
         // Each start back-fills the database from the job records (the
         // history's 100,000 here, each read from disk) before the writer
         // answers queries: the figures are those of a settled daemon.
-        let settled = Instant::now() + Duration::from_secs(300);
-        let backfilled = loop {
-            let log = d
-                .harness
-                .journal(&["-u", "ptraind.service", "--since", &since]);
-            if log.contains("accounting database back-filled") {
-                break true;
-            }
-            if Instant::now() > settled {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        };
+        wait_for(
+            "ptraind's back-fill of the accounting database",
+            Duration::from_secs(300),
+            || {
+                d.harness
+                    .journal(&["-u", "ptraind.service", "--since", &since])
+                    .contains("accounting database back-filled")
+                    .then_some(())
+            },
+        );
         let commands: [(&str, &str, &[&str], f64); 2] = [
             (
                 "accounting.report_month",
@@ -1369,7 +1366,7 @@ impl Bench<'_> {
         for (key, label, args, target_ms) in commands {
             let mut times = [Vec::new(), Vec::new()];
             let mut errors = [String::new(), String::new()];
-            let mut lines = [0usize; 2];
+            let mut bytes = [0; 2];
             // The first run of each warms SQLite's pages and the page cache.
             for run in 0..=self.scale.cli_runs.max(1) {
                 for (side, daemon) in [d, control].into_iter().enumerate() {
@@ -1380,33 +1377,32 @@ impl Bench<'_> {
                         errors[side] = first_line(&crate::daemon::text(&o));
                     } else if run > 0 {
                         times[side].push(ms);
-                        lines[side] = o.stdout.iter().filter(|&&b| b == b'\n').count();
+                        bytes[side] = o.stdout.len();
                     }
                 }
             }
-            let fastest = |t: &[f64]| t.iter().copied().reduce(f64::min);
-            let mut note = errors.join(" ").trim().to_string();
-            if !backfilled {
-                note = format!("{note} (ptraind logged no back-fill within 300 s)");
-            }
+            let [mut now, control] =
+                [0, 1].map(|side| CliTime::of(&times[side], bytes[side], errors[side].clone()));
             if let Err(e) = &written {
-                note = format!("cannot write the rows: {e}");
+                now.ms = None;
+                now.error = format!("cannot write the rows: {e}");
             }
             detail.insert(
                 key.into(),
-                json!({"ms": times[0], "control_ms": times[1], "lines": lines[0]}),
+                json!({"late": now.to_json(), "control": control.to_json()}),
             );
+            let note = match control.error.is_empty() {
+                true => now.error,
+                false => format!("{}; on the control: {}", now.error, control.error),
+            };
             self.push(
                 Figure::new(
                     key,
-                    &format!(
-                        "{label}, {rows} accounting rows, fastest of {}",
-                        times[0].len()
-                    ),
+                    &format!("{label}, {rows} accounting rows, fastest of {}", now.runs),
                     "ms",
-                    written.as_ref().ok().and(fastest(&times[0])),
+                    now.ms,
                 )
-                .floor(fastest(&times[1]), "control")
+                .floor(control.ms, "control")
                 .target(Target::MaxValue(target_ms))
                 .note(note),
             );
