@@ -862,7 +862,7 @@ pub(crate) mod tests {
         let (sql, params) = report_sql(&month, 0);
         let p = plan(&conn, &sql, &params);
         assert!(
-            p.contains("USING INDEX jobs_by_ended (ended_us>? AND ended_us<?)"),
+            p.contains("USING COVERING INDEX jobs_by_period (ended_us>? AND ended_us<?)"),
             "{p}"
         );
         // The last 30 days (no end), by user, group or GPU: by end time
@@ -878,7 +878,10 @@ pub(crate) mod tests {
             };
             let (sql, params) = report_sql(&recent, 0);
             let p = plan(&conn, &sql, &params);
-            assert!(p.contains("USING INDEX jobs_by_ended (ended_us>?)"), "{p}");
+            assert!(
+                p.contains("USING COVERING INDEX jobs_by_period (ended_us>?)"),
+                "{p}"
+            );
         }
         // A user's period, asked by themselves: by (uid, ended).
         let (sql, params) = report_sql(&month, 1000);
