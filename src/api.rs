@@ -246,6 +246,15 @@ fn release_freed_memory() {
     }
 }
 
+/// A listing's views: the live jobs', then the ends' (read from the
+/// board), in submission order.
+fn listed(board: &Board, listing: crate::requests::Listing) -> Vec<JobView> {
+    let mut views = listing.live;
+    views.extend(board.ended_views(&listing.ends, listing.whole));
+    views.sort_by(|a, b| (a.submitted_at, &a.id).cmp(&(b.submitted_at, &b.id)));
+    views
+}
+
 /// An accounting query's JSON, strictly (unknown fields are refused).
 fn parse_query<T: serde::de::DeserializeOwned>(json: &str) -> zbus::fdo::Result<T> {
     serde_json::from_str(json).map_err(|e| {
@@ -268,7 +277,14 @@ impl DaemonApi {
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
         let caller = self.callers.uid(conn, &header).await?;
-        let views = self.seen_by(self.ask(ApiRequest::List).await?, caller);
+        let listing = self.ask(ApiRequest::List).await?;
+        // Up to MAX_LIST_ALL records read from disk: on a thread of the
+        // blocking pool, not an async worker's.
+        let board = self.board.clone();
+        let views = tokio::task::spawn_blocking(move || listed(&board, listing))
+            .await
+            .map_err(|e| zbus::fdo::Error::Failed(format!("the listing failed: {e}")))?;
+        let views = self.seen_by(views, caller);
         let json = to_json(&views);
         drop(views);
         release_freed_memory();
@@ -285,7 +301,9 @@ impl DaemonApi {
         #[zbus(header)] header: zbus::message::Header<'_>,
     ) -> zbus::fdo::Result<String> {
         let caller = self.callers.uid(conn, &header).await?;
-        let views = self.ask(|tx| ApiRequest::ListRecent(limit, tx)).await?;
+        let listing = self.ask(|tx| ApiRequest::ListRecent(limit, tx)).await?;
+        // The recent ends are in memory; only the few shown whole are read.
+        let views = listed(&self.board, listing);
         Ok(to_json(&self.seen_by(views, caller)))
     }
 

@@ -1,7 +1,8 @@
 //! What callers read without waiting for the state task: the view of each
 //! job that has not ended, as the state task last posted it, and the
-//! summaries of the ended ones ([`History`], which the state task keeps
-//! here rather than beside it). `ptrain status` (`Status` on the bus) and
+//! ended ones ([`Board::ended`]: the newest summarised in memory,
+//! [`Recent`], which the state task keeps here rather than beside it; the
+//! rest read from their records). `ptrain status` (`Status` on the bus) and
 //! a log follower's look at its job are answered from it, so that a burst
 //! of 10,000 jobs, whose every claim, launch and end costs the state task
 //! fsyncs, does not make another user wait for them (`make bench`,
@@ -18,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::gpu::GpuInventory;
-use crate::history::History;
+use crate::history::{End, EndedJob, Recent};
 use crate::requests::ApiError;
 use crate::spec::JobId;
 use crate::store::{JobState, Store, StoreError};
@@ -36,7 +37,7 @@ struct Posted {
 #[derive(Default)]
 struct Shelf {
     posted: HashMap<JobId, Posted>,
-    history: History,
+    recent: Recent,
 }
 
 pub struct Board {
@@ -45,29 +46,19 @@ pub struct Board {
     inventory: Arc<dyn GpuInventory>,
 }
 
-/// The history, read.
-pub struct HistoryRead<'a>(RwLockReadGuard<'a, Shelf>);
+/// The newest ends' summaries, for the state task to change.
+pub struct RecentWrite<'a>(RwLockWriteGuard<'a, Shelf>);
 
-impl std::ops::Deref for HistoryRead<'_> {
-    type Target = History;
-    fn deref(&self) -> &History {
-        &self.0.history
+impl std::ops::Deref for RecentWrite<'_> {
+    type Target = Recent;
+    fn deref(&self) -> &Recent {
+        &self.0.recent
     }
 }
 
-/// The history, for the state task to change.
-pub struct HistoryWrite<'a>(RwLockWriteGuard<'a, Shelf>);
-
-impl std::ops::Deref for HistoryWrite<'_> {
-    type Target = History;
-    fn deref(&self) -> &History {
-        &self.0.history
-    }
-}
-
-impl std::ops::DerefMut for HistoryWrite<'_> {
-    fn deref_mut(&mut self) -> &mut History {
-        &mut self.0.history
+impl std::ops::DerefMut for RecentWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Recent {
+        &mut self.0.recent
     }
 }
 
@@ -90,12 +81,62 @@ impl Board {
         self.shelf.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn history(&self) -> HistoryRead<'_> {
-        HistoryRead(self.read())
+    pub fn recent_mut(&self) -> RecentWrite<'_> {
+        RecentWrite(self.write())
     }
 
-    pub fn history_mut(&self) -> HistoryWrite<'_> {
-        HistoryWrite(self.write())
+    /// An ended job's summary: from memory if it ended recently, else
+    /// from its record on disk (read outside the lock). None if the job
+    /// has not ended, or is not known (never claimed, or compacted).
+    pub fn ended(&self, id: &JobId) -> Option<EndedJob> {
+        if let Some(job) = self.read().recent.get(id) {
+            return Some(job.clone());
+        }
+        self.ended_record(id)
+            .and_then(|record| EndedJob::of_ended(&record))
+    }
+
+    /// A job's record from disk; a read that fails other than by absence
+    /// is logged.
+    fn ended_record(&self, id: &JobId) -> Option<crate::store::JobRecord> {
+        match self.store.load(id) {
+            Ok(record) => Some(record),
+            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                None
+            }
+            Err(e) => {
+                tracing::warn!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot read a finished job's record");
+                None
+            }
+        }
+    }
+
+    /// The views of the ends `ends` names, the newest first as given: the
+    /// first `whole` as `ptrain status` shows them, the rest summarised.
+    /// A stale end (restarted or compacted since) is left out. Read from
+    /// memory where the end is recent, else from disk: called off the
+    /// state task.
+    pub fn ended_views(&self, ends: &[End], whole: usize) -> Vec<JobView> {
+        let mut views = Vec::with_capacity(ends.len());
+        for (newer, end) in ends.iter().enumerate() {
+            let summary = match self.read().recent.get(&end.id) {
+                Some(job) if job.ended_at == end.ended_at => Some(job.view()),
+                _ => None,
+            };
+            let view = match (summary, newer < whole) {
+                (Some(view), false) => Some(view),
+                _ => self
+                    .ended_record(&end.id)
+                    .filter(|record| end.is_of(record))
+                    .map(|record| match newer < whole {
+                        true => JobView::of(&record),
+                        false => EndedJob::of(&record, Arc::from(record.owner.name.as_str()))
+                            .view(),
+                    }),
+            };
+            views.extend(view);
+        }
+        views
     }
 
     /// A live job's view now, with what its queued detail was made of.
@@ -127,18 +168,7 @@ impl Board {
     pub async fn status(&self, id: &str) -> Result<JobView, ApiError> {
         let not_found = || ApiError::NotFound(id.to_owned());
         let job_id = JobId::parse(id).map_err(|_| not_found())?;
-        let (live, ended) = {
-            let shelf = self.read();
-            match shelf.posted.get(&job_id) {
-                Some(posted) => (Some(posted.view.clone()), None),
-                None => (
-                    None,
-                    shelf.history.get(&job_id).map(|summary| {
-                        (summary.view(), summary.source.clone(), summary.submitted_at)
-                    }),
-                ),
-            }
-        };
+        let live = self.read().posted.get(&job_id).map(|p| p.view.clone());
         let gpu_warning = self.inventory.job_warning(id);
         if let Some(view) = live {
             return Ok(JobView {
@@ -146,31 +176,19 @@ impl Board {
                 ..(*view).clone()
             });
         }
-        let (summary, source, submitted_at) = ended.ok_or_else(not_found)?;
         // One small file, read here as the state task did: a thread of the
         // blocking pool would be started for it and end 10 s later (the
-        // idle bench counts every thread's switches).
-        let full = match self.store.load(&job_id) {
-            // Read outside the lock: the job may have been compacted since,
-            // and its id claimed again; only its own ended record will do.
-            Ok(record)
-                if record.state == JobState::Ended && record.submitted_at == submitted_at =>
-            {
-                Some(JobView::of(&record))
-            }
-            Ok(_) => None,
-            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                None
-            }
-            Err(e) => {
-                tracing::warn!(job = %job_id, PTRAIN_JOB = %job_id, error = %e, "cannot read a finished job's record");
-                None
-            }
-        };
+        // idle bench counts every thread's switches). Only an ended
+        // record will do: a live one is posted (or was, a moment ago: the
+        // caller asks again).
+        let record = self
+            .ended_record(&job_id)
+            .filter(|r| r.state == JobState::Ended)
+            .ok_or_else(not_found)?;
         Ok(JobView {
-            source: Some(source),
+            source: Some(record.source.clone()),
             gpu_warning,
-            ..full.unwrap_or(summary)
+            ..JobView::of(&record)
         })
     }
 }
@@ -248,19 +266,33 @@ mod tests {
         store.claim(&r, b"{}").unwrap();
         store.save(&r).unwrap();
         board.post(&r.id, JobView::of(&r), None);
-        board.history_mut().insert(&r);
+        board.recent_mut().insert(&r);
         board.take_down(&r.id);
         let seen = board.status("done").await.unwrap();
         assert_eq!(seen.status, "succeeded");
         assert_eq!(seen.comment.as_deref(), Some("full"), "not read whole");
         assert_eq!(seen.source, Some(r.source.clone()));
-        // Compacted and claimed again under its id: the new job's record
-        // is not the old job's, which is then shown as summarised.
+        assert_eq!(board.ended(&r.id).unwrap().ended_at, 15);
+        // Out of memory's recent ends: read from disk, the same.
+        board.recent_mut().remove(&r.id);
+        assert_eq!(board.ended(&r.id), EndedJob::of_ended(&r));
+        let end = End {
+            ended_at: 15,
+            id: r.id.clone(),
+        };
+        let views = board.ended_views(std::slice::from_ref(&end), 0);
+        assert_eq!((views.len(), views[0].summary), (1, true));
+        let views = board.ended_views(std::slice::from_ref(&end), 1);
+        assert_eq!(views[0].comment.as_deref(), Some("full"));
+        // Compacted and claimed again under its id, not yet posted: the
+        // new job's record is not an end, and the old end is stale.
         let again = record("done", 99);
         store.save(&again).unwrap();
-        let seen = board.status("done").await.unwrap();
-        assert_eq!(seen.status, "succeeded");
-        assert_eq!(seen.comment, None);
-        assert_eq!(seen.submitted_at, 10);
+        assert!(matches!(
+            board.status("done").await,
+            Err(ApiError::NotFound(_))
+        ));
+        assert_eq!(board.ended(&r.id), None);
+        assert!(board.ended_views(&[end], 0).is_empty());
     }
 }

@@ -75,11 +75,22 @@ pub enum ApiError {
     FairShareOff,
 }
 
+/// What the state task answers a listing with: the live jobs' views,
+/// and which ends to show (the newest first), whose views the caller
+/// reads ([`crate::board::Board::ended_views`]) so that the state task
+/// reads no file for them.
+pub struct Listing {
+    pub live: Vec<JobView>,
+    pub ends: Vec<crate::history::End>,
+    /// How many of the newest ends are shown whole, as `ptrain status`.
+    pub whole: usize,
+}
+
 /// A request from the API to the daemon's state task.
 pub enum ApiRequest {
-    List(oneshot::Sender<Vec<JobView>>),
+    List(oneshot::Sender<Listing>),
     /// Queued and running jobs plus the `limit` most recently ended.
-    ListRecent(u32, oneshot::Sender<Vec<JobView>>),
+    ListRecent(u32, oneshot::Sender<Listing>),
     Stop {
         id: String,
         caller_uid: u32,

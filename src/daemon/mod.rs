@@ -86,6 +86,8 @@ pub enum DaemonError {
     Watch(#[from] notify::Error),
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
+    #[error(transparent)]
+    EndOrder(#[from] crate::history::EndOrderError),
 }
 
 /// Everything the state task reacts to.
@@ -158,8 +160,10 @@ pub struct Daemon {
     /// Queued, launching and running jobs, and the indices over them.
     live: live::Live,
     /// What callers read without the state task: each live job's view,
-    /// and the finished jobs' summaries (full records stay on disk).
+    /// and the newest ends' summaries (the records stay on disk).
     board: Arc<Board>,
+    /// The order in which the jobs in history ended, on disk.
+    end_order: crate::history::EndOrder,
     /// Units we started (or adopted) and still wait to see end.
     by_unit: HashMap<String, JobId>,
     /// Spool file owners looked up recently.
@@ -420,8 +424,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     // yields to them between its steps ([`Daemon::callers_waiting`]).
     let (api_tx, api_rx) = mpsc::unbounded_channel();
     let board = Arc::new(Board::new(store.clone(), inventory.clone()));
+    // Rebuilt from the records by the restore.
+    let end_order = crate::history::EndOrder::rebuild(&config.state_dir, Vec::new())?;
     let mut daemon = Daemon {
         board: board.clone(),
+        end_order,
         logs,
         job_signals,
         notifier,
@@ -536,7 +543,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
 
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     daemon.notify_status();
-    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.live.len(), finished = daemon.board.history().len(), "ptraind ready");
+    info!(spool = %daemon.config.spool_dir.display(), jobs = daemon.live.len(), finished = daemon.end_order.len(), "ptraind ready");
 
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut watchdog_tick =
@@ -662,6 +669,29 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     Ok(())
 }
 
+/// A record ordered by its end alone (the restore's newest ends).
+struct ByEnd(crate::history::End, Box<JobRecord>);
+
+impl PartialEq for ByEnd {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for ByEnd {}
+
+impl PartialOrd for ByEnd {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByEnd {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
 /// What admission knows of the jobs: the live map, the history, the
 /// sweeps, and each claim's stored descriptor.
 impl admission::Known for Daemon {
@@ -673,8 +703,7 @@ impl admission::Known for Daemon {
                 owner_name: live.owner.name.clone(),
             });
         }
-        let history = self.board.history();
-        let ended = history.get(id)?;
+        let ended = self.board.ended(id)?;
         Some(admission::Namesake {
             source: ended.source.clone(),
             status: ended.status(),
@@ -687,14 +716,16 @@ impl admission::Known for Daemon {
     }
 
     fn is_taken(&self, id: &JobId) -> bool {
-        self.live.contains(id) || self.board.history().contains(id) || self.groups.contains_key(id)
+        self.live.contains(id) || self.groups.contains_key(id) || self.board.ended(id).is_some()
     }
 
     fn owner_of(&self, id: &JobId) -> Option<(u32, String)> {
-        match (self.live.get(id), self.board.history().get(id)) {
-            (Some(live), _) => Some((live.owner.uid, live.owner.name.clone())),
-            (None, Some(ended)) => Some((ended.owner_uid, ended.owner_name.to_string())),
-            (None, None) => None,
+        match self.live.get(id) {
+            Some(live) => Some((live.owner.uid, live.owner.name.clone())),
+            None => self
+                .board
+                .ended(id)
+                .map(|ended| (ended.owner_uid, ended.owner_name.to_string())),
         }
     }
 
@@ -1356,6 +1387,9 @@ impl Daemon {
         // dropped, so a long history never sits in memory whole.
         let mut live = Vec::new();
         let mut members = Vec::new();
+        let mut ends = Vec::new();
+        // The newest ends summarised, the rest only ordered.
+        let mut newest = std::collections::BinaryHeap::new();
         self.store.load_each(|record| {
             // Intents whose outbox status is not final go out again, with
             // their keys: nothing recorded is lost to a crash.
@@ -1364,12 +1398,23 @@ impl Daemon {
                 members.push((record.submitted_at, record.id.clone(), group.clone()));
             }
             if record.state == JobState::Ended {
-                self.board.history_mut().insert(&record);
+                let end = crate::history::End {
+                    ended_at: record.ended_at.unwrap_or(0),
+                    id: record.id.clone(),
+                };
+                newest.push(std::cmp::Reverse(ByEnd(end.clone(), Box::new(record))));
+                if newest.len() > crate::history::RECENT_ENDS {
+                    newest.pop();
+                }
+                ends.push(end);
             } else {
                 live.push(record);
             }
         })?;
-        self.board.history_mut().shrink_to_fit();
+        self.end_order = crate::history::EndOrder::rebuild(&self.config.state_dir, ends)?;
+        for std::cmp::Reverse(ByEnd(_, record)) in newest.into_sorted_vec().into_iter().rev() {
+            self.board.recent_mut().insert(&record);
+        }
         let per_user = self.config.retention.rejected_per_user;
         for (entry, uid) in self.store.rejected_entries()? {
             for gone in self.quarantine.add(uid, entry, per_user) {
@@ -1770,9 +1815,12 @@ impl Daemon {
     /// a sweep.
     fn parents(&self, named: &JobId) -> Vec<(JobId, crate::chain::ParentState)> {
         use crate::chain::ParentState;
-        // Taken once: a sweep's members are looked up under one lock.
-        let history = self.board.history();
-        let state = |id: &JobId| match history.get(id) {
+        // A live job is pending without a look at the history; an ended
+        // one is most often a recent end, in memory.
+        let state = |id: &JobId| match (!self.live.contains(id))
+            .then(|| self.board.ended(id))
+            .flatten()
+        {
             Some(ended) if ended.succeeded() => ParentState::Succeeded,
             Some(ended) if matches!(ended.outcome, Some(Outcome::NotNeeded { .. })) => {
                 ParentState::NotNeeded
@@ -1872,7 +1920,7 @@ impl Daemon {
         for named in record.spec.after.all() {
             for (id, _) in self.parents(named) {
                 // Only a finished parent has a result; memory knows whether.
-                let has_result = self.board.history().get(&id).is_some_and(|p| p.has_result);
+                let has_result = self.board.ended(&id).is_some_and(|p| p.has_result);
                 let parent = has_result.then(|| self.ended_record(&id)).flatten();
                 if let Some(result) = parent.and_then(|p| p.result) {
                     results.insert(id.to_string(), result);
@@ -2709,7 +2757,16 @@ impl Daemon {
                 self.systemd.release_in_background(unit);
             }
         }
-        self.board.history_mut().insert(&record);
+        self.board.recent_mut().insert(&record);
+        let end = crate::history::End {
+            ended_at: record.ended_at.unwrap_or(0),
+            id: record.id.clone(),
+        };
+        if let Err(e) = self.end_order.push(&end) {
+            // Listings and retention miss it until the next start, which
+            // rebuilds the order from the records.
+            error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot add a finished job to the history's order");
+        }
         // Its dependents' detail ("waiting for ID") changed with it:
         // posted before its signal, which a caller may act on.
         self.refresh_queued(self.live.constrained());
@@ -2877,26 +2934,45 @@ impl Daemon {
             self.store.forget_rejected(&gone);
         }
         loop {
-            // Copied out: the history's lock is not held across the rest.
-            let (oldest, ended) = {
-                let history = self.board.history();
-                let Some(oldest) = history.oldest() else {
+            let oldest = match self.end_order.oldest() {
+                Ok(Some(oldest)) => oldest,
+                Ok(None) => break,
+                Err(e) => {
+                    error!(error = %e, "cannot apply [retention]");
                     break;
-                };
-                (
-                    (oldest.id.clone(), oldest.ended_at, oldest.group.clone()),
-                    history.len(),
-                )
+                }
             };
-            let (id, ended_at, group) = oldest;
-            let too_many = ended > retention.max_ended_jobs;
+            let too_many = self.end_order.len() > retention.max_ended_jobs;
             let too_old = retention
                 .max_age
-                .is_some_and(|age| ended_at.saturating_add(age.as_micros() as u64) < now);
+                .is_some_and(|age| oldest.ended_at.saturating_add(age.as_micros() as u64) < now);
             if !too_many && !too_old {
                 break;
             }
+            let id = oldest.id.clone();
+            let record = match self.store.load(&id) {
+                Ok(record) => Some(record).filter(|r| oldest.is_of(r)),
+                Err(crate::store::StoreError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    None
+                }
+                Err(e) => {
+                    error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot read a finished job to compact it; keeping it");
+                    break;
+                }
+            };
+            let Some(record) = record else {
+                // Restarted since, or compacted and its id claimed again:
+                // the line is stale.
+                if let Err(e) = self.end_order.pop_oldest(false) {
+                    error!(error = %e, "cannot apply [retention]");
+                    break;
+                }
+                continue;
+            };
             // A queued job still needs its parents' outcomes (and results).
+            let group = record.group.clone();
             let needed = self.live.constrained().iter().any(|q| {
                 let after = self.live[q].spec.after.all();
                 after.contains(&id) || group.as_ref().is_some_and(|g| after.contains(g))
@@ -2904,13 +2980,6 @@ impl Daemon {
             if needed {
                 break;
             }
-            let record = match self.store.load(&id) {
-                Ok(record) => record,
-                Err(e) => {
-                    error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot read a finished job to compact it; keeping it");
-                    break;
-                }
-            };
             // Its notifications go first: one still being retried keeps
             // the job (and its outbox entry) until it is delivered or dead.
             let keys: Vec<&str> = record
@@ -2943,10 +3012,12 @@ impl Daemon {
             if self.kept.forget(&record.unit) {
                 self.systemd.release_in_background(record.unit.clone());
             }
-            let Some(oldest) = self.board.history_mut().remove(&id) else {
+            self.board.recent_mut().remove(&id);
+            if let Err(e) = self.end_order.pop_oldest(true) {
+                error!(error = %e, "cannot apply [retention]");
                 break;
-            };
-            if let Some(group) = oldest.group {
+            }
+            if let Some(group) = group {
                 if let Some(members) = self.groups.get_mut(&group) {
                     members.retain(|m| *m != id);
                     if members.is_empty() {
@@ -2958,10 +3029,10 @@ impl Daemon {
         }
     }
 
-    /// Queued and running jobs and the `ended` most recently finished, in
-    /// submission order. From memory only: a finished job's summary has
-    /// what a listing shows (`ptrain status ID` reads its full record).
-    fn listing(&self, ended: usize, whole: usize) -> Vec<JobView> {
+    /// Queued and running jobs, and which of the `ended` most recently
+    /// finished to show (the caller reads their views: a finished job's
+    /// record is on disk, its summary in memory if it ended recently).
+    fn listing(&self, ended: usize, whole: usize) -> crate::requests::Listing {
         let mut live: Vec<&JobId> = self
             .live
             .queue()
@@ -2971,34 +3042,22 @@ impl Daemon {
             .collect();
         live.sort();
         live.dedup();
-        // Copied out first: reading records from disk, and a view's
-        // parents, must not hold the history's lock.
-        let newest: Vec<(JobId, JobView)> = self
-            .board
-            .history()
-            .newest(ended)
-            .map(|summary| (summary.id.clone(), summary.view()))
-            .collect();
-        let mut views: Vec<JobView> = live
-            .into_iter()
-            .filter_map(|id| self.live.get(id))
-            .map(|record| self.view(record))
-            .chain(
-                newest
-                    .into_iter()
-                    .enumerate()
-                    .map(|(newer, (id, summary))| match newer < whole {
-                        // The recent ends whole, as `status` shows them.
-                        true => self
-                            .ended_record(&id)
-                            .map(|record| JobView::of(&record))
-                            .unwrap_or(summary),
-                        false => summary,
-                    }),
-            )
-            .collect();
-        views.sort_by(|a, b| (a.submitted_at, &a.id).cmp(&(b.submitted_at, &b.id)));
-        views
+        let ends = match ended {
+            0 => Vec::new(),
+            n => self.end_order.newest(n).unwrap_or_else(|e| {
+                error!(error = %e, "cannot list the finished jobs");
+                Vec::new()
+            }),
+        };
+        crate::requests::Listing {
+            live: live
+                .into_iter()
+                .filter_map(|id| self.live.get(id))
+                .map(|record| self.view(record))
+                .collect(),
+            ends,
+            whole,
+        }
     }
 
     /// A live job as the API shows it, with what a queued job waits for:
@@ -3103,8 +3162,7 @@ impl Daemon {
         }
         let ended = self
             .board
-            .history()
-            .get(&job_id)
+            .ended(&job_id)
             .map(|e| (e.owner_uid, e.owner_name.to_string(), e.status()));
         if let Some((owner_uid, owner, status)) = ended {
             if caller_uid != 0 && caller_uid != owner_uid {
@@ -3188,7 +3246,7 @@ impl Daemon {
         for member in members {
             let (owner_uid, owner, state, status) = match self.live.get(&member) {
                 Some(r) => (r.owner.uid, r.owner.name.clone(), r.state, r.status()),
-                None => match self.board.history().get(&member) {
+                None => match self.board.ended(&member) {
                     Some(e) => (
                         e.owner_uid,
                         e.owner_name.to_string(),
@@ -3339,7 +3397,9 @@ impl Daemon {
             if as_id.is_none() {
                 // Out of the history, its kept unit let go: the next
                 // attempt's unit has its name.
-                self.board.history_mut().remove(&new_id);
+                // Its end's line in the order is stale now.
+                self.board.recent_mut().remove(&new_id);
+                self.end_order.forget_one();
                 if self.kept.forget(&record.unit) {
                     self.systemd.release_in_background(record.unit.clone());
                 }
