@@ -234,18 +234,6 @@ impl Callers {
     }
 }
 
-/// Hands freed heap pages back to the kernel. A listing of the whole
-/// history is tens of thousands of small strings, freed in the middle of
-/// glibc's arenas where they stay: one `ptrain list --all` over 100,000
-/// jobs left the idle daemon 2 MiB larger for good (`make bench`).
-fn release_freed_memory() {
-    // SAFETY: malloc_trim only returns free memory; it is thread-safe.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// A listing's views: the live jobs', then the ends' (read from the
 /// board), in submission order.
 fn listed(board: &Board, listing: crate::requests::Listing) -> Vec<JobView> {
@@ -287,7 +275,10 @@ impl DaemonApi {
         let views = self.seen_by(views, caller);
         let json = to_json(&views);
         drop(views);
-        release_freed_memory();
+        // A listing of the whole history is tens of thousands of small
+        // strings: one `ptrain list --all` over 100,000 jobs left the idle
+        // daemon 2 MiB larger for good (`make bench`).
+        crate::memory::release_freed_memory();
         Ok(json)
     }
 

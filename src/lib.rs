@@ -76,10 +76,12 @@
 //!    libsystemd, [`logs::sd_journal`], or `journalctl --follow` for a live
 //!    reader) or its archive, and served to its owner; the idle-output
 //!    watchdog; per-job archives and their retention.
-//! 10. [`history`]: once ended, a job leaves the daemon's live map for a
-//!     compact in-memory summary (the full record stays on disk), so memory
-//!     and per-job cost stay flat over a long history; `[retention]`
-//!     compacts the oldest into `STATE/history.jsonl`.
+//! 10. [`history`]: once ended, a job leaves the daemon's live map; its
+//!     record stays on disk, the order of the ends in `STATE/end-order`
+//!     (rebuilt at each start), and only the newest ends' summaries in
+//!     memory ([`history::Recent`]), so memory and per-job cost stay flat
+//!     over a long history; `[retention]` compacts the oldest into
+//!     `STATE/history.jsonl`.
 //! 11. [`accounting`]: what each run used (its cgroup's counters, read by
 //!     the unit's `ExecStopPost=` as the job's user and kept in the end
 //!     record; GPU-seconds from its times and GPUs), one row per ended run
@@ -121,8 +123,8 @@
 //! The rest is I/O: [`daemon`] (but for its admission and live rooms),
 //! [`board`] (it reads an ended job's record from disk), [`systemd`],
 //! [`api`], [`requests`] (the channel to the state task), [`spool`],
-//! [`logs`], [`metrics`], [`fsutil`], and [`history`] (in memory, but
-//! built on [`views`]).
+//! [`logs`], [`metrics`], [`fsutil`], [`memory`] (the heap's trim), and
+//! [`history`] (the end order's file; the recent ends' summaries).
 //!
 //! No import cycle is left, and `tests/module_graph.rs` keeps it so. The
 //! service wings import downwards only: [`api`] imports [`requests`],
@@ -151,6 +153,7 @@ pub mod history;
 pub mod job;
 pub mod kept_units;
 pub mod logs;
+pub mod memory;
 pub mod metrics;
 pub mod notifications;
 pub mod notify_socket;

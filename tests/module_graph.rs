@@ -72,6 +72,7 @@ const IO: &[&str] = &[
     "gpu::open_inventory",
     "history",
     "logs",
+    "memory",
     "metrics",
     "notifications::Notifier",
     "notifications::NotifyError",

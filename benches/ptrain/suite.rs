@@ -1409,6 +1409,54 @@ impl Bench<'_> {
         }
         detail.insert("write_s".into(), json!(write_secs));
         self.detail("accounting", serde_json::Value::Object(detail));
+        self.idle_against_none(d, control, rows);
+    }
+
+    /// The memory target: an idle ptraind with the history's
+    /// records (the retention's 100,000 at the ci scale) and a million
+    /// runs on record, against the control with (almost) none, both
+    /// started afresh and settled.
+    fn idle_against_none(&mut self, d: &TestDaemon, control: &TestDaemon, rows: usize) {
+        let since = format!("@{}", ptrain::now_micros() / 1_000_000);
+        for daemon in [d, control] {
+            let (ok, out) = daemon.harness.systemctl(&["restart", "ptraind.service"]);
+            assert!(ok, "cannot restart ptraind: {out}");
+        }
+        for daemon in [d, control] {
+            wait_for(
+                "ptraind's back-fill of the accounting database",
+                Duration::from_secs(300),
+                || {
+                    daemon
+                        .harness
+                        .journal(&["-u", "ptraind.service", "--since", &since])
+                        .contains("accounting database back-filled")
+                        .then_some(())
+                },
+            );
+        }
+        settle();
+        let [history, none] = [d, control].map(|daemon| ProcSample::read(ptraind_pid(daemon)));
+        let mib = |s: &Option<ProcSample>| s.as_ref().map(|s| s.rss_kib as f64 / 1024.0);
+        say(&format!(
+            "ptraind: idle RSS {:?} MiB with the history and {rows} runs on record, {:?} MiB without",
+            mib(&history),
+            mib(&none)
+        ));
+        self.push(
+            Figure::new(
+                "idle.rss_vs_none",
+                &format!("ptraind RSS, idle, restarted with the history's records and {rows} runs on record"),
+                "MiB",
+                mib(&history),
+            )
+            .floor(mib(&none), "none")
+            .target(Target::MaxRatio(1.10))
+            .enforce(
+                Target::MaxRatio(1.10),
+                "the issue's target: memory does not grow with the history",
+            ),
+        );
     }
 
     /// `ptrain list`, `ptrain list --all`, `ptrain status ID` as root,

@@ -1415,6 +1415,8 @@ impl Daemon {
         for std::cmp::Reverse(ByEnd(_, record)) in newest.into_sorted_vec().into_iter().rev() {
             self.board.recent_mut().insert(&record);
         }
+        // Every record was read and dropped: the blocks go back.
+        crate::memory::release_freed_memory();
         let per_user = self.config.retention.rejected_per_user;
         for (entry, uid) in self.store.rejected_entries()? {
             for gone in self.quarantine.add(uid, entry, per_user) {
