@@ -75,6 +75,9 @@ pub struct DaemonApi {
     /// The state directory, whose accounting database
     /// (`STATE/accounting.sqlite`) `History` and `Report` query.
     pub state_dir: std::path::PathBuf,
+    /// `[accounting] enabled`: off, `History` and `Report` say so rather
+    /// than answer from a database nothing writes.
+    pub accounting: bool,
 }
 
 impl DaemonApi {
@@ -141,6 +144,11 @@ impl DaemonApi {
         query: &str,
         task: impl FnOnce(u32) -> crate::accounting::helper::Task,
     ) -> zbus::fdo::Result<String> {
+        if !self.accounting {
+            return Err(zbus::fdo::Error::Failed(
+                crate::accounting::ACCOUNTING_OFF.into(),
+            ));
+        }
         let caller = self.callers.uid(conn, header).await?;
         let query: Q = parse_query(query)?;
         let input = serde_json::to_vec(&query).expect("queries always serialise");

@@ -130,8 +130,9 @@ impl Board {
                     .filter(|record| end.is_of(record))
                     .map(|record| match newer < whole {
                         true => JobView::of(&record),
-                        false => EndedJob::of(&record, Arc::from(record.owner.name.as_str()))
-                            .view(),
+                        false => {
+                            EndedJob::of(&record, Arc::from(record.owner.name.as_str())).view()
+                        }
                     }),
             };
             views.extend(view);

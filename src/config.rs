@@ -50,6 +50,7 @@ struct RawConfig {
     metrics: Option<crate::metrics::RawMetrics>,
     channels: Option<std::collections::BTreeMap<String, crate::notifications::config::RawChannel>>,
     privacy: Option<Privacy>,
+    accounting: Option<crate::accounting::RawAccounting>,
 }
 
 pub use crate::views::Privacy;
@@ -145,6 +146,8 @@ pub struct Config {
     pub metrics: crate::metrics::MetricsConfig,
     /// `[privacy]`: what users see of each other's jobs.
     pub privacy: Privacy,
+    /// `[accounting]`: whether runs are measured and kept.
+    pub accounting: crate::accounting::AccountingConfig,
 }
 
 /// Parses the file into the raw layer. A syntax error keeps toml's own
@@ -322,6 +325,9 @@ impl Config {
         }
         let limits = raw.limits.unwrap_or_default();
         limits.validate().map_err(setting)?;
+        let accounting =
+            crate::accounting::AccountingConfig::from_raw(raw.accounting, &policy, &limits)
+                .map_err(setting)?;
         let idle_timeout = raw
             .jobs
             .as_ref()
@@ -442,6 +448,7 @@ impl Config {
             notifications,
             metrics,
             privacy: raw.privacy.unwrap_or_default(),
+            accounting,
         })
     }
 }
@@ -464,6 +471,7 @@ impl<'a> From<&'a Config> for crate::unit::UnitSettings<'a> {
             stop_grace: c.stop_grace,
             max_stop_grace: c.max_stop_grace,
             read_write_paths: &c.read_write_paths,
+            measure_usage: c.accounting.enabled,
         }
     }
 }
@@ -530,6 +538,47 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("max_gpu"), "{e}");
+    }
+
+    #[test]
+    fn accounting_is_on_by_default_and_off_refuses_what_reads_its_database() {
+        assert!(load("").unwrap().accounting.enabled);
+        let off = load("[accounting]\nenabled = false\n").unwrap();
+        assert!(!off.accounting.enabled);
+        assert!(!crate::unit::UnitSettings::from(&off).measure_usage);
+        for (text, key) in [
+            (
+                "[accounting]\nenabled = false\n[policy]\nfair_share = { half_life = \"7d\" }\n",
+                "`policy.fair_share`",
+            ),
+            (
+                "[accounting]\nenabled = false\n[limits]\ngpu_hours = { per = \"7d\", max = 100 }\n",
+                "`limits.gpu_hours`",
+            ),
+            (
+                "[accounting]\nenabled = false\n[limits.users.bob]\ngpu_hours = { per = \"7d\", max = 1 }\n",
+                "`limits.users.bob.gpu_hours`",
+            ),
+        ] {
+            let e = load(text).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("enabled = true"), "{e}");
+        }
+        let e = load("[accounting]\nenable = false\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("enable"), "{e}");
+        let every = load("[accounting]\ngpu_sample_interval = \"5s\"\n").unwrap();
+        assert_eq!(every.accounting.gpu_sample_interval.as_secs(), 5);
+        assert_eq!(
+            load("").unwrap().accounting.gpu_sample_interval.as_secs(),
+            30
+        );
+        for bad in ["\"0s\"", "\"2h\"", "\"often\""] {
+            let e = load(&format!("[accounting]\ngpu_sample_interval = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`accounting.gpu_sample_interval`"), "{e}");
+        }
     }
 
     #[test]

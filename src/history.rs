@@ -140,6 +140,7 @@ impl EndedJob {
             gpu_warning: None,
             summary: true,
             usage: None,
+            gpu_usage: Vec::new(),
         }
     }
 }
@@ -508,7 +509,13 @@ mod tests {
     fn recent_keeps_the_newest_ends_only_and_shares_owner_names() {
         let mut recent = Recent::default();
         for n in 0..RECENT_ENDS as u64 + 10 {
-            recent.insert(&record(&format!("j{n}"), "alice", 1000, n, Outcome::Succeeded));
+            recent.insert(&record(
+                &format!("j{n}"),
+                "alice",
+                1000,
+                n,
+                Outcome::Succeeded,
+            ));
         }
         assert_eq!(recent.len(), RECENT_ENDS);
         assert!(recent.get(&JobId::parse("j9").unwrap()).is_none());
@@ -521,7 +528,13 @@ mod tests {
         for n in 0..5 * RECENT_ENDS as u64 {
             let id = JobId::parse("again").unwrap();
             recent.remove(&id);
-            recent.insert(&record("again", "bob", 1001, 10_000 + n, Outcome::Succeeded));
+            recent.insert(&record(
+                "again",
+                "bob",
+                1001,
+                10_000 + n,
+                Outcome::Succeeded,
+            ));
         }
         assert!(recent.arrival.len() <= 2 * RECENT_ENDS + 1);
         assert_eq!(recent.len(), RECENT_ENDS);
@@ -542,12 +555,17 @@ mod tests {
         order.pop_oldest(true).unwrap();
         assert_eq!(order.len(), 2);
         assert_eq!(order.oldest().unwrap(), Some(end(30, "late")));
-        assert_eq!(order.newest(10).unwrap(), [end(40, "last"), end(30, "late")]);
+        assert_eq!(
+            order.newest(10).unwrap(),
+            [end(40, "last"), end(30, "late")]
+        );
         // Many lines, long ids: lines cut by the 64 KiB chunks are read
         // whole; an id ended twice is listed once, at its newest end.
         let long = "x".repeat(50);
         for n in 0..20_000u64 {
-            order.push(&end(100 + n, &format!("{long}{}", n % 15_000))).unwrap();
+            order
+                .push(&end(100 + n, &format!("{long}{}", n % 15_000)))
+                .unwrap();
         }
         let newest = order.newest(usize::MAX).unwrap();
         assert_eq!(newest.len(), 15_002);
@@ -559,11 +577,20 @@ mod tests {
         for _ in 0..19_000 {
             order.pop_oldest(true).unwrap();
         }
-        assert!(order.front < COMPACT_HEAD_BYTES, "head kept: {}", order.front);
-        let on_disk = std::fs::metadata(dir.path().join("end-order")).unwrap().len();
+        assert!(
+            order.front < COMPACT_HEAD_BYTES,
+            "head kept: {}",
+            order.front
+        );
+        let on_disk = std::fs::metadata(dir.path().join("end-order"))
+            .unwrap()
+            .len();
         assert!(on_disk < 2 * COMPACT_HEAD_BYTES, "{on_disk}");
         assert_eq!(order.len(), 20_002 - 19_000);
-        assert_eq!(order.newest(1).unwrap(), [end(100 + 19_999, &format!("{long}4999"))]);
+        assert_eq!(
+            order.newest(1).unwrap(),
+            [end(100 + 19_999, &format!("{long}4999"))]
+        );
         // A restarted job's line is stale: its record says otherwise.
         let r = record("late", "alice", 1000, 30, Outcome::Succeeded);
         assert!(end(30, "late").is_of(&r));

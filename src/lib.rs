@@ -63,7 +63,8 @@
 //!    pure); the state task reads the facts (systemd, the job's files,
 //!    the clock) and saves, sends and launches. What callers read without waiting for the
 //!    state task is on the [`board`]: each live job's view as last posted,
-//!    and the history's summaries. [`api`] is the
+//!    and the newest ends' summaries (an older end is read from its
+//!    record). [`api`] is the
 //!    D-Bus object the `ptrain` CLI talks to (and its proxy); it asks the
 //!    state task through [`requests`] (each request carries its reply
 //!    channel; [`requests::ApiError`]) and answers with [`views`], the

@@ -124,6 +124,10 @@ pub struct JobRecord {
     /// the end left no figures (the unit never ran, or /run was lost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// How busy the run kept each of its GPUs, sampled from NVML while it
+    /// ran ([`crate::accounting::gpu`]); empty without NVML or samples.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_usage: Vec<crate::accounting::gpu::GpuRunUsage>,
     /// Held: queued, never planned, until released (`ptrain hold` and
     /// `release`; a descriptor's `hold: true` submits it so).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -245,6 +249,7 @@ impl JobRecord {
             result_error: None,
             notifications: Vec::new(),
             usage: None,
+            gpu_usage: Vec::new(),
             begin_at: None,
             attempt: 1,
             attempts: Vec::new(),

@@ -129,6 +129,9 @@ pub struct UnitSettings<'a> {
     pub max_stop_grace: std::time::Duration,
     /// The admin's data paths every job may write (`ReadWritePaths=`).
     pub read_write_paths: &'a [PathBuf],
+    /// `[accounting] enabled`: the unit's `ExecStopPost=` reads what the
+    /// run used.
+    pub measure_usage: bool,
 }
 
 /// What a launch needs besides the record and the settings.
@@ -228,23 +231,6 @@ pub fn job_unit_properties(
                 false,
             )]),
         ),
-        // What the job used, read from its cgroup once its processes are
-        // gone and before systemd removes the cgroup (systemd 252 keeps
-        // only the CPU time after that): as the job's user, into its
-        // result directory, where ptraind reads it with the end. "-": a
-        // failure here never changes how the job ended.
-        (
-            "ExecStopPost",
-            PropValue::Exec(vec![(
-                ptraind.clone(),
-                vec![
-                    ptraind,
-                    "job-usage".into(),
-                    ctx.prepared.result_dir.display().to_string(),
-                ],
-                true,
-            )]),
-        ),
         ("CPUAccounting", PropValue::Bool(true)),
         ("MemoryAccounting", PropValue::Bool(true)),
         ("IOAccounting", PropValue::Bool(true)),
@@ -329,6 +315,25 @@ pub fn job_unit_properties(
             PropValue::U64(stop_grace(record, settings).as_micros() as u64),
         ),
     ];
+    // What the job used, read from its cgroup once its processes are gone
+    // and before systemd removes the cgroup (systemd 252 keeps only the
+    // CPU time after that): as the job's user, into its result directory,
+    // where ptraind reads it with the end. "-": a failure here never
+    // changes how the job ended. Not with `[accounting] enabled = false`.
+    if settings.measure_usage {
+        props.push((
+            "ExecStopPost",
+            PropValue::Exec(vec![(
+                ptraind.clone(),
+                vec![
+                    ptraind.clone(),
+                    "job-usage".into(),
+                    ctx.prepared.result_dir.display().to_string(),
+                ],
+                true,
+            )]),
+        ));
+    }
     let limits = &record.limits;
     if let Some(bytes) = limits.memory_bytes {
         props.push(("MemoryMax", PropValue::U64(bytes)));
@@ -506,6 +511,16 @@ mod tests {
         assert!(*ignore_failure);
         // No "+": it runs as the unit's User=, never privileged.
         assert!(!path.starts_with('+'));
+    }
+
+    #[test]
+    fn with_accounting_off_the_unit_reads_no_usage() {
+        let config =
+            crate::config::Config::from_toml(Path::new("t"), "[accounting]\nenabled = false\n")
+                .unwrap();
+        let r = record(r#"{"version":1,"command":["true"]}"#);
+        let props = props(&r, &config, true);
+        assert!(props.iter().all(|(k, _)| *k != "ExecStopPost"));
     }
 
     #[test]

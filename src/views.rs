@@ -121,6 +121,11 @@ pub struct JobView {
     /// owner's, like the exit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::accounting::UsageView>,
+    /// How busy the run keeps (or kept) each of its GPUs, from NVML
+    /// samples ([`crate::accounting::gpu`]), while it runs and after; the
+    /// owner's, like `usage`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_usage: Vec<crate::accounting::gpu::GpuUsageView>,
 }
 
 fn first_attempt() -> u32 {
@@ -189,6 +194,7 @@ impl JobView {
             gpu_request: String::new(),
             gpu_warning: None,
             usage: None,
+            gpu_usage: Vec::new(),
             private: true,
             ..self
         }
@@ -279,6 +285,7 @@ impl JobView {
             gpu_warning: None,
             summary: false,
             usage: crate::accounting::UsageView::of(record),
+            gpu_usage: record.gpu_usage.iter().map(|u| u.view()).collect(),
         }
     }
 }

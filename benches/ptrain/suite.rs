@@ -135,6 +135,10 @@ pub struct Scale {
     pub notify_jobs: usize,
     /// Runs of each CLI command; the median is reported.
     pub cli_runs: usize,
+    /// Accounting on against off: rounds of one block each, and the jobs
+    /// of a block.
+    pub accounting_rounds: usize,
+    pub accounting_jobs: usize,
 }
 
 impl Scale {
@@ -150,6 +154,8 @@ impl Scale {
             queued_jobs: 1000,
             notify_jobs: 1000,
             cli_runs: 5,
+            accounting_rounds: 6,
+            accounting_jobs: 30,
         }
     }
 
@@ -169,6 +175,8 @@ impl Scale {
             // Runs of a few seconds moved the ratio by 10 % and more.
             notify_jobs: 500,
             cli_runs: 5,
+            accounting_rounds: 6,
+            accounting_jobs: 30,
         }
     }
 
@@ -185,6 +193,8 @@ impl Scale {
             queued_jobs: 20,
             notify_jobs: 10,
             cli_runs: 1,
+            accounting_rounds: 1,
+            accounting_jobs: 2,
         }
     }
 
@@ -253,6 +263,9 @@ pub fn run(scale: &Scale) -> Results {
     }
     if only.is_empty() || only == "history" {
         bench.history_daemon();
+    }
+    if only.is_empty() || only == "accounting" {
+        bench.accounting_on_vs_off();
     }
     results.wall_secs = started.elapsed().as_secs_f64();
     results.machine.load_end = load_average();
@@ -1416,7 +1429,7 @@ impl Bench<'_> {
     /// records (the retention's 100,000 at the ci scale) and a million
     /// runs on record, against the control with (almost) none, both
     /// started afresh and settled.
-    fn idle_against_none(&mut self, d: &TestDaemon, control: &TestDaemon, rows: usize) {
+    fn idle_against_none(&mut self, d: &TestDaemon, control: &TestDaemon, rows: u64) {
         let since = format!("@{}", ptrain::now_micros() / 1_000_000);
         for daemon in [d, control] {
             let (ok, out) = daemon.harness.systemctl(&["restart", "ptraind.service"]);
@@ -1457,6 +1470,126 @@ impl Bench<'_> {
                 "the issue's target: memory does not grow with the history",
             ),
         );
+    }
+
+    // -----------------------------------------------------------------
+    // Accounting on against off (issue 23).
+
+    /// What accounting costs per job: ptraind's CPU time (its threads and
+    /// the accounting children it reaped) and drop-to-active with
+    /// `[accounting] enabled = true`, against the same daemon restarted
+    /// with it false. The two alternate in blocks of jobs on one harness,
+    /// each block first every other round, so that both see the machine
+    /// alike.
+    fn accounting_on_vs_off(&mut self) {
+        let config = |enabled: bool| {
+            format!(
+                "max_queued_per_user = 1000000\n[jobs]\nkeep_ended_units = \"0s\"\n\
+                 [logs]\nmin_free = \"1%\"\n[accounting]\nenabled = {enabled}\n"
+            )
+        };
+        say("booting a harness for accounting on against off");
+        let d = TestDaemon::start_with(
+            "bench-acct",
+            Opts {
+                extra_config: config(true),
+                ..Opts::default()
+            },
+        );
+        let dropper = Dropper::new(&d);
+        let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
+        let mut quiet = self.rt.block_on(Quiescence::connect(&d));
+        let config_path = d.root.join("ptrain.toml");
+        let written = std::fs::read_to_string(&config_path).expect("the harness's config");
+        let (rounds, k) = (self.scale.accounting_rounds, self.scale.accounting_jobs);
+        // [on, off]: ptraind's CPU per job of each block, and each job's
+        // drop-to-active.
+        let mut cpu: [Vec<f64>; 2] = Default::default();
+        let mut active: [Vec<f64>; 2] = Default::default();
+        for round in 0..rounds {
+            let order = if round % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for on in order {
+                let side = usize::from(!on);
+                std::fs::write(&config_path, written.replace(&config(true), &config(on)))
+                    .expect("cannot rewrite the harness's config");
+                let since = format!("@{}", ptrain::now_micros() / 1_000_000);
+                let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+                assert!(ok, "cannot restart ptraind: {out}");
+                let settled = if on {
+                    "accounting database back-filled"
+                } else {
+                    "accounting is off"
+                };
+                wait_for("ptraind's start", Duration::from_secs(120), || {
+                    d.harness
+                        .journal(&["-u", "ptraind.service", "--since", &since])
+                        .contains(settled)
+                        .then_some(())
+                });
+                let pid = ptraind_pid(&d);
+                let before = ProcSample::read(pid);
+                let probes: Vec<Probe> = (0..k)
+                    .map(|i| {
+                        let id = format!("a{round}-{}-{i}", ["on", "off"][side]);
+                        self.probe(&tracker, &mut quiet, Some(pid), &dropper, &id, "")
+                    })
+                    .collect();
+                // The last job's row is written by a child after its end.
+                settle();
+                let after = ProcSample::read(pid);
+                if let (Some(b), Some(a)) = (before, after) {
+                    let spent = (a.cpu_ns + a.children_ns).saturating_sub(b.cpu_ns + b.children_ns);
+                    cpu[side].push(spent as f64 / 1e6 / k as f64);
+                }
+                let failed = probes.iter().filter(|p| p.status != "succeeded").count();
+                assert!(
+                    failed == 0,
+                    "accounting on={on}: {failed} of {k} jobs did not succeed"
+                );
+                active[side].extend(probes.iter().filter_map(|p| p.to_active_ms()));
+            }
+        }
+        say(&format!(
+            "accounting: CPU per job by block on {:?} ms, off {:?} ms",
+            cpu[0], cpu[1]
+        ));
+        self.detail(
+            "accounting",
+            json!({"on": {"cpu_ms_per_job": cpu[0], "drop_to_active_ms": summary(&active[0])},
+                   "off": {"cpu_ms_per_job": cpu[1], "drop_to_active_ms": summary(&active[1])}}),
+        );
+        let blocks = cpu[0].len();
+        self.push(
+            Figure::new(
+                "accounting.cpu_vs_off",
+                &format!("ptraind CPU per job, accounting on (median of {blocks} blocks of {k})"),
+                "ms",
+                median(&cpu[0]),
+            )
+            .floor(median(&cpu[1]), "off")
+            .target(Target::MaxRatio(1.10)),
+        );
+        self.push(
+            Figure::new(
+                "accounting.latency_vs_off",
+                &format!(
+                    "  drop-to-active p50, accounting on ({} jobs)",
+                    active[0].len()
+                ),
+                "ms",
+                percentile(&active[0], 0.5),
+            )
+            .floor(percentile(&active[1], 0.5), "off")
+            .target(Target::MaxRatio(1.10)),
+        );
+        drop((quiet, tracker));
+        let root = d.root.clone();
+        drop(d);
+        let _ = std::fs::remove_dir_all(root);
     }
 
     /// `ptrain list`, `ptrain list --all`, `ptrain status ID` as root,
@@ -2907,6 +3040,8 @@ fn write_accounting_rows(path: &std::path::Path, rows: u64) -> Result<(), String
             mem_peak_bytes: Some(2 << 30),
             io_read_bytes: Some(1 << 30),
             io_write_bytes: Some(1 << 20),
+            gpu_util_avg_pct: (gpus > 0).then_some(71.5),
+            gpu_mem_peak_mib: (gpus > 0).then_some(30_000),
         }
     };
     let mut chunk = Vec::with_capacity(50_000);

@@ -81,8 +81,31 @@ pub fn open_for_writing(path: &Path) -> Result<Connection, AccountingError> {
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(sqlite_err(path))?;
     conn.execute_batch(SCHEMA).map_err(sqlite_err(path))?;
+    add_missing_columns(&conn).map_err(sqlite_err(path))?;
     bound_cache(&conn, path)?;
     Ok(conn)
+}
+
+/// Columns added to the table after its first release, with their types:
+/// a database made by an older ptraind gets them at its first open for
+/// writing (its rows have them NULL: unknown, never 0).
+const ADDED_COLUMNS: &[(&str, &str)] = &[("gpu_util_avg", "REAL"), ("gpu_mem_peak_mib", "INTEGER")];
+
+fn add_missing_columns(conn: &Connection) -> rusqlite::Result<()> {
+    let mut have = Vec::new();
+    {
+        let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('jobs')")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            have.push(row.get::<_, String>(0)?);
+        }
+    }
+    for (name, kind) in ADDED_COLUMNS {
+        if !have.iter().any(|h| h == name) {
+            conn.execute_batch(&format!("ALTER TABLE jobs ADD COLUMN {name} {kind}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// The page cache of a connection: SQLite's default (2 MiB) held by the
@@ -145,6 +168,8 @@ pub fn insert_rows(conn: &mut Connection, rows: &[HistoryRow]) -> rusqlite::Resu
                 r.mem_peak_bytes.map(int),
                 r.io_read_bytes.map(int),
                 r.io_write_bytes.map(int),
+                r.gpu_util_avg_pct,
+                r.gpu_mem_peak_mib.map(int),
             ])?;
         }
     }
@@ -188,6 +213,8 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<HistoryRow> {
         mem_peak_bytes: ou(19)?,
         io_read_bytes: ou(20)?,
         io_write_bytes: ou(21)?,
+        gpu_util_avg_pct: r.get(22)?,
+        gpu_mem_peak_mib: ou(23)?,
     })
 }
 
@@ -522,7 +549,49 @@ pub(crate) mod tests {
             mem_peak_bytes: Some(1 << 20),
             io_read_bytes: None,
             io_write_bytes: Some(0),
+            gpu_util_avg_pct: (gpus > 0).then_some(50.5),
+            gpu_mem_peak_mib: (gpus > 0).then_some(1024),
         }
+    }
+
+    #[test]
+    fn a_database_of_the_release_before_gpu_samples_gets_their_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_path(dir.path());
+        // The table as the release before made it, with a row of its own.
+        let old_schema = SCHEMA
+            .replace("    gpu_util_avg REAL,\n", "")
+            .replace("    gpu_mem_peak_mib INTEGER,\n", "");
+        assert_ne!(old_schema, SCHEMA);
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&old_schema).unwrap();
+            conn.execute(
+                "INSERT INTO jobs (id, submitted_us, invocation, uid, user, gid, status, ended_us, wall_us, gpus, gpu_indices, gpu_uuids, gpu_seconds) VALUES ('old', 1, 'i', 1000, 'alice', 1000, 'succeeded', 5000000, 1, 0, '', '', 0.0)",
+                [],
+            )
+            .unwrap();
+        }
+        let mut conn = open_for_writing(&path).unwrap();
+        let new = row("new", 1000, "alice", 10, "succeeded", 1);
+        assert_eq!(
+            insert_rows(&mut conn, std::slice::from_ref(&new)).unwrap(),
+            1
+        );
+        drop(conn);
+        // Opened again: the columns are there once.
+        drop(open_for_writing(&path).unwrap());
+        let rows = history(&path, &HistoryQuery::default(), 0).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (
+                rows[0].id.as_str(),
+                rows[0].gpu_util_avg_pct,
+                rows[0].gpu_mem_peak_mib
+            ),
+            ("old", None, None)
+        );
+        assert_eq!(rows[1], new);
     }
 
     #[test]

@@ -11,13 +11,105 @@
 //! it stays in the daemon's memory.
 
 pub mod db;
+pub mod gpu;
 pub mod helper;
 pub mod query;
 pub mod usage;
 
 use serde::{Deserialize, Serialize};
 
+use crate::setting::InvalidSetting;
+
 use crate::store::JobRecord;
+
+/// `[accounting]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccounting {
+    enabled: Option<bool>,
+    gpu_sample_interval: Option<String>,
+}
+
+/// `[accounting]`: whether each run's usage is measured (the unit's
+/// `ExecStopPost=`) and kept in the accounting database. On by default;
+/// off, `ptrain history` and `ptrain report` say so, and fair share and
+/// quotas, which are computed from that database, cannot be configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccountingConfig {
+    pub enabled: bool,
+    /// How often the GPUs jobs hold are sampled through NVML ([`gpu`]).
+    pub gpu_sample_interval: std::time::Duration,
+}
+
+/// `[accounting] gpu_sample_interval` by default: Slurm's
+/// `JobAcctGatherFrequency`.
+pub const DEFAULT_GPU_SAMPLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Default for AccountingConfig {
+    fn default() -> Self {
+        AccountingConfig {
+            enabled: true,
+            gpu_sample_interval: DEFAULT_GPU_SAMPLE_INTERVAL,
+        }
+    }
+}
+
+/// What `ptrain history` and `ptrain report` answer while accounting is
+/// off.
+pub const ACCOUNTING_OFF: &str = "accounting is off on this host ([accounting] enabled = false in ptraind's config): no run is measured or kept; an admin sets enabled = true and restarts ptraind to keep them from then on";
+
+impl AccountingConfig {
+    /// The section, checked against the settings that read the accounting
+    /// database (`policy.fair_share`, `gpu_hours` quotas): those name the
+    /// key and the fix when accounting is off.
+    pub fn from_raw(
+        raw: Option<RawAccounting>,
+        policy: &crate::policy::PolicyConfig,
+        limits: &crate::resources::LimitsConfig,
+    ) -> Result<AccountingConfig, InvalidSetting> {
+        let raw = raw.unwrap_or_default();
+        let gpu_sample_interval = match raw.gpu_sample_interval {
+            None => DEFAULT_GPU_SAMPLE_INTERVAL,
+            Some(text) => humantime::parse_duration(&text)
+                .ok()
+                .filter(|d| (1..=3600).contains(&d.as_secs()))
+                .ok_or_else(|| {
+                    InvalidSetting::new(
+                        "accounting.gpu_sample_interval".into(),
+                        format!("{text:?} is not a duration from 1s to 1h; write e.g. \"30s\""),
+                    )
+                })?,
+        };
+        let config = AccountingConfig {
+            enabled: raw.enabled.unwrap_or(true),
+            gpu_sample_interval,
+        };
+        if config.enabled {
+            return Ok(config);
+        }
+        let needs_it = |key: String, what: &str| {
+            InvalidSetting::new(
+                key,
+                format!(
+                    "{what} is computed from the accounting database, which [accounting] enabled = false turns off; remove this setting or set enabled = true"
+                ),
+            )
+        };
+        if policy.fair_share_half_life().is_some() {
+            return Err(needs_it("policy.fair_share".into(), "fair share"));
+        }
+        if limits.gpu_hours.is_some() {
+            return Err(needs_it("limits.gpu_hours".into(), "a GPU-hour quota"));
+        }
+        if let Some(user) = limits.users.iter().find(|(_, u)| u.gpu_hours.is_some()) {
+            return Err(needs_it(
+                format!("limits.users.{}.gpu_hours", user.0),
+                "a GPU-hour quota",
+            ));
+        }
+        Ok(config)
+    }
+}
 
 /// A run's usage as `ptrain status --json` shows it (`usage`): wall time
 /// and GPU-seconds from the record's times and GPUs, the rest from the

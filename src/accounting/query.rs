@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     mem_peak_bytes INTEGER,
     io_read_bytes INTEGER,
     io_write_bytes INTEGER,
+    gpu_util_avg REAL,
+    gpu_mem_peak_mib INTEGER,
     PRIMARY KEY (id, submitted_us, invocation)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_uid_ended ON jobs (uid, ended_us);
@@ -76,6 +78,13 @@ pub struct HistoryRow {
     pub mem_peak_bytes: Option<u64>,
     pub io_read_bytes: Option<u64>,
     pub io_write_bytes: Option<u64>,
+    /// NVML's samples over the run ([`super::gpu::run_figures`]): the
+    /// average utilization of its GPUs (percent), and the highest memory
+    /// used on any one of them (MiB). Absent without samples.
+    #[serde(default)]
+    pub gpu_util_avg_pct: Option<f64>,
+    #[serde(default)]
+    pub gpu_mem_peak_mib: Option<u64>,
 }
 
 impl HistoryRow {
@@ -92,6 +101,7 @@ impl HistoryRow {
             _ => (None, None),
         };
         let usage = record.usage.clone().unwrap_or_default();
+        let (gpu_util_avg_pct, gpu_mem_peak_mib) = super::gpu::run_figures(&record.gpu_usage);
         Some(HistoryRow {
             id: record.id.to_string(),
             submitted_us: record.submitted_at,
@@ -115,6 +125,8 @@ impl HistoryRow {
             mem_peak_bytes: usage.mem_peak_bytes,
             io_read_bytes: usage.io_read_bytes,
             io_write_bytes: usage.io_write_bytes,
+            gpu_util_avg_pct,
+            gpu_mem_peak_mib,
         })
     }
 }
@@ -151,6 +163,8 @@ pub const ROW_COLUMNS: &[&str] = &[
     "mem_peak_bytes",
     "io_read_bytes",
     "io_write_bytes",
+    "gpu_util_avg",
+    "gpu_mem_peak_mib",
 ];
 
 /// The INSERT of one row: a row already there (same id, submission and
@@ -414,6 +428,11 @@ pub const FORMAT_COLUMNS: &[(&str, &str)] = &[
     ("mem_peak", "its memory peak"),
     ("read", "bytes it read from block devices"),
     ("written", "bytes it wrote to block devices"),
+    ("gpu_util", "its GPUs' average utilization (NVML samples)"),
+    (
+        "gpu_mem_peak",
+        "the most memory it used on one GPU (NVML samples)",
+    ),
     ("invocation", "its systemd invocation id"),
 ];
 
@@ -488,6 +507,8 @@ pub fn cell(row: &HistoryRow, column: &str) -> String {
         "mem_peak" => opt(row.mem_peak_bytes.map(super::bytes)),
         "read" => opt(row.io_read_bytes.map(super::bytes)),
         "written" => opt(row.io_write_bytes.map(super::bytes)),
+        "gpu_util" => opt(row.gpu_util_avg_pct.map(|p| format!("{p:.0}%"))),
+        "gpu_mem_peak" => opt(row.gpu_mem_peak_mib.map(|m| super::bytes(m << 20))),
         "invocation" => row.invocation.clone(),
         _ => String::new(),
     }
@@ -709,6 +730,8 @@ mod tests {
             mem_peak_bytes: Some(200 << 20),
             io_read_bytes: None,
             io_write_bytes: None,
+            gpu_util_avg_pct: Some(72.6),
+            gpu_mem_peak_mib: Some(2048),
         }
     }
 

@@ -325,6 +325,7 @@ fn next_attempt_of(
     record.result = None;
     record.result_error = None;
     record.usage = None;
+    record.gpu_usage = Vec::new();
     record
 }
 

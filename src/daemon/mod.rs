@@ -2,7 +2,7 @@
 //! order (spool files, systemd signals, API requests). No lock is held
 //! across an await; other tasks only send events.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::os::fd::OwnedFd;
 
 use tokio::sync::mpsc;
@@ -490,9 +490,13 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     }
     daemon.prune_history();
     // After the restore: its back-fill reads the records restore settled.
-    daemon.accounting = Some(crate::accounting::db::Writer::start(
-        &daemon.config.state_dir,
-    ));
+    if daemon.config.accounting.enabled {
+        daemon.accounting = Some(crate::accounting::db::Writer::start(
+            &daemon.config.state_dir,
+        ));
+    } else {
+        info!("accounting is off ([accounting] enabled = false): no run is measured or kept");
+    }
     daemon.read_back_fair_share();
     daemon.quotas = crate::quota::Quotas::new(daemon.config.limits.quotas(), now_micros());
     daemon.read_back_quotas();
@@ -512,6 +516,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 logs: daemon.logs.clone(),
                 spool_dir: daemon.config.spool_dir.clone(),
                 state_dir: daemon.config.state_dir.clone(),
+                accounting: daemon.config.accounting.enabled,
             },
         )
         .await
@@ -2017,24 +2022,56 @@ impl Daemon {
 
     /// GPU health changes without any event ptraind could wait on, and
     /// only a look at the inventory notices: while jobs hold GPUs on NVML,
-    /// ptraind looks every [`GPU_REPLAN_INTERVAL`] even when nobody asks
-    /// (`ptrain gpus`) and no job waits (a plan), so that a GPU failing
-    /// under a job is logged and its owner told within that time. An idle
-    /// ptraind (no job holds a GPU) does not wake up for it.
+    /// ptraind looks every [`GPU_REPLAN_INTERVAL`] (or `[accounting]
+    /// gpu_sample_interval`, if shorter) even when nobody asks (`ptrain
+    /// gpus`) and no job waits (a plan), so that a GPU failing under a job
+    /// is logged and its owner told within that time; each look is also a
+    /// sample of the running jobs' GPU usage. The first look is one
+    /// interval after the GPUs were taken: the plan that took them had
+    /// just looked. An idle ptraind (no job holds a GPU) does not wake up
+    /// for it.
     fn watch_held_gpus(&mut self) {
         if self.live.held().is_empty() || self.inventory.backend() != "nvml" {
             self.gpu_watch_at = None;
             return;
         }
+        let interval = match self.config.accounting.enabled {
+            true => GPU_REPLAN_INTERVAL.min(self.config.accounting.gpu_sample_interval),
+            false => GPU_REPLAN_INTERVAL,
+        };
         let now = tokio::time::Instant::now();
-        if self.gpu_watch_at.is_none_or(|at| at <= now) {
+        let at = *self.gpu_watch_at.get_or_insert(now + interval);
+        if at <= now {
             // Errors are logged by the plans that need the inventory.
-            let _ = self.inventory.snapshot();
-            self.gpu_watch_at = Some(now + GPU_REPLAN_INTERVAL);
+            if let Ok(snapshot) = self.inventory.snapshot() {
+                self.sample_gpu_usage(&snapshot);
+            }
+            self.gpu_watch_at = Some(now + interval);
         }
         self.announce_gpu_warnings();
-        let at = self.gpu_watch_at.unwrap_or(now + GPU_REPLAN_INTERVAL);
+        let at = self.gpu_watch_at.unwrap_or(now + interval);
         self.gpu_replan_at = Some(self.gpu_replan_at.map_or(at, |r| r.min(at)));
+    }
+
+    /// Adds `snapshot` to each running job's GPU usage
+    /// ([`crate::accounting::gpu`]) and posts its view, so that `ptrain
+    /// status` shows the figures so far; the end record keeps them.
+    fn sample_gpu_usage(&mut self, snapshot: &[GpuInfo]) {
+        if !self.config.accounting.enabled {
+            return;
+        }
+        let holders: BTreeSet<JobId> = self.live.held().values().cloned().collect();
+        for id in holders {
+            let Some(record) = self.live.get_mut(&id) else {
+                continue;
+            };
+            if record.state != JobState::Running {
+                continue;
+            }
+            let gpus: Vec<u32> = record.gpus.iter().map(|g| g.index).collect();
+            crate::accounting::gpu::sample(&mut record.gpu_usage, &gpus, snapshot);
+            self.post_view(&id);
+        }
     }
 
     /// See [`Daemon::schedule`].

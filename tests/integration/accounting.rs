@@ -130,6 +130,40 @@ fn a_two_gpu_job_of_three_seconds_used_six_gpu_seconds() {
     );
 }
 
+#[test]
+fn with_accounting_off_no_run_is_measured_or_kept_and_history_says_so() {
+    let d = TestDaemon::start_with(
+        "acct-off",
+        Opts {
+            extra_config: "[accounting]\nenabled = false\n".into(),
+            ..Opts::default()
+        },
+    );
+    let spec = job(&d, ALICE, serde_json::json!({"command": ["true"]}));
+    d.drop_job(ALICE, "quiet.json", &spec.to_string());
+    let status = d.wait_ended("quiet");
+    assert_eq!(status["status"], "succeeded", "{status}");
+    // No ExecStopPost read the cgroup: the record keeps only what its
+    // times and GPUs say.
+    let usage = &status["usage"];
+    assert!(usage["cpu_secs"].is_null(), "{usage}");
+    let unit = d.unit_property("ptrain-job@quiet.service", "ExecStopPost");
+    assert!(!unit.contains("job-usage"), "{unit}");
+    for (user, args) in [
+        (ALICE, vec!["history"]),
+        ("root", vec!["report", "--since", "7d"]),
+    ] {
+        let out = d.ptrain(user, &args);
+        assert!(!out.status.success(), "{args:?}: {}", text(&out));
+        let said = text(&out);
+        assert!(
+            said.contains("accounting is off") && said.contains("enabled = true"),
+            "{args:?}: {said}"
+        );
+    }
+    assert!(!d.state.join("accounting.sqlite").exists());
+}
+
 fn history(d: &TestDaemon, user: &str, args: &[&str]) -> Vec<Value> {
     let mut full = vec!["history", "--json"];
     full.extend_from_slice(args);

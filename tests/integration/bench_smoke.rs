@@ -38,6 +38,9 @@ fn every_benchmark_scenario_runs_and_reports() {
         "idle.wakeups",
         "idle.rss_after_list_all",
         "history.rss_per_job",
+        "idle.rss_vs_none",
+        "accounting.cpu_vs_off",
+        "accounting.latency_vs_off",
     ] {
         let f = results
             .figure(key)

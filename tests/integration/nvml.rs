@@ -1090,3 +1090,87 @@ fn gpu_e2e_script_without_a_driver_says_so_and_exits_0() {
         "{said}"
     );
 }
+
+#[test]
+fn nvml_a_jobs_gpu_utilization_and_memory_are_sampled_while_it_runs_and_kept() {
+    let mut gpus = two_gpus();
+    gpus[0].util = 80;
+    gpus[0].used_mib = 1000;
+    let d = TestDaemon::start_with(
+        "nvmlsample",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(render(&gpus)),
+            extra_config: "[accounting]\ngpu_sample_interval = \"1s\"\n".into(),
+            ..Opts::default()
+        },
+    );
+    drop_job(&d, "busy", "1", true);
+    assert_eq!(visible_devices(&d, "busy"), UUID0);
+    d.wait_running("busy");
+    // While it runs, its owner sees the figures so far.
+    let samples_at_least = |n: u64, what: &str| {
+        wait_for(what, crate::daemon::WAIT, || {
+            let s = d.status("busy")?;
+            let gpu = s["gpu_usage"].get(0)?.clone();
+            (gpu["samples"].as_u64()? >= n).then_some(gpu)
+        })
+    };
+    let first = samples_at_least(2, "two samples of busy's GPU at 80%");
+    assert_eq!(first["index"], 0, "{first}");
+    assert_eq!(first["uuid"], UUID0, "{first}");
+    assert_eq!(first["util_avg_pct"], 80.0, "{first}");
+    assert_eq!(first["mem_peak_mib"], 1000, "{first}");
+    // Another user does not.
+    let out = d.ptrain(crate::daemon::BOB, &["status", "busy", "--json"]);
+    let bobs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(bobs.get("gpu_usage").is_none(), "{bobs}");
+    // The job gets quieter and uses more memory.
+    gpus[0].util = 20;
+    gpus[0].used_mib = 3000;
+    set_state(&d, &gpus);
+    let seen = first["samples"].as_u64().unwrap();
+    let later = wait_for("samples at 20% and 3000 MiB", crate::daemon::WAIT, || {
+        let s = d.status("busy")?;
+        let gpu = s["gpu_usage"].get(0)?.clone();
+        (gpu["samples"].as_u64()? >= seen + 2 && gpu["mem_peak_mib"] == 3000).then_some(gpu)
+    });
+    assert_eq!(later["util_peak_pct"], 80, "{later}");
+    std::fs::write(d.workdir(ALICE).join("busy.go"), "").unwrap();
+    let ended = d.wait_ended("busy");
+    assert_eq!(ended["status"], "succeeded", "{ended}");
+    let kept = &ended["gpu_usage"][0];
+    let avg = kept["util_avg_pct"].as_f64().unwrap();
+    assert!(avg > 20.0 && avg < 80.0, "{kept}");
+    assert_eq!(kept["util_peak_pct"], 80, "{kept}");
+    assert_eq!(kept["mem_peak_mib"], 3000, "{kept}");
+    let mem_avg = kept["mem_avg_mib"].as_f64().unwrap();
+    assert!(mem_avg > 1000.0 && mem_avg < 3000.0, "{kept}");
+    // GPU 1 was not the job's: no figures of it.
+    assert_eq!(ended["gpu_usage"].as_array().unwrap().len(), 1, "{ended}");
+    let shown = text(&d.ptrain(ALICE, &["status", "busy"]));
+    assert!(
+        shown.contains("gpu usage: GPU 0: utilization") && shown.contains("peak 80%"),
+        "{shown}"
+    );
+    // The accounting database has the run's average and peak.
+    let row = wait_for("busy's accounting row", crate::daemon::WAIT, || {
+        let out = d.ptrain(ALICE, &["history", "--json"]);
+        let rows: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        rows.into_iter().find(|r| r["id"] == "busy")
+    });
+    assert_eq!(row["gpu_util_avg_pct"].as_f64(), Some(avg), "{row}");
+    assert_eq!(row["gpu_mem_peak_mib"], 3000, "{row}");
+    let out = d.ptrain(
+        ALICE,
+        &["history", "--format", "id,gpu_util,gpu_mem_peak", "--csv"],
+    );
+    let csv = text(&out);
+    assert!(csv.contains(&format!("busy,{avg:.0}%,2.9 GiB")), "{csv}");
+    // A job without GPUs is never sampled.
+    let plain = serde_json::json!({"version": 1, "id": "plain", "command": ["true"],
+                                   "workdir": d.workdir(ALICE)});
+    d.drop_job(ALICE, "plain.json", &plain.to_string());
+    let plain = d.wait_ended("plain");
+    assert!(plain.get("gpu_usage").is_none(), "{plain}");
+}

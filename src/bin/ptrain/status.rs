@@ -111,6 +111,9 @@ pub(crate) fn print_status(j: &JobView) {
     if let Some(usage) = &j.usage {
         outln!("usage:     {}", usage.describe());
     }
+    for gpu in &j.gpu_usage {
+        outln!("gpu usage: {}", gpu.describe());
+    }
     for line in status_extras(j) {
         outln!("{line}");
     }
