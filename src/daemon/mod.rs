@@ -2026,10 +2026,9 @@ impl Daemon {
     /// gpu_sample_interval`, if shorter) even when nobody asks (`ptrain
     /// gpus`) and no job waits (a plan), so that a GPU failing under a job
     /// is logged and its owner told within that time; each look is also a
-    /// sample of the running jobs' GPU usage. The first look is one
-    /// interval after the GPUs were taken: the plan that took them had
-    /// just looked. An idle ptraind (no job holds a GPU) does not wake up
-    /// for it.
+    /// sample of the running jobs' GPU usage (a job still launching, as at
+    /// the first look after its plan, has none). An idle ptraind (no job
+    /// holds a GPU) does not wake up for it.
     fn watch_held_gpus(&mut self) {
         if self.live.held().is_empty() || self.inventory.backend() != "nvml" {
             self.gpu_watch_at = None;
@@ -2040,8 +2039,7 @@ impl Daemon {
             false => GPU_REPLAN_INTERVAL,
         };
         let now = tokio::time::Instant::now();
-        let at = *self.gpu_watch_at.get_or_insert(now + interval);
-        if at <= now {
+        if self.gpu_watch_at.is_none_or(|at| at <= now) {
             // Errors are logged by the plans that need the inventory.
             if let Ok(snapshot) = self.inventory.snapshot() {
                 self.sample_gpu_usage(&snapshot);
