@@ -96,6 +96,9 @@ const QUIET_TIMEOUT: Duration = Duration::from_secs(30);
 /// drifted by up to 1.7x with the machine's other work.
 const CPU_GROWTH_LIMIT: f64 = 1.25;
 const CPU_GROWTH_WHY: &str = "the issue's target, against a control ptraind without history probed in turn, job for job (the job #1 row compares two equal daemons); 0.93x to 1.09x over 15 marks in 3 runs on a loaded 2-core machine";
+/// Why accounting's CPU per job is enforced at [`CPU_GROWTH_LIMIT`]
+/// rather than the 1.1x, which it is measured against.
+const ACCOUNTING_CPU_WHY: &str = "the issue's target is 1.1x (1.06x measured here, 6 blocks of 30 jobs on a loaded 2-core machine, whose blocks vary by 10 % either way); CI holds it to the history's 1.25x, which a child process per row (1.71x) fails";
 /// `Status` with a long history against the control: a guard against
 /// gross O(history) regressions, wide enough for a loaded machine's noise.
 const STATUS_GUARD: f64 = 2.0;
@@ -1538,11 +1541,14 @@ impl Bench<'_> {
                         self.probe(&tracker, &mut quiet, Some(pid), &dropper, &id, "")
                     })
                     .collect();
-                // The last job's row is written by a child after its end.
+                // The last job's row is written by a child after its end
+                // (counted whether it has exited or not).
                 settle();
                 let after = ProcSample::read(pid);
                 if let (Some(b), Some(a)) = (before, after) {
-                    let spent = (a.cpu_ns + a.children_ns).saturating_sub(b.cpu_ns + b.children_ns);
+                    let spent = a
+                        .cpu_with_children_ns()
+                        .saturating_sub(b.cpu_with_children_ns());
                     cpu[side].push(spent as f64 / 1e6 / k as f64);
                 }
                 let failed = probes.iter().filter(|p| p.status != "succeeded").count();
@@ -1571,7 +1577,8 @@ impl Bench<'_> {
                 median(&cpu[0]),
             )
             .floor(median(&cpu[1]), "off")
-            .target(Target::MaxRatio(1.10)),
+            .target(Target::MaxRatio(1.10))
+            .enforce(Target::MaxRatio(CPU_GROWTH_LIMIT), ACCOUNTING_CPU_WHY),
         );
         self.push(
             Figure::new(
@@ -1674,6 +1681,9 @@ impl Bench<'_> {
             window.as_secs_f64()
         ));
         let pid = ptraind_pid(d);
+        // Past the accounting stream's pause, which ends the last burst's
+        // work: idle begins after it.
+        std::thread::sleep(ptrain::accounting::helper::STREAM_IDLE);
         settle();
         let a = ProcSample::read(pid);
         std::thread::sleep(window);
@@ -2731,6 +2741,9 @@ struct ProcSample {
     cpu_ns: u64,
     /// Children reaped (systemd: the job processes), from stat (ns).
     children_ns: u64,
+    /// On-CPU time of the children still running (ptraind: an open
+    /// accounting stream), from their schedstat (ns).
+    live_children_ns: u64,
     voluntary: u64,
     involuntary: u64,
     threads: u64,
@@ -2784,7 +2797,31 @@ impl ProcSample {
             let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
             s.children_ns = (ticks(13) + ticks(14)) * 1_000_000_000 / hz;
         }
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace() {
+                let Ok(threads) = std::fs::read_dir(format!("/proc/{child}/task")) else {
+                    continue;
+                };
+                for thread in threads.flatten() {
+                    if let Ok(t) = std::fs::read_to_string(thread.path().join("schedstat")) {
+                        s.live_children_ns += t
+                            .split_whitespace()
+                            .next()
+                            .and_then(|v| v.parse::<u64>().ok())
+                            .unwrap_or(0);
+                    }
+                }
+            }
+        }
         Some(s)
+    }
+
+    /// Its CPU time and its children's, reaped or running (ns).
+    fn cpu_with_children_ns(&self) -> u64 {
+        self.cpu_ns + self.children_ns + self.live_children_ns
     }
 
     fn switches(&self) -> u64 {

@@ -444,18 +444,22 @@ async fn writer_task(state_dir: &Path, mut rx: tokio::sync::mpsc::UnboundedRecei
             warn!(error = %e, path = %path.display(), "cannot back-fill the accounting database; the next start tries again")
         }
     }
+    // Rows go to one child kept while ends keep coming (a burst, a
+    // sweep), closed after a pause so that SQLite is out of memory between
+    // bursts; read tasks run in children of their own.
+    let mut stream: Option<super::helper::Stream> = None;
     let mut next = rx.recv().await;
     while let Some(message) = next.take() {
         let first = match message {
             ToWriter::Row(row) => row,
             ToWriter::Read { task, reply } => {
                 let _ = reply.send(super::helper::run(task, state_dir, Vec::new()).await);
-                next = rx.recv().await;
+                next = next_or_close(&mut rx, &mut stream).await;
                 continue;
             }
         };
-        // Whatever rows else are waiting go to the same child, in one
-        // transaction; a usage query waits for them.
+        // Whatever rows else are waiting go in the same transaction; a
+        // usage query waits for them.
         let mut rows = vec![*first];
         loop {
             match rx.try_recv() {
@@ -467,14 +471,58 @@ async fn writer_task(state_dir: &Path, mut rx: tokio::sync::mpsc::UnboundedRecei
                 Err(_) => break,
             }
         }
-        if let Err(e) = super::helper::write(state_dir, &rows, false).await {
+        if let Err(e) = write_rows(state_dir, &mut stream, &rows).await {
             // The records are on disk: the next start's back-fill adds them.
             warn!(error = %e, path = %path.display(), rows = rows.len(), "cannot write to the accounting database; the rows are added at the next start");
         }
         if next.is_none() {
-            next = rx.recv().await;
+            next = next_or_close(&mut rx, &mut stream).await;
         }
     }
+    if let Some(stream) = stream {
+        stream.close().await;
+    }
+}
+
+/// Writes a batch through the open stream, or a new one; a stream that
+/// fails is dropped (killed) and the batch tried once more on a new one.
+async fn write_rows(
+    state_dir: &Path,
+    stream: &mut Option<super::helper::Stream>,
+    rows: &[HistoryRow],
+) -> Result<(), String> {
+    let mut failed = String::new();
+    for _ in 0..2 {
+        let open = match stream {
+            Some(open) => open,
+            None => stream.insert(super::helper::Stream::start(state_dir)?),
+        };
+        match open.write(rows).await {
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                failed = e;
+                *stream = None;
+            }
+        }
+    }
+    Err(failed)
+}
+
+/// The next message; with a stream open, it is closed first if none comes
+/// within [`super::helper::STREAM_IDLE`].
+async fn next_or_close(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<ToWriter>,
+    stream: &mut Option<super::helper::Stream>,
+) -> Option<ToWriter> {
+    if stream.is_some() {
+        if let Ok(message) = tokio::time::timeout(super::helper::STREAM_IDLE, rx.recv()).await {
+            return message;
+        }
+        if let Some(idle) = stream.take() {
+            idle.close().await;
+        }
+    }
+    rx.recv().await
 }
 
 /// How many rows the back-fill inserts per transaction.
