@@ -85,12 +85,16 @@
 //!     `STATE/history.jsonl`.
 //! 11. [`accounting`]: what each run used (its cgroup's counters, read by
 //!     the unit's `ExecStopPost=` as the job's user and kept in the end
-//!     record; GPU-seconds from its times and GPUs), one row per ended run
-//!     in `STATE/accounting.sqlite`, written by a task of its own and
+//!     record; GPU-seconds from its times and GPUs; utilization and memory
+//!     per GPU from NVML samples the state task adds to the running
+//!     record, [`accounting::gpu`]), one row per ended run in
+//!     `STATE/accounting.sqlite`, written by a task of its own and
 //!     back-filled from the records at start; `ptrain history` and `ptrain
 //!     report` query it ([`accounting::query`] builds the SQL, pure;
 //!     [`accounting::db`] is SQLite, which runs only in ptraind's
-//!     short-lived children, [`accounting::helper`]).
+//!     children, [`accounting::helper`]: one per query, and one stream
+//!     kept while ends keep coming). `[accounting] enabled = false` turns
+//!     all of it off.
 //!
 //! [`config`] loads and validates `/etc/ptrain/ptrain.toml` (each section
 //! checks its own values and answers a [`setting::InvalidSetting`]: the

@@ -1459,6 +1459,13 @@ impl Bench<'_> {
             mib(&history),
             mib(&none)
         ));
+        for (side, daemon) in [("history", d), ("none", control)] {
+            let pid = ptraind_pid(daemon);
+            say(&format!(
+                "ptraind ({side}): largest mappings: {}",
+                largest_mappings(pid, 8)
+            ));
+        }
         self.push(
             Figure::new(
                 "idle.rss_vs_none",
@@ -1737,6 +1744,46 @@ impl Bench<'_> {
                    "cpu_ns": b.cpu_ns - a.cpu_ns, "window_s": secs}),
         );
     }
+}
+
+/// The `n` mappings of `pid` with the most resident KiB, "KiB path" each.
+fn largest_mappings(pid: u32, n: usize) -> String {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut maps: Vec<(u64, String)> = Vec::new();
+    let mut name = String::new();
+    for line in smaps.lines() {
+        if let Some(kib) = line.strip_prefix("Rss:") {
+            let kib: u64 = kib
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            maps.push((kib, name.clone()));
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
+            name = line
+                .split_whitespace()
+                .nth(5)
+                .unwrap_or("[anon]")
+                .to_owned();
+        }
+    }
+    let mut by_name: HashMap<String, u64> = HashMap::new();
+    for (kib, name) in maps {
+        *by_name.entry(name).or_default() += kib;
+    }
+    let mut sorted: Vec<_> = by_name.into_iter().collect();
+    sorted.sort_by_key(|m| std::cmp::Reverse(m.1));
+    sorted.truncate(n);
+    sorted
+        .iter()
+        .map(|(name, kib)| format!("{kib} {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// ptraind's CPU time (ms) for each of `probes`, run one at a time since

@@ -1,6 +1,7 @@
-//! SQLite runs in short-lived child processes of ptraind, never in the
-//! daemon itself: `ptraind accounting write|history|report STATE_DIR`, the
-//! same binary, as root. The daemon's idle RSS has a 20 MiB target (`make
+//! SQLite runs in child processes of ptraind, never in the daemon itself:
+//! `ptraind accounting write|stream|history|report|usage|window
+//! STATE_DIR`, the same binary, as root: one per query, and for the rows of
+//! ended runs one stream kept while ends keep coming ([`Stream`]). The daemon's idle RSS has a 20 MiB target (`make
 //! bench-ci`); once SQLite had run in it (the start's back-fill, a row
 //! written, a query) its code pages, page cache and the heap the back-fill
 //! left fragmented stayed resident for the daemon's whole life, about

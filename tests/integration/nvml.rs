@@ -1130,6 +1130,22 @@ fn nvml_a_jobs_gpu_utilization_and_memory_are_sampled_while_it_runs_and_kept() {
     let out = d.ptrain(crate::daemon::BOB, &["status", "busy", "--json"]);
     let bobs: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(bobs.get("gpu_usage").is_none(), "{bobs}");
+    // A restart of ptraind keeps them: the stop writes them to the record.
+    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+    assert!(ok, "restart: {out}");
+    // The restarted ptraind's first answer has them (its own sampling
+    // could not have caught up yet: at most one look since its start).
+    let back = wait_for(
+        "ptraind back after the restart",
+        crate::daemon::WAIT,
+        || d.status("busy"),
+    );
+    let kept = &back["gpu_usage"][0];
+    assert!(
+        kept["samples"].as_u64() >= first["samples"].as_u64(),
+        "{first} before the restart, {kept} after"
+    );
+    assert_eq!(kept["util_avg_pct"], 80.0, "{kept}");
     // The job gets quieter and uses more memory.
     gpus[index].util = 20;
     gpus[index].used_mib = 3000;
