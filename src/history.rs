@@ -56,7 +56,7 @@ impl EndedJob {
         let mut source = record.source.clone();
         source.file.shrink_to_fit();
         EndedJob {
-            id: record.id.clone(),
+            id: record.id.own_copy(),
             owner_uid: record.owner.uid,
             owner_name,
             submitted_at: record.submitted_at,
@@ -178,7 +178,7 @@ impl Recent {
             .clone();
         let job = EndedJob::of(record, owner_name);
         self.arrival.push_back((job.ended_at, job.id.clone()));
-        self.jobs.insert(record.id.clone(), Box::new(job));
+        self.jobs.insert(job.id.clone(), Box::new(job));
         while self.jobs.len() > RECENT_ENDS {
             let Some((ended_at, id)) = self.arrival.pop_front() else {
                 break;

@@ -166,6 +166,14 @@ impl JobId {
         &self.0
     }
 
+    /// The same id in an allocation of its own, not shared with this one:
+    /// for what outlives the value it came from (a summary kept long after
+    /// its record was parsed and dropped), so that it does not keep that
+    /// value's heap pages resident.
+    pub fn own_copy(&self) -> JobId {
+        JobId(self.as_str().into())
+    }
+
     /// The transient unit that runs this job: `ptrain-job@<id>.service`.
     pub fn unit_name(&self) -> String {
         format!("{JOB_UNIT_PREFIX}{}{UNIT_SUFFIX}", self.0)

@@ -1374,6 +1374,39 @@ impl Daemon {
         };
     }
 
+    /// The summaries of the newest ends (`ids`, oldest first), for the
+    /// board, from their records read again after the scan. The records
+    /// are read and parsed on a thread of their own, so in its heap (glibc
+    /// gives each thread an arena of its own), and the summaries are made
+    /// here: they sit together in this thread's heap rather than one on
+    /// each page of the parses' churn, which is then free as a whole. Made
+    /// during the scan, they pinned 2.7 MiB of pages after a restore of
+    /// 100,000 jobs.
+    fn summarise_newest(&mut self, ids: impl Iterator<Item = JobId>) {
+        let ids: Vec<JobId> = ids.collect();
+        let store = &self.store;
+        let mut recent = self.board.recent_mut();
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(16);
+            scope.spawn(move || {
+                for id in ids {
+                    let record = store.load(&id);
+                    if tx.send((id, record)).is_err() {
+                        break;
+                    }
+                }
+            });
+            for (id, record) in rx {
+                match record {
+                    Ok(record) => recent.insert(&record),
+                    Err(e) => {
+                        warn!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot read a finished job's record again; it is read from disk when asked for")
+                    }
+                }
+            }
+        });
+    }
+
     /// Loads every record and re-attaches to units that were launched
     /// before a restart.
     async fn restore(&mut self) -> Result<(), DaemonError> {
@@ -1406,20 +1439,8 @@ impl Daemon {
             }
         })?;
         self.end_order = crate::history::EndOrder::rebuild(&self.config.state_dir, ends)?;
-        // Every record was read and dropped: the blocks go back before the
-        // summaries are made. Read again now, their records come one at a
-        // time, so the summaries sit together, not one on each page the
-        // scan's records had spread over the heap (which kept 4 MiB
-        // resident after a 100,000-job restore).
-        crate::memory::release_freed_memory();
-        for std::cmp::Reverse(end) in newest.into_sorted_vec().into_iter().rev() {
-            match self.store.load(&end.id) {
-                Ok(record) => self.board.recent_mut().insert(&record),
-                Err(e) => {
-                    warn!(job = %end.id, PTRAIN_JOB = %end.id, error = %e, "cannot read a finished job's record again; it is read from disk when asked for")
-                }
-            }
-        }
+        self.summarise_newest(newest.into_sorted_vec().into_iter().rev().map(|e| e.0.id));
+        // Every record was read and dropped: the blocks go back.
         crate::memory::release_freed_memory();
         let per_user = self.config.retention.rejected_per_user;
         for (entry, uid) in self.store.rejected_entries()? {
