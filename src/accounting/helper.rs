@@ -255,17 +255,7 @@ fn parse_query<T: serde::de::DeserializeOwned>(input: impl Read) -> Result<T, St
 #[cfg(not(test))]
 pub async fn run(task: Task, state_dir: &Path, input: Vec<u8>) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut child = tokio::process::Command::new("/proc/self/exe")
-        .arg(SUBCOMMAND)
-        .args(task.args())
-        .arg(state_dir)
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start `ptraind {SUBCOMMAND}`: {e}"))?;
+    let mut child = spawn(task, state_dir)?;
     // All of the input, then all of the answer: the child reads its whole
     // stdin before it writes a byte ([`run_child`]), so the two pipes
     // cannot deadlock.
@@ -306,6 +296,28 @@ pub async fn run(task: Task, state_dir: &Path, input: Vec<u8>) -> Result<String,
     String::from_utf8(answer).map_err(|e| format!("`ptraind {SUBCOMMAND}`'s answer: {e}"))
 }
 
+/// The child for `task`, its stdin and stdout piped to ptraind (see
+/// [`run`] for how and why).
+#[cfg(not(test))]
+fn spawn(task: Task, state_dir: &Path) -> Result<tokio::process::Child, String> {
+    tokio::process::Command::new("/proc/self/exe")
+        .arg(SUBCOMMAND)
+        .args(task.args())
+        .arg(state_dir)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot start `ptraind {SUBCOMMAND} {}`: {e}",
+                task.args()[0]
+            )
+        })
+}
+
 /// [`run`] in the crate's own unit tests, where /proc/self/exe is the
 /// test binary (which would take the arguments for test names): the
 /// child's work runs in-process. The integration tests run the real child.
@@ -337,17 +349,7 @@ pub const STREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(2);
 impl Stream {
     /// Starts the child as [`run`] does.
     pub fn start(state_dir: &Path) -> Result<Stream, String> {
-        let mut child = tokio::process::Command::new("/proc/self/exe")
-            .arg(SUBCOMMAND)
-            .args(Task::Stream.args())
-            .arg(state_dir)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start `ptraind {SUBCOMMAND} stream`: {e}"))?;
+        let mut child = spawn(Task::Stream, state_dir)?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
         Ok(Stream {
