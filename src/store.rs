@@ -127,7 +127,7 @@ pub struct JobRecord {
     /// How busy the run kept each of its GPUs, sampled from NVML while it
     /// ran ([`crate::accounting::gpu`]); empty without NVML or samples.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gpu_usage: Vec<crate::accounting::gpu::GpuRunUsage>,
+    pub gpu_usage: Vec<GpuRunUsage>,
     /// Held: queued, never planned, until released (`ptrain hold` and
     /// `release`; a descriptor's `hold: true` submits it so).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -205,6 +205,30 @@ pub struct Usage {
     pub io_read_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_write_bytes: Option<u64>,
+}
+
+/// One GPU's NVML samples over a run, as its record keeps them: sums and
+/// peaks, so that adding one is exact (`accounting::gpu` adds them and
+/// makes the figures).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuRunUsage {
+    pub index: u32,
+    #[serde(default)]
+    pub uuid: String,
+    /// Samples taken (with or without each figure).
+    pub samples: u32,
+    #[serde(default)]
+    pub util_samples: u32,
+    #[serde(default)]
+    pub util_sum_pct: u64,
+    #[serde(default)]
+    pub util_peak_pct: u32,
+    #[serde(default)]
+    pub mem_samples: u32,
+    #[serde(default)]
+    pub mem_sum_mib: u64,
+    #[serde(default)]
+    pub mem_peak_mib: u64,
 }
 
 impl JobRecord {

@@ -285,7 +285,11 @@ impl JobView {
             gpu_warning: None,
             summary: false,
             usage: crate::accounting::UsageView::of(record),
-            gpu_usage: record.gpu_usage.iter().map(|u| u.view()).collect(),
+            gpu_usage: record
+                .gpu_usage
+                .iter()
+                .map(crate::accounting::gpu::view)
+                .collect(),
         }
     }
 }

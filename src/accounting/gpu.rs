@@ -4,7 +4,7 @@
 //! The state task takes a sample every `[accounting] gpu_sample_interval`
 //! while any job holds a GPU, and at no other time, so an idle ptraind does
 //! not wake up for it; each sample is added to the holding job's record
-//! ([`GpuRunUsage::add`]), where it stays with the run: `ptrain status`
+//! ([`add`]), where it stays with the run: `ptrain status`
 //! shows the figures so far, the end record keeps them, and the
 //! accounting database has a run's average and peak. Sums are kept, not
 //! averages, so that adding a sample is exact and cheap.
@@ -18,66 +18,44 @@
 use serde::{Deserialize, Serialize};
 
 use crate::gpu::GpuInfo;
+pub use crate::store::GpuRunUsage;
 
-/// One GPU's samples over a run, as its record keeps them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GpuRunUsage {
-    pub index: u32,
-    #[serde(default)]
-    pub uuid: String,
-    /// Samples taken (with or without each figure).
-    pub samples: u32,
-    #[serde(default)]
-    pub util_samples: u32,
-    #[serde(default)]
-    pub util_sum_pct: u64,
-    #[serde(default)]
-    pub util_peak_pct: u32,
-    #[serde(default)]
-    pub mem_samples: u32,
-    #[serde(default)]
-    pub mem_sum_mib: u64,
-    #[serde(default)]
-    pub mem_peak_mib: u64,
+/// Adds what `gpu` shows now to `usage`.
+pub fn add(usage: &mut GpuRunUsage, gpu: &GpuInfo) {
+    usage.samples = usage.samples.saturating_add(1);
+    if usage.uuid.is_empty() {
+        usage.uuid = gpu.uuid.clone();
+    }
+    if let Some(pct) = gpu.utilization_pct {
+        usage.util_samples += 1;
+        usage.util_sum_pct = usage.util_sum_pct.saturating_add(u64::from(pct));
+        usage.util_peak_pct = usage.util_peak_pct.max(pct);
+    }
+    if let Some(mib) = gpu.memory_used_mib {
+        usage.mem_samples += 1;
+        usage.mem_sum_mib = usage.mem_sum_mib.saturating_add(mib);
+        usage.mem_peak_mib = usage.mem_peak_mib.max(mib);
+    }
 }
 
-impl GpuRunUsage {
-    /// Adds what `gpu` shows now.
-    pub fn add(&mut self, gpu: &GpuInfo) {
-        self.samples = self.samples.saturating_add(1);
-        if self.uuid.is_empty() {
-            self.uuid = gpu.uuid.clone();
-        }
-        if let Some(pct) = gpu.utilization_pct {
-            self.util_samples += 1;
-            self.util_sum_pct = self.util_sum_pct.saturating_add(u64::from(pct));
-            self.util_peak_pct = self.util_peak_pct.max(pct);
-        }
-        if let Some(mib) = gpu.memory_used_mib {
-            self.mem_samples += 1;
-            self.mem_sum_mib = self.mem_sum_mib.saturating_add(mib);
-            self.mem_peak_mib = self.mem_peak_mib.max(mib);
-        }
-    }
+pub fn util_avg_pct(usage: &GpuRunUsage) -> Option<f64> {
+    (usage.util_samples > 0).then(|| usage.util_sum_pct as f64 / f64::from(usage.util_samples))
+}
 
-    pub fn util_avg_pct(&self) -> Option<f64> {
-        (self.util_samples > 0).then(|| self.util_sum_pct as f64 / f64::from(self.util_samples))
-    }
+pub fn mem_avg_mib(usage: &GpuRunUsage) -> Option<f64> {
+    (usage.mem_samples > 0).then(|| usage.mem_sum_mib as f64 / f64::from(usage.mem_samples))
+}
 
-    pub fn mem_avg_mib(&self) -> Option<f64> {
-        (self.mem_samples > 0).then(|| self.mem_sum_mib as f64 / f64::from(self.mem_samples))
-    }
-
-    pub fn view(&self) -> GpuUsageView {
-        GpuUsageView {
-            index: self.index,
-            uuid: self.uuid.clone(),
-            samples: self.samples,
-            util_avg_pct: self.util_avg_pct(),
-            util_peak_pct: (self.util_samples > 0).then_some(self.util_peak_pct),
-            mem_avg_mib: self.mem_avg_mib(),
-            mem_peak_mib: (self.mem_samples > 0).then_some(self.mem_peak_mib),
-        }
+/// The figures of `usage` as `ptrain status` shows them.
+pub fn view(usage: &GpuRunUsage) -> GpuUsageView {
+    GpuUsageView {
+        index: usage.index,
+        uuid: usage.uuid.clone(),
+        samples: usage.samples,
+        util_avg_pct: util_avg_pct(usage),
+        util_peak_pct: (usage.util_samples > 0).then_some(usage.util_peak_pct),
+        mem_avg_mib: mem_avg_mib(usage),
+        mem_peak_mib: (usage.mem_samples > 0).then_some(usage.mem_peak_mib),
     }
 }
 
@@ -99,7 +77,7 @@ pub fn sample(usage: &mut Vec<GpuRunUsage>, gpus: &[u32], snapshot: &[GpuInfo]) 
                 usage.len() - 1
             }
         };
-        usage[at].add(gpu);
+        add(&mut usage[at], gpu);
     }
 }
 
@@ -150,7 +128,7 @@ impl GpuUsageView {
 /// A run's GPUs together, for the accounting database: the average of
 /// their average utilizations, and the highest memory peak of any one.
 pub fn run_figures(usage: &[GpuRunUsage]) -> (Option<f64>, Option<u64>) {
-    let avgs: Vec<f64> = usage.iter().filter_map(GpuRunUsage::util_avg_pct).collect();
+    let avgs: Vec<f64> = usage.iter().filter_map(util_avg_pct).collect();
     let util = (!avgs.is_empty()).then(|| avgs.iter().sum::<f64>() / avgs.len() as f64);
     let mem = usage
         .iter()
@@ -188,7 +166,7 @@ mod tests {
         // GPU 3 lost: no sample for it, the others go on.
         sample(&mut usage, &[1, 3], &[gpu(1, Some(50), None)]);
         assert_eq!(usage.len(), 2);
-        let one = usage[0].view();
+        let one = view(&usage[0]);
         assert_eq!((one.index, one.samples), (1, 3));
         assert_eq!(one.util_avg_pct, Some(50.0));
         assert_eq!(one.util_peak_pct, Some(80));
@@ -196,7 +174,7 @@ mod tests {
             (one.mem_avg_mib, one.mem_peak_mib),
             (Some(2000.0), Some(3000))
         );
-        let three = usage[1].view();
+        let three = view(&usage[1]);
         assert_eq!(three.samples, 2);
         assert_eq!((three.util_avg_pct, three.util_peak_pct), (None, None));
         assert_eq!(three.mem_peak_mib, Some(30));
@@ -218,6 +196,6 @@ mod tests {
         let back: Vec<GpuRunUsage> = serde_json::from_str(&json).unwrap();
         assert_eq!(back, usage);
         let old: GpuRunUsage = serde_json::from_str(r#"{"index":0,"samples":0}"#).unwrap();
-        assert_eq!(old.view().util_avg_pct, None);
+        assert_eq!(view(&old).util_avg_pct, None);
     }
 }

@@ -798,7 +798,7 @@ impl Daemon {
             .filter(|r| r.state == JobState::Running && !r.gpu_usage.is_empty())
         {
             if let Err(e) = self.store.save(record) {
-                warn!(job = %record.id, error = %e, "cannot keep a running job's GPU samples; its figures go on from its record as last written");
+                warn!(job = %record.id, PTRAIN_JOB = %record.id, error = %e, "cannot keep a running job's GPU samples; its figures go on from its record as last written");
             }
         }
         let Daemon {
