@@ -70,7 +70,6 @@ fn every_benchmark_scenario_runs_and_reports() {
     // judged against it; wall-clock latency and throughput are never enforced.
     for key in [
         "growth.cpu.200",
-        "accounting.cpu_vs_off",
         "idle.rss_vs_none",
         "cli.status",
         "api.status",
