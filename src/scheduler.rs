@@ -568,8 +568,10 @@ impl QueuePosition {
 /// costs O(log n): nothing walks the queue per event.
 #[derive(Debug, Default)]
 pub struct Queue {
-    cpu: BTreeMap<QueuePosition, JobId>,
-    gpu: BTreeMap<QueuePosition, JobId>,
+    /// Each job with its owner's uid, which a plan reads for every job it
+    /// passes over (an owner at their share of pending starts).
+    cpu: BTreeMap<QueuePosition, (JobId, u32)>,
+    gpu: BTreeMap<QueuePosition, (JobId, u32)>,
     /// The GPU jobs by priority, then owner, then arrival: what
     /// [`Queue::gpu_jobs_fair`] reads.
     gpu_by_owner: BTreeSet<OwnerPosition>,
@@ -658,7 +660,8 @@ impl Queue {
             let entry = self.gpu_owners.entry(owner.0).or_insert((owner.1, 0));
             *entry = (owner.1, entry.1 + 1);
         }
-        self.list(wants_gpus).insert(position, id.clone());
+        self.list(wants_gpus)
+            .insert(position, (id.clone(), owner.0));
         self.positions.insert(id, (position, wants_gpus, owner));
     }
 
@@ -695,7 +698,7 @@ impl Queue {
         true
     }
 
-    fn list(&mut self, wants_gpus: bool) -> &mut BTreeMap<QueuePosition, JobId> {
+    fn list(&mut self, wants_gpus: bool) -> &mut BTreeMap<QueuePosition, (JobId, u32)> {
         if wants_gpus {
             &mut self.gpu
         } else {
@@ -717,12 +720,18 @@ impl Queue {
 
     /// Jobs that ask for no GPUs, in planning order.
     pub fn cpu_jobs(&self) -> impl Iterator<Item = &JobId> {
-        self.cpu.values()
+        self.cpu.values().map(|(id, _)| id)
+    }
+
+    /// Jobs that ask for no GPUs, in planning order, each with its
+    /// owner's uid.
+    pub fn cpu_jobs_owned(&self) -> impl Iterator<Item = (&JobId, u32)> {
+        self.cpu.values().map(|(id, uid)| (id, *uid))
     }
 
     /// Jobs that ask for GPUs, in planning order.
     pub fn gpu_jobs(&self) -> impl Iterator<Item = &JobId> {
-        self.gpu.values()
+        self.gpu.values().map(|(id, _)| id)
     }
 
     /// The owners of queued GPU jobs, as (uid, primary gid).
@@ -747,7 +756,7 @@ impl Queue {
         let mut jobs: Option<std::collections::btree_set::Range<'a, OwnerPosition>> = None;
         std::iter::from_fn(move || loop {
             if let Some(p) = jobs.as_mut().and_then(|r| r.next()) {
-                return self.gpu.get(&p.position());
+                return self.gpu.get(&p.position()).map(|(id, _)| id);
             }
             if let Some((rank, uid)) = band.next() {
                 jobs =
