@@ -420,12 +420,13 @@ mod tests {
         (decision, looks)
     }
 
-    /// `n` CPU jobs of `uid` named `prefix0`, `prefix1`, … (uid, then
-    /// each extra job) for [`live`].
+    /// `n` CPU jobs of `uid`, named `prefix0`, `prefix1`, …, for
+    /// [`live_of`].
     fn many(prefix: &str, n: usize, uid: u32) -> Vec<(String, &'static str, u32)> {
         (0..n).map(|i| (format!("{prefix}{i}"), "", uid)).collect()
     }
 
+    /// [`live`] over jobs whose ids were made at run time.
     fn live_of(jobs: &[(String, &'static str, u32)]) -> Live {
         let jobs: Vec<(&str, &str, u32)> =
             jobs.iter().map(|(i, e, u)| (i.as_str(), *e, *u)).collect();
