@@ -496,15 +496,21 @@ impl Strays {
 
 /// Spool names waiting to be claimed, taken in turn by owner: one user's
 /// burst of 10,000 files must not make another user's one file wait
-/// behind it (`make bench`, `responsive.claim`). The owner here is only
+/// behind it (`make bench`, `responsive.claim`). An owner who had nothing
+/// waiting is fresh: their first name is taken before the owners already
+/// taking turns (fresh owners among themselves in the order they came),
+/// and the daemon claims it ahead of other work. The owner here is only
 /// the entry's lstat, a hint for the order; what is done with a file is
 /// decided from fstat of the open fd when it is read. A name already
 /// waiting is not queued twice (a file sends several events).
 #[derive(Debug, Default)]
 pub struct FairIntake {
     by_owner: HashMap<u32, VecDeque<String>>,
-    /// Owners with names waiting, in the order they get their next turn.
+    /// Owners with names waiting, in the order they get their next turn:
+    /// the first `fresh` of them have not had a turn since they began
+    /// waiting.
     turns: VecDeque<u32>,
+    fresh: usize,
     waiting: HashSet<String>,
 }
 
@@ -518,7 +524,8 @@ impl FairIntake {
         let owner = owner.unwrap_or(u32::MAX);
         let queue = self.by_owner.entry(owner).or_default();
         if queue.is_empty() {
-            self.turns.push_back(owner);
+            self.turns.insert(self.fresh, owner);
+            self.fresh += 1;
         }
         queue.push_back(name);
     }
@@ -526,6 +533,7 @@ impl FairIntake {
     /// The next name: the oldest of the owner whose turn it is.
     pub fn pop(&mut self) -> Option<String> {
         let owner = self.turns.pop_front()?;
+        self.fresh = self.fresh.saturating_sub(1);
         let queue = self.by_owner.get_mut(&owner)?;
         let name = queue.pop_front()?;
         if queue.is_empty() {
@@ -539,6 +547,11 @@ impl FairIntake {
 
     pub fn is_empty(&self) -> bool {
         self.turns.is_empty()
+    }
+
+    /// Whether an owner who had nothing waiting has a name here.
+    pub fn has_fresh(&self) -> bool {
+        self.fresh > 0
     }
 }
 
@@ -595,6 +608,29 @@ mod tests {
         // Once taken, a name may come again (rewritten after a refusal).
         intake.push("a0.json".into(), Some(1000));
         assert_eq!(intake.pop().as_deref(), Some("a0.json"));
+    }
+
+    #[test]
+    fn an_owner_with_nothing_waiting_goes_before_a_burst_in_the_order_owners_came() {
+        let mut intake = FairIntake::default();
+        for i in 0..4 {
+            intake.push(format!("a{i}.json"), Some(1000));
+        }
+        assert!(intake.has_fresh());
+        assert_eq!(intake.pop().as_deref(), Some("a0.json"));
+        // Alice has had her turn: the burst's owner is no longer fresh.
+        assert!(!intake.has_fresh());
+        intake.push("b0.json".into(), Some(1001));
+        intake.push("c0.json".into(), Some(1002));
+        intake.push("b1.json".into(), Some(1001));
+        assert!(intake.has_fresh());
+        assert_eq!(intake.pop().as_deref(), Some("b0.json"));
+        assert_eq!(intake.pop().as_deref(), Some("c0.json"));
+        // Bob's second file waits for his next turn, behind Alice's.
+        assert!(!intake.has_fresh());
+        let rest: Vec<String> = std::iter::from_fn(|| intake.pop()).collect();
+        assert_eq!(rest, ["a1.json", "b1.json", "a2.json", "a3.json"]);
+        assert!(intake.is_empty() && !intake.has_fresh());
     }
 
     #[test]

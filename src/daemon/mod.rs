@@ -92,7 +92,6 @@ pub enum DaemonError {
 
 /// Everything the state task reacts to.
 pub enum Event {
-    Spool(SpoolEvent),
     Unit(UnitSignal),
     Api(ApiRequest),
     /// The unit wrote no output for its job's idle timeout ([`crate::logs`]).
@@ -217,6 +216,9 @@ pub struct Daemon {
     requests: mpsc::UnboundedReceiver<ApiRequest>,
     /// Where the status line and watchdog pings go, off the state task.
     notify_socket: crate::notify_socket::NotifySocket,
+    /// What the spool's watcher saw, in the order it saw it; taken into
+    /// the intake whenever the loop looks ([`Daemon::fresh_file_waiting`]).
+    spool_events: mpsc::UnboundedReceiver<SpoolEvent>,
     /// Spool files seen and not yet claimed, taken in turn by owner.
     intake: spool::FairIntake,
     /// A plan stopped at [`PASS_BUDGET`] with launches left: plan again
@@ -386,7 +388,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     // Two queues: systemd, API and idle events first, spool files after
     // them, so a flood of files never delays recording a job's end.
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
-    let (spool_tx, mut spool_rx) = mpsc::unbounded_channel::<Event>();
+    let (spool_tx, spool_rx) = mpsc::unbounded_channel::<SpoolEvent>();
     let systemd = Systemd::connect().await?;
     let unit_tx = tx.clone();
     let signals_lost = CancellationToken::new();
@@ -472,6 +474,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         strays: Default::default(),
         slow_workdirs: HashMap::new(),
         requests: api_rx,
+        spool_events: spool_rx,
         signals_lost: signals_lost.clone(),
         lost_stream: lost_stream.clone(),
         accounting: None,
@@ -525,12 +528,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         .await
         .map_err(DaemonError::Api)?;
     let _watcher = spool::watch(&daemon.config.spool_dir, move |event| {
-        let _ = spool_tx.send(Event::Spool(event));
+        let _ = spool_tx.send(event);
     })?;
     // Files dropped while ptraind was down (or before the watch began):
     // queued as events, claimed by the loop after READY=1, so thousands of
     // leftovers never hold up the start.
-    daemon.rescan().await;
+    daemon.rescan();
     daemon.schedule().await;
 
     // Before READY=1: an endpoint the admin asked for that cannot listen
@@ -578,6 +581,14 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             _ = watchdog_tick.tick(), if watchdog.is_some() => {
                 daemon.notify_socket.watchdog();
             }
+            // A file of an owner who had nothing waiting is claimed
+            // before anything else: a burst of another user's claims,
+            // launches and ends holds it for one step, not for passes.
+            _ = std::future::ready(()), if daemon.fresh_file_waiting() => {
+                daemon.claim_fresh_files();
+                daemon.schedule().await;
+                daemon.notify_status();
+            }
             // Callers first: a request waits at most for the pass under
             // way ([`PASS_BUDGET`]), never behind a queue of unit events.
             request = daemon.requests.recv() => {
@@ -596,7 +607,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 let pass = std::time::Instant::now();
                 daemon.handle(event).await;
                 for _ in 0..MAX_EVENT_BATCH {
-                    if pass.elapsed() >= PASS_BUDGET || daemon.callers_waiting() {
+                    if pass.elapsed() >= PASS_BUDGET
+                        || daemon.callers_waiting()
+                        || daemon.fresh_file_waiting()
+                    {
                         break;
                     }
                     let Ok(event) = rx.try_recv() else { break };
@@ -604,9 +618,6 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 }
                 // Claims take turns with systemd's signals: a flood of unit
                 // events must not hold another user's file unclaimed.
-                while let Ok(event) = spool_rx.try_recv() {
-                    daemon.handle(event).await;
-                }
                 daemon.claim_and_plan().await;
             }
             _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if retry_at.is_some() => {
@@ -648,12 +659,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
             }
             // Every file seen goes into the fair intake at once (a name
             // costs an lstat); claims are taken from it a pass at a time.
-            event = spool_rx.recv() => {
+            event = daemon.spool_events.recv() => {
                 let Some(event) = event else { break };
-                daemon.handle(event).await;
-                while let Ok(event) = spool_rx.try_recv() {
-                    daemon.handle(event).await;
-                }
+                daemon.note_spool_event(event);
                 daemon.claim_and_plan().await;
             }
             _ = std::future::ready(()), if !daemon.intake.is_empty() => {
@@ -864,9 +872,6 @@ impl Daemon {
 
     async fn handle(&mut self, event: Event) {
         match event {
-            Event::Spool(SpoolEvent::File(name)) => self.note_spool_file(name),
-            Event::Spool(SpoolEvent::Stray(name)) => self.note_stray(name),
-            Event::Spool(SpoolEvent::Rescan) => self.rescan().await,
             Event::Unit(signal) => self.on_unit_signal(signal).await,
             Event::Api(request) => self.on_api(request).await,
             Event::Idle(unit) => self.on_idle(&unit).await,
@@ -1650,7 +1655,7 @@ impl Daemon {
 
     /// Queues every file in the spool for claiming, a pass at a time
     /// through the loop (at start, and after an inotify overflow).
-    async fn rescan(&mut self) {
+    fn rescan(&mut self) {
         match spool::scan(&self.config.spool_dir) {
             Ok(listing) => {
                 for name in listing.candidates {
@@ -1663,6 +1668,45 @@ impl Daemon {
             Err(e) => {
                 error!(spool = %self.config.spool_dir.display(), error = %e, "cannot read the spool")
             }
+        }
+    }
+
+    /// Takes what the spool's watcher saw so far into the intake (an
+    /// lstat a name) and says whether an owner who had nothing waiting has
+    /// a file there now. The loop claims such a file before any other
+    /// work, and each pass of claims, launches or ends stops for it, so
+    /// another user's one file waits for one step of a burst, not for its
+    /// passes (`make bench`, `responsive.claim`).
+    fn fresh_file_waiting(&mut self) -> bool {
+        self.take_spool_events();
+        self.intake.has_fresh()
+    }
+
+    fn take_spool_events(&mut self) {
+        while let Ok(event) = self.spool_events.try_recv() {
+            self.note_spool_event(event);
+        }
+    }
+
+    fn note_spool_event(&mut self, event: SpoolEvent) {
+        match event {
+            SpoolEvent::File(name) => self.note_spool_file(name),
+            SpoolEvent::Stray(name) => self.note_stray(name),
+            SpoolEvent::Rescan => self.rescan(),
+        }
+    }
+
+    /// Claims the files of owners who had nothing waiting, one each, in
+    /// the order they came; at least one, then for one pass at most.
+    fn claim_fresh_files(&mut self) {
+        let pass = std::time::Instant::now();
+        while self.intake.has_fresh() {
+            let Some(name) = self.intake.pop() else { break };
+            self.ingest(&name);
+            if pass.elapsed() >= PASS_BUDGET {
+                break;
+            }
+            self.take_spool_events();
         }
     }
 
@@ -1742,8 +1786,10 @@ impl Daemon {
     async fn claim_a_pass(&mut self) {
         let pass = std::time::Instant::now();
         for _ in 0..MAX_SPOOL_BATCH {
+            // Names seen meanwhile join first: a fresh owner's comes next.
+            self.take_spool_events();
             let Some(name) = self.intake.pop() else { break };
-            self.ingest(&name).await;
+            self.ingest(&name);
             if pass.elapsed() >= PASS_BUDGET || self.callers_waiting() {
                 break;
             }
@@ -1751,7 +1797,7 @@ impl Daemon {
     }
 
     /// Claims one spool file: validate, record durably, then remove it.
-    async fn ingest(&mut self, name: &str) {
+    fn ingest(&mut self, name: &str) {
         self.take(spool::read_spool_file(&self.spool_fd, name));
     }
 
@@ -2199,7 +2245,11 @@ impl Daemon {
             }
             // At least one launch a pass: callers that never stop coming
             // must not hold every launch back.
-            if n > 0 && (pass.elapsed() >= PASS_BUDGET || self.callers_waiting()) {
+            if n > 0
+                && (pass.elapsed() >= PASS_BUDGET
+                    || self.callers_waiting()
+                    || self.fresh_file_waiting())
+            {
                 // The rest in a pass of their own, after the API's turn.
                 self.schedule_again = true;
                 break;
@@ -2481,7 +2531,7 @@ impl Daemon {
     async fn retry_after_store_failure(&mut self) {
         self.store_failed_at = None;
         info!("retrying after a failed state write");
-        self.rescan().await;
+        self.rescan();
         let units: Vec<String> = self.by_unit.keys().cloned().collect();
         for unit in units {
             self.check_unit(&unit);
