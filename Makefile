@@ -31,7 +31,9 @@
 #                               (BENCH_ENFORCE=1): fails when CPU per job grows
 #                               with history, `ptrain status` slows with it, idle
 #                               RSS (also after `ptrain list --all`) tops 20 MiB, or
-#                               idle ptraind wakes up; .ci/run runs it
+#                               idle ptraind wakes up; then the 10,000-job burst
+#                               with another user's responsiveness (8 minutes);
+#                               .ci/run runs it
 #   make clean
 
 CARGO   ?= cargo
@@ -94,6 +96,9 @@ bench:
 bench-ci:
 	@[ "$$(id -u)" = 0 ] || { echo "make bench-ci: must run as root: it boots a real systemd (tests/harness/boot.sh)" >&2; exit 1; }
 	BENCH_SCALE=ci BENCH_ENFORCE=1 $(CARGO) bench --bench ptrain
+	@# Issue 17's burst at its own size: another user's Status and claim
+	@# while 10,000 jobs land at once (its restarts and bus cuts enforced).
+	BENCH_SCALE=ci BENCH_ENFORCE=1 BENCH_ONLY=burst BENCH_SIZES=10000 $(CARGO) bench --bench ptrain
 
 gpu-check:
 	packaging/gpu-check.sh
