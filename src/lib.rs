@@ -105,6 +105,11 @@
 //! [`display`] escapes user-controlled text for human-readable output;
 //! [`notify_socket`] sends the status line and watchdog pings to systemd from
 //! a thread of its own (a full notify socket blocks the sender).
+//! [`cdi`] reads the host's CDI specs (`/etc/cdi`, `/var/run/cdi`, root's
+//! alone) and turns a job's GPUs into what its unit in a container image
+//! needs (device allow-list, read-only binds, variables, the symlinks and
+//! library folders of nvidia's hooks, which are never run); mixed: only
+//! [`cdi::load`] does I/O.
 //!
 //! # Floors
 //!
@@ -121,7 +126,10 @@
 //! files), [`users`] (`Owner`; the passwd and group lookups), [`config`]
 //! (the validated settings; loading the file), [`notifications`]
 //! (render, retry and pacing are pure; the sender, transports, outbox and
-//! output tail are not) and [`accounting`] (the rows, the queries' SQL and
+//! output tail are not), [`images`] (references, manifests, a job's argv
+//! and environment from its image, and the collection plan are pure;
+//! pulling, importing, unpacking and the store are not) and
+//! [`accounting`] (the rows, the queries' SQL and
 //! the cgroup parsers are pure; the database, its child process and the
 //! cgroup reader are not).
 //!
@@ -146,6 +154,7 @@
 pub mod accounting;
 pub mod api;
 pub mod board;
+pub mod cdi;
 pub mod chain;
 pub mod config;
 pub mod daemon;
@@ -155,6 +164,7 @@ pub mod fair_share;
 pub mod fsutil;
 pub mod gpu;
 pub mod history;
+pub mod images;
 pub mod job;
 pub mod kept_units;
 pub mod logs;

@@ -45,10 +45,18 @@ const PURE: &[&str] = &[
 /// file (the daemon's admission rules take values, the daemon does the
 /// I/O around them).
 const PURE_FILES: &[&str] = &[
+    "src/cdi/elf.rs",
+    "src/cdi/hooks.rs",
+    "src/cdi/registry.rs",
+    "src/cdi/spec.rs",
+    "src/cdi/translate.rs",
     "src/daemon/admission.rs",
     "src/daemon/lifecycle.rs",
     "src/daemon/live.rs",
     "src/daemon/planning.rs",
+    "src/images/catalog.rs",
+    "src/images/manifest.rs",
+    "src/images/reference.rs",
 ];
 
 /// What the pure core must not name: a path equal to or under one of
@@ -64,6 +72,7 @@ const IO: &[&str] = &[
     "accounting::usage::write",
     "api",
     "board",
+    "cdi::load",
     "config::load",
     "daemon",
     "fsutil",
@@ -71,6 +80,14 @@ const IO: &[&str] = &[
     "gpu::PoolMonitor",
     "gpu::open_inventory",
     "history",
+    "images::BlobStore",
+    "images::ImageStore",
+    "images::archive",
+    "images::assemble",
+    "images::blobs",
+    "images::registry",
+    "images::store",
+    "images::unpack",
     "logs",
     "memory",
     "metrics",
@@ -97,8 +114,10 @@ const IO: &[&str] = &[
 /// one by one (never the module whole), so [`IO`] can tell them apart.
 const MIXED: &[&str] = &[
     "accounting",
+    "cdi",
     "config",
     "gpu",
+    "images",
     "notifications",
     "runtime",
     "store",
