@@ -105,6 +105,8 @@ impl EndedJob {
             uid: self.owner_uid,
             unit: self.id.unit_name(),
             command: Vec::new(),
+            image: None,
+            image_digest: None,
             workdir: None,
             gpus: self.gpus.to_vec(),
             gpu_uuids: Vec::new(),

@@ -65,6 +65,16 @@ impl Outcome {
         }
     }
 
+    /// The status words of a job not ended, in the order a job passes
+    /// through them: `pulling` is a queued job whose image is not on disk
+    /// yet (issue 21; it holds no GPU and is not planned).
+    pub const ACTIVE: [&'static str; 4] = ["queued", "pulling", "launching", "running"];
+
+    /// Whether `status` is one of a job not ended ([`Outcome::ACTIVE`]).
+    pub fn is_active(status: &str) -> bool {
+        Self::ACTIVE.contains(&status)
+    }
+
     /// Every outcome's status word, in the order of the variants: the one
     /// list that [`Outcome::status`], the metrics' always-present series
     /// and the docs read.

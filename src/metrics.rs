@@ -95,6 +95,7 @@ pub const RUN_DURATION_BUCKETS: &[f64] = &[
 ];
 
 /// The statuses of jobs not ended, in `ptrain_jobs{status}`.
+/// A job pulling its image is counted as queued: it waits to be planned.
 const ACTIVE_STATUSES: [&str; 3] = ["queued", "launching", "running"];
 
 /// Outcomes always in `ptrain_jobs_finished_total`, 0 until a job ends so,

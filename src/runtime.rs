@@ -62,6 +62,86 @@ pub struct PreparedLaunch {
     pub result_dir: PathBuf,
 }
 
+/// Where an image job's unit finds `ptraind exec-job` (issue 21). Inside
+/// the image's root the host's `ptraind` and the C library it links
+/// against are absent (an image may have another libc, or none), so the
+/// unit binds them, read-only, under [`HostExec::MOUNT`] (on the tmpfs
+/// `MountAPIVFS=` puts on `/run`, never in the image) and runs the
+/// host's dynamic loader on the host's `ptraind` with the host's library
+/// directory: `ld.so --library-path DIR ptraind exec-job FILE`. The
+/// loader's `--library-path` applies to `ptraind` alone; the program
+/// `exec-job` then execs is loaded by the image's own loader, with the
+/// image's libraries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostExec {
+    pub ptraind: PathBuf,
+    /// The dynamic loader `ptraind` was started by.
+    pub loader: PathBuf,
+    /// The directory of the C library `ptraind` links against.
+    pub lib_dir: PathBuf,
+}
+
+impl HostExec {
+    /// Where the host's files appear inside an image's root.
+    pub const MOUNT: &'static str = "/run/ptrain-host";
+
+    /// The loader and library directory of this process, from its own
+    /// mappings (`/proc/self/maps`), so they are the ones `ptraind`
+    /// really runs with; `None` where they cannot be told (a static
+    /// build: then image jobs are refused with a reason).
+    pub fn detect(ptraind: &Path) -> Option<HostExec> {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let (loader, lib_dir) = Self::from_maps(&maps)?;
+        Some(HostExec {
+            ptraind: ptraind.to_owned(),
+            loader,
+            lib_dir,
+        })
+    }
+
+    /// The loader and libc's directory named in a `/proc/PID/maps` text.
+    fn from_maps(maps: &str) -> Option<(PathBuf, PathBuf)> {
+        let mut loader = None;
+        let mut libc = None;
+        for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+            let path = Path::new(path);
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if loader.is_none() && name.starts_with("ld-linux") && name.contains(".so") {
+                loader = Some(path.to_owned());
+            } else if libc.is_none() && name == "libc.so.6" {
+                libc = path.parent().map(Path::to_owned);
+            }
+        }
+        Some((loader?, libc?))
+    }
+
+    /// `(path, argv)` of a unit command running `ptraind ARGS` inside an
+    /// image's root.
+    pub fn command(&self, args: &[String]) -> (String, Vec<String>) {
+        let loader = format!("{}/ld.so", Self::MOUNT);
+        let mut argv = vec![
+            loader.clone(),
+            "--library-path".into(),
+            format!("{}/lib", Self::MOUNT),
+            format!("{}/ptraind", Self::MOUNT),
+        ];
+        argv.extend(args.iter().cloned());
+        (loader, argv)
+    }
+
+    /// The read-only binds that bring the host's files in: `(source,
+    /// destination)`.
+    pub fn binds(&self) -> [(PathBuf, String); 3] {
+        [
+            (self.ptraind.clone(), format!("{}/ptraind", Self::MOUNT)),
+            (self.loader.clone(), format!("{}/ld.so", Self::MOUNT)),
+            (self.lib_dir.clone(), format!("{}/lib", Self::MOUNT)),
+        ]
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("cannot prepare {path}: {source}; check that {root} is a root-owned directory on a tmpfs (runtime_dir in ptrain.toml)", root = .root.display(), path = .path.display())]
@@ -347,6 +427,40 @@ mod tests {
             home: "/".into(),
             groups: vec![gid],
         }
+    }
+
+    #[test]
+    fn the_host_loader_and_libc_directory_are_read_from_the_mappings() {
+        let maps = "\
+55d0c0000000-55d0c0100000 r--p 00000000 fe:01 123 /usr/sbin/ptraind
+7f0000000000-7f0000020000 r--p 00000000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000100000-7f0000120000 r--p 00000000 fe:01 457 /usr/lib/x86_64-linux-gnu/libm.so.6
+7f0000200000-7f0000220000 r--p 00000000 fe:01 789 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0 [stack]
+";
+        let (loader, lib_dir) = HostExec::from_maps(maps).unwrap();
+        assert_eq!(
+            loader,
+            Path::new("/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+        );
+        assert_eq!(lib_dir, Path::new("/usr/lib/x86_64-linux-gnu"));
+        assert!(HostExec::from_maps("7f00-7f01 r--p 0 fe:01 1 /usr/sbin/ptraind\n").is_none());
+        // This very process: the test binary is dynamically linked.
+        let here = HostExec::detect(Path::new("/usr/sbin/ptraind")).unwrap();
+        assert!(here.loader.exists() && here.lib_dir.join("libc.so.6").exists());
+        let (path, argv) = here.command(&["exec-job".into(), "/run/f".into()]);
+        assert_eq!(path, "/run/ptrain-host/ld.so");
+        assert_eq!(
+            argv,
+            [
+                "/run/ptrain-host/ld.so",
+                "--library-path",
+                "/run/ptrain-host/lib",
+                "/run/ptrain-host/ptraind",
+                "exec-job",
+                "/run/f"
+            ]
+        );
     }
 
     #[test]

@@ -91,6 +91,7 @@ pub const SPEC_FIELDS: &[&str] = &[
     "checkpoint_lead",
     "stop_grace",
     "preemptible",
+    "image",
 ];
 
 /// Environment variables a job may not set, with why. Matching is exact
@@ -343,6 +344,10 @@ pub struct JobSpec {
     /// stop ptraind makes ([`checkpoint`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<checkpoint::Checkpoint>,
+    /// The container image the job runs in (issue 21), normalized
+    /// ([`crate::images::ImageSource`]'s form); `None`: the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// SIGTERM to SIGKILL for this job; `None`: `[jobs] stop_grace`.
     #[serde(
         default,
@@ -391,6 +396,9 @@ mod timeout_serde {
 /// file: each names the field and ends with how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
+    #[error("field `image`: {0}")]
+    Image(String),
+
     #[error("job file is larger than {MAX_SPEC_BYTES} bytes; a descriptor only names a command, keep data in files it reads")]
     TooLarge,
 
@@ -971,6 +979,7 @@ struct RawSpec {
     checkpoint_lead: Option<Value>,
     stop_grace: Option<Value>,
     preemptible: Option<Value>,
+    image: Option<Value>,
 }
 
 impl RawSpec {
@@ -1010,6 +1019,7 @@ impl RawSpec {
                 "checkpoint_lead" => &mut raw.checkpoint_lead,
                 "stop_grace" => &mut raw.stop_grace,
                 "preemptible" => &mut raw.preemptible,
+                "image" => &mut raw.image,
                 _ => {
                     return Err(SpecError::UnknownField {
                         field: quote(&key),
@@ -1039,6 +1049,7 @@ impl RawSpec {
             Some(v) => validate_command(v)?,
         };
         let workdir = self.workdir.map(validate_workdir).transpose()?;
+        let image = self.image.map(validate_image).transpose()?;
         let env = self.env.map(validate_env).transpose()?.unwrap_or_default();
         let credentials = self
             .credentials
@@ -1170,8 +1181,23 @@ impl RawSpec {
             checkpoint,
             stop_grace,
             preemptible,
+            image,
         })
     }
+}
+
+const IMAGE_HINT: &str = "write e.g. \"image\": \"registry.example.com/paddlepaddle/paddle:2.6-gpu-cuda11.8-cudnn8\" (or \"oci-archive:/srv/images/paddle.tar\", \"docker-archive:/srv/images/paddle.tar\", \"oci:/srv/images/paddle-layout:2.6\")";
+
+/// `image`: the container image the job runs in, normalized as docker
+/// names it ([`crate::images::ImageSource`]), so two spellings of one
+/// image share one pull.
+fn validate_image(v: Value) -> Result<String, SpecError> {
+    let Value::String(text) = v else {
+        return Err(wrong_type("image", "a string", &v, IMAGE_HINT));
+    };
+    crate::images::ImageSource::parse(&text)
+        .map(|source| source.to_string())
+        .map_err(|e| SpecError::Image(e.to_string()))
 }
 
 const HOLD_HINT: &str =
@@ -1616,6 +1642,41 @@ mod tests {
         assert_eq!(spec.timeout, Some(Duration::from_secs(12 * 3600)));
         assert!(spec.env.is_empty());
         assert_eq!(spec.user, None);
+    }
+
+    #[test]
+    fn the_image_example_is_a_valid_job_file() {
+        let spec = parse_spec(
+            include_bytes!("../spool-examples/paddle-ocr-image.json"),
+            "paddle-ocr-image",
+        )
+        .unwrap();
+        assert_eq!(
+            spec.image.as_deref(),
+            Some("registry.example.com/paddlepaddle/paddle:2.6-gpu-cuda11.8-cudnn8")
+        );
+        assert_eq!(spec.gpus.count(), 1);
+        // Docker's defaults are written out, so two spellings share a pull.
+        let spec = parse(r#"{"version":1,"command":["x"],"image":"ubuntu"}"#).unwrap();
+        assert_eq!(
+            spec.image.as_deref(),
+            Some("docker.io/library/ubuntu:latest")
+        );
+        let spec =
+            parse(r#"{"version":1,"command":["x"],"image":"oci-archive:/srv/i.tar:v2"}"#).unwrap();
+        assert_eq!(spec.image.as_deref(), Some("oci-archive:/srv/i.tar:v2"));
+        assert_err_contains(
+            r#"{"version":1,"command":["x"],"image":"Bad Image!"}"#,
+            &["field `image`", "Bad Image!"],
+        );
+        assert_err_contains(
+            r#"{"version":1,"command":["x"],"image":["ubuntu"]}"#,
+            &["image", "a string"],
+        );
+        assert_err_contains(
+            r#"{"version":1,"command":["x"],"image":"oci-archive:relative.tar"}"#,
+            &["field `image`"],
+        );
     }
 
     #[test]

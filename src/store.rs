@@ -60,6 +60,22 @@ pub struct SpoolSource {
     pub size: u64,
 }
 
+/// A job's image, pulled, verified and unpacked ([`crate::images`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadyImage {
+    /// The image manifest's digest: a tag is resolved once, at the pull,
+    /// so every attempt (and a rerun naming the digest) runs the same
+    /// image.
+    pub digest: String,
+    /// The root the job's unit runs in (`RootDirectory=`): the image's
+    /// shared tree with the job's mount points
+    /// ([`crate::images::runtime_root`]).
+    pub rootfs: PathBuf,
+    /// The image's `Entrypoint`, `Cmd` and `Env`, applied as `docker run`
+    /// does ([`crate::images::manifest::launch_argv`], `merge_env`).
+    pub run: crate::images::manifest::RunConfig,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AssignedGpu {
     pub index: u32,
@@ -128,6 +144,11 @@ pub struct JobRecord {
     /// ran ([`crate::accounting::gpu`]); empty without NVML or samples.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_usage: Vec<GpuRunUsage>,
+    /// The job's image once it is on disk (issue 21): the exact image that
+    /// runs and the root the unit gets. `None` while a job with an
+    /// `image` is pulling (it is not planned until then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ReadyImage>,
     /// Held: queued, never planned, until released (`ptrain hold` and
     /// `release`; a descriptor's `hold: true` submits it so).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -249,6 +270,7 @@ impl JobRecord {
     pub fn new(spec: JobSpec, owner: Owner, source: SpoolSource, now: u64) -> JobRecord {
         JobRecord {
             held: spec.hold,
+            image: None,
             id: spec.id.clone(),
             unit: spec.id.unit_name(),
             spec,
@@ -289,6 +311,7 @@ impl JobRecord {
         match (&self.state, &self.outcome) {
             (JobState::Ended, Some(outcome)) => outcome.status(),
             (JobState::Ended, None) => "ended",
+            (JobState::Queued, _) if self.spec.image.is_some() && self.image.is_none() => "pulling",
             (JobState::Queued, _) => "queued",
             (JobState::Launching, _) => "launching",
             (JobState::Running, _) => "running",

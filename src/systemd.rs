@@ -673,6 +673,7 @@ pub fn to_variant(value: &PropValue) -> OwnedVariant {
         PropValue::StrList(list) => zbus::Variant::from(list.clone()),
         PropValue::Exec(cmds) => zbus::Variant::from(cmds.clone()),
         PropValue::Pairs(pairs) => zbus::Variant::from(pairs.clone()),
+        PropValue::Binds(binds) => zbus::Variant::from(binds.clone()),
     };
     OwnedVariant::try_from(variant).expect("plain values convert without file descriptors")
 }

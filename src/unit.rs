@@ -62,6 +62,9 @@ pub enum PropValue {
     /// `a(ss)`: DeviceAllow (node, "rw"), TemporaryFileSystem (path,
     /// options).
     Pairs(Vec<(String, String)>),
+    /// `a(ssbt)`: BindPaths, BindReadOnlyPaths (source, destination,
+    /// ignore a missing source, mount flags).
+    Binds(Vec<(String, String, bool, u64)>),
 }
 
 pub type UnitProperties = Vec<(&'static str, PropValue)>;
@@ -105,15 +108,27 @@ pub fn daemon_environment(record: &JobRecord, result_file: &Path) -> Vec<String>
 
 /// What the job's command runs with besides the unit's own variables: its
 /// `env`, and its parents' results (private to the owner).
+/// In an image, as `docker run` would: the image's `Entrypoint` before the
+/// job's command (which replaces its `Cmd`), and the image's `Env` under
+/// the job's `env`.
 pub fn launch_file(record: &JobRecord, parent_results: Option<&str>) -> LaunchFile {
-    let mut env = record.spec.env.clone();
+    let (argv, mut env) = match &record.image {
+        Some(image) => (
+            crate::images::manifest::launch_argv(&image.run, &record.spec.command)
+                .unwrap_or_else(|_| record.spec.command.clone()),
+            crate::images::manifest::merge_env(
+                image.run.env.as_deref().unwrap_or_default(),
+                &record.spec.env,
+            )
+            .into_iter()
+            .collect(),
+        ),
+        None => (record.spec.command.clone(), record.spec.env.clone()),
+    };
     if let Some(results) = parent_results {
         env.insert("PTRAIN_PARENT_RESULTS".into(), results.to_owned());
     }
-    LaunchFile {
-        argv: record.spec.command.clone(),
-        env,
-    }
+    LaunchFile { argv, env }
 }
 
 /// What a job's unit takes of the config: its own settings only
@@ -144,6 +159,9 @@ pub struct LaunchContext<'a> {
     pub prepared: &'a PreparedLaunch,
     /// Where the job writes its result.
     pub result_file: &'a Path,
+    /// How an image job's unit runs `ptraind` inside the image's root
+    /// (`None`: this ptraind cannot tell; image jobs are refused before).
+    pub host_exec: Option<&'a crate::runtime::HostExec>,
 }
 
 /// A name for the job's output in the journal (`SYSLOG_IDENTIFIER`, what
@@ -208,6 +226,18 @@ pub fn job_unit_properties(
             .map(|p| format!("-{}", p.display())),
     );
     let ptraind = ctx.ptraind.display().to_string();
+    // `ptraind ARGS` as the unit runs it: in an image's root, through the
+    // host's loader on the host's files bound in ([`HostExec`]).
+    let ptraind_command = |args: Vec<String>| -> (String, Vec<String>) {
+        match (&record.image, ctx.host_exec) {
+            (Some(_), Some(host)) => host.command(&args),
+            _ => (ptraind.clone(), [vec![ptraind.clone()], args].concat()),
+        }
+    };
+    let (exec_path, exec_argv) = ptraind_command(vec![
+        "exec-job".into(),
+        ctx.prepared.launch_file.display().to_string(),
+    ]);
     let [on_success, on_failure] = record.id.recorder_units();
     let mut props: UnitProperties = vec![
         (
@@ -221,15 +251,7 @@ pub fn job_unit_properties(
         // expanded or misread on reload.
         (
             "ExecStart",
-            PropValue::Exec(vec![(
-                ptraind.clone(),
-                vec![
-                    ptraind.clone(),
-                    "exec-job".into(),
-                    ctx.prepared.launch_file.display().to_string(),
-                ],
-                false,
-            )]),
+            PropValue::Exec(vec![(exec_path, exec_argv, false)]),
         ),
         ("CPUAccounting", PropValue::Bool(true)),
         ("MemoryAccounting", PropValue::Bool(true)),
@@ -321,18 +343,14 @@ pub fn job_unit_properties(
     // where ptraind reads it with the end. "-": a failure here never
     // changes how the job ended. Not with `[accounting] enabled = false`.
     if settings.measure_usage {
-        props.push((
-            "ExecStopPost",
-            PropValue::Exec(vec![(
-                ptraind.clone(),
-                vec![
-                    ptraind.clone(),
-                    "job-usage".into(),
-                    ctx.prepared.result_dir.display().to_string(),
-                ],
-                true,
-            )]),
-        ));
+        let (path, argv) = ptraind_command(vec![
+            "job-usage".into(),
+            ctx.prepared.result_dir.display().to_string(),
+        ]);
+        props.push(("ExecStopPost", PropValue::Exec(vec![(path, argv, true)])));
+    }
+    if let Some(image) = &record.image {
+        props.extend(image_properties(image, &workdir, ctx));
     }
     let limits = &record.limits;
     if let Some(bytes) = limits.memory_bytes {
@@ -348,6 +366,48 @@ pub fn job_unit_properties(
         props.push(("RuntimeMaxUSec", PropValue::U64(timeout.as_micros() as u64)));
     }
     props
+}
+
+/// What runs a job inside its image (issue 21): the image's root for the
+/// unit's whole mount namespace, with the API file systems (`/proc`,
+/// `/sys`, `/dev`, and a tmpfs on `/run`) and the job's own paths bound in
+/// at the same place: its workdir and result directory writable, its
+/// launch directory (command, environment, secrets) and the host's
+/// `ptraind` read-only. Every other property, the baseline, the
+/// device allow-list and the limits among them, is the same as on the
+/// host: ProtectSystem=strict makes the image read-only on top of its
+/// files being root's.
+fn image_properties(
+    image: &crate::store::ReadyImage,
+    workdir: &Path,
+    ctx: &LaunchContext,
+) -> UnitProperties {
+    let same = |p: &Path| (p.display().to_string(), p.display().to_string(), false, 0);
+    let mut read_only: Vec<(String, String, bool, u64)> = ctx
+        .host_exec
+        .map(|host| {
+            host.binds()
+                .into_iter()
+                .map(|(source, dest)| (source.display().to_string(), dest, false, 0))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(launch_dir) = ctx.prepared.launch_file.parent() {
+        read_only.push(same(launch_dir));
+    }
+    let mut writable = vec![same(&ctx.prepared.result_dir)];
+    if workdir != Path::new("/") {
+        writable.push(same(workdir));
+    }
+    vec![
+        (
+            "RootDirectory",
+            PropValue::Str(image.rootfs.display().to_string()),
+        ),
+        ("MountAPIVFS", PropValue::Bool(true)),
+        ("BindReadOnlyPaths", PropValue::Binds(read_only)),
+        ("BindPaths", PropValue::Binds(writable)),
+    ]
 }
 
 #[cfg(test)]
@@ -379,8 +439,100 @@ mod tests {
             ptraind: Path::new("/usr/sbin/ptraind"),
             prepared: &prepared,
             result_file: Path::new("/run/ptrain/results/job1/result.json"),
+            host_exec: Some(&host_exec()),
         };
         job_unit_properties(r, config.into(), &ctx)
+    }
+
+    fn host_exec() -> crate::runtime::HostExec {
+        crate::runtime::HostExec {
+            ptraind: "/usr/sbin/ptraind".into(),
+            loader: "/lib64/ld-linux-x86-64.so.2".into(),
+            lib_dir: "/lib/x86_64-linux-gnu".into(),
+        }
+    }
+
+    #[test]
+    fn an_image_job_runs_ptraind_through_the_hosts_loader_in_the_images_root() {
+        let config = crate::config::Config::from_toml(Path::new("t"), "").unwrap();
+        let host = record(
+            r#"{"version":1,"command":["train.py","--lr","0.1"],"workdir":"/home/alice/p","env":{"A":"job","PATH":"/opt/bin"}}"#,
+        );
+        let host_props = props(&host, &config, true);
+        for key in [
+            "RootDirectory",
+            "MountAPIVFS",
+            "BindPaths",
+            "BindReadOnlyPaths",
+        ] {
+            assert!(host_props.iter().all(|(k, _)| *k != key), "{key}");
+        }
+        let mut r = record(
+            r#"{"version":1,"image":"localhost:5000/ptrain/test:v1","command":["train.py","--lr","0.1"],"workdir":"/home/alice/p","env":{"A":"job","PATH":"/opt/bin"}}"#,
+        );
+        r.image = Some(crate::store::ReadyImage {
+            digest: format!("sha256:{}", "a".repeat(64)),
+            rootfs: "/var/lib/ptrain/images/roots/sha256/k".into(),
+            run: crate::images::manifest::RunConfig {
+                env: Some(vec![
+                    "PATH=/usr/bin:/bin".into(),
+                    "LANG=C.UTF-8".into(),
+                    "A=image".into(),
+                ]),
+                entrypoint: Some(vec!["/usr/bin/python3".into()]),
+                cmd: Some(vec!["-c".into(), "print(1)".into()]),
+                ..Default::default()
+            },
+        });
+        let props = props(&r, &config, true);
+        assert_eq!(
+            get(&props, "RootDirectory"),
+            &PropValue::Str("/var/lib/ptrain/images/roots/sha256/k".into())
+        );
+        assert_eq!(get(&props, "MountAPIVFS"), &PropValue::Bool(true));
+        let PropValue::Exec(exec) = get(&props, "ExecStart") else {
+            panic!("ExecStart");
+        };
+        assert_eq!(exec[0].0, "/run/ptrain-host/ld.so");
+        assert_eq!(
+            exec[0].1[3..],
+            [
+                "/run/ptrain-host/ptraind",
+                "exec-job",
+                "/run/ptrain/launch/job1/ptrain.job"
+            ]
+        );
+        let same = |p: &str| (p.to_string(), p.to_string(), false, 0);
+        assert_eq!(
+            get(&props, "BindPaths"),
+            &PropValue::Binds(vec![
+                same("/run/ptrain/results/job1"),
+                same("/home/alice/p")
+            ])
+        );
+        let PropValue::Binds(ro) = get(&props, "BindReadOnlyPaths") else {
+            panic!("BindReadOnlyPaths");
+        };
+        assert!(ro.contains(&same("/run/ptrain/launch/job1")), "{ro:?}");
+        assert!(ro.contains(&(
+            "/usr/sbin/ptraind".to_string(),
+            "/run/ptrain-host/ptraind".to_string(),
+            false,
+            0
+        )));
+        // The baseline is the host job's, property for property.
+        for (key, value) in &host_props {
+            if !matches!(*key, "ExecStart" | "ExecStopPost") {
+                assert_eq!(get(&props, key), value, "{key}");
+            }
+        }
+        // docker run's rules: the entrypoint kept, the command for Cmd,
+        // the job's env over the image's.
+        let launch = launch_file(&r, None);
+        assert_eq!(launch.argv, ["/usr/bin/python3", "train.py", "--lr", "0.1"]);
+        assert_eq!(launch.env["A"], "job");
+        assert_eq!(launch.env["PATH"], "/opt/bin");
+        assert_eq!(launch.env["LANG"], "C.UTF-8");
     }
 
     fn get<'a>(props: &'a UnitProperties, key: &str) -> &'a PropValue {

@@ -36,6 +36,12 @@ pub struct JobView {
     pub uid: u32,
     pub unit: String,
     pub command: Vec<String>,
+    /// The image the job runs in, as its file named it (issue 21), and
+    /// the manifest digest that ran (once pulled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
     pub workdir: Option<String>,
     pub gpus: Vec<u32>,
     pub gpu_uuids: Vec<String>,
@@ -169,6 +175,8 @@ impl JobView {
             name: None,
             comment: None,
             command: Vec::new(),
+            image: None,
+            image_digest: None,
             workdir: None,
             exit_code: None,
             signal: None,
@@ -228,6 +236,8 @@ impl JobView {
             uid: record.owner.uid,
             unit: record.unit.clone(),
             command: record.spec.command.clone(),
+            image: record.spec.image.clone(),
+            image_digest: record.image.as_ref().map(|i| i.digest.clone()),
             workdir: record
                 .spec
                 .workdir

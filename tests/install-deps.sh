@@ -14,8 +14,12 @@ set -euo pipefail
 # examples; binutils, gzip, init-system-helpers: the Debian package test
 # (strip, man pages, deb-systemd-helper), lintian: the package test fails
 # on any lintian error or warning; shellcheck: the GPU script's test
-# (packaging/gpu-e2e.sh runs as root on a GPU host) lints it.
-PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck)
+# (packaging/gpu-e2e.sh runs as root on a GPU host) lints it;
+# docker-registry, skopeo, umoci, busybox-static: the container image test
+# (tests/integration/images.rs) builds a real image with umoci from the
+# static busybox (it runs chrooted in the unpacked tree), pushes it with
+# skopeo to a real registry on loopback and writes its archives.
+PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck docker-registry skopeo umoci busybox-static)
 
 die() { echo "tests/install-deps.sh: $*" >&2; exit 1; }
 

@@ -86,6 +86,7 @@ const IO: &[&str] = &[
     "images::assemble",
     "images::blobs",
     "images::registry",
+    "images::runtime_root",
     "images::store",
     "images::unpack",
     "logs",

@@ -1867,7 +1867,7 @@ fn deadline(n: usize) -> Duration {
 }
 
 fn is_final(status: &str) -> bool {
-    !matches!(status, "queued" | "launching" | "running")
+    !ptrain::job::Outcome::is_active(status)
 }
 
 fn job_json(extra: &str) -> String {
@@ -2625,6 +2625,7 @@ impl PtrainProps {
             ptraind: &self.ptraind,
             prepared: &prepared,
             result_file: &result_file,
+            host_exec: None,
         };
         let mut props: Vec<(String, OwnedVariant)> =
             ptrain::unit::job_unit_properties(&record, (&self.config).into(), &ctx)

@@ -29,10 +29,12 @@ use crate::spec::JobId;
 use crate::store::{JobRecord, JobState};
 
 /// Whether a queued job waits on something besides GPUs: other jobs
-/// (`after`), its sweep's `max_parallel`, a release (held), or a begin
+/// (`after`), its sweep's `max_parallel`, a release (held), its image
+/// (pulling), or a begin
 /// time (kept after it passed: one comparison per plan).
 pub(super) fn is_constrained(record: &JobRecord) -> bool {
     record.held
+        || (record.spec.image.is_some() && record.image.is_none())
         || record.begin_at.is_some()
         || !record.spec.after.is_empty()
         || (record.group.is_some() && record.max_parallel.is_some())

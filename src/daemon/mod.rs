@@ -11,6 +11,7 @@ use tracing::{error, info, warn};
 
 mod admission;
 mod checkpoints;
+mod images;
 mod lifecycle;
 mod live;
 mod planning;
@@ -104,6 +105,12 @@ pub enum Event {
         unit: String,
         state: Result<UnitState, SystemdError>,
     },
+    /// A job's image is in the store and its root made, or why not
+    /// (`images::Images::want`).
+    ImageReady {
+        id: JobId,
+        result: Result<crate::store::ReadyImage, String>,
+    },
     /// systemd froze or thawed a job's unit, or did not (`error`), as
     /// `ptrain pause` or `resume` asked ([`Daemon::pause`]).
     Freezer {
@@ -174,6 +181,11 @@ pub struct Daemon {
     stuck_entries: HashSet<(u64, u64)>,
     /// The ptraind binary: each unit's ExecStart is `ptraind exec-job`.
     ptraind: std::path::PathBuf,
+    /// How image jobs' units run `ptraind` in the image's root.
+    host_exec: Option<crate::runtime::HostExec>,
+    /// The image store and its pulls (`Err`: why it could not be opened;
+    /// image jobs then end with that reason).
+    images: Result<images::Images, String>,
     /// Each job's launch files and result directory.
     runtime: crate::runtime::JobRuntime,
     /// Jobs whose unit is gone while its exit recorder still runs: their
@@ -389,6 +401,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     // them, so a flood of files never delays recording a job's end.
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let (spool_tx, spool_rx) = mpsc::unbounded_channel::<SpoolEvent>();
+    let images_dir = config.state_dir.join("images");
     let systemd = Systemd::connect().await?;
     let unit_tx = tx.clone();
     let signals_lost = CancellationToken::new();
@@ -446,6 +459,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         by_unit: HashMap::new(),
         stuck_entries: HashSet::new(),
         ptraind: ptraind_path(),
+        host_exec: crate::runtime::HostExec::detect(&ptraind_path()),
+        images: images::Images::open(&images_dir, tx.clone()),
         runtime,
         awaiting_recorder: HashSet::new(),
         launch_backlog: Default::default(),
@@ -879,6 +894,7 @@ impl Daemon {
             Event::Relaunch(id) => self.start_unit(&id).await,
             Event::Looked { unit, state } => self.on_looked(&unit, state).await,
             Event::Freezer { id, pause, error } => self.on_freezer(&id, pause, error),
+            Event::ImageReady { id, result } => self.on_image_ready(&id, result).await,
             Event::FairShareRead(usage) => self.on_fair_share_read(usage),
             Event::QuotaWindowRead { per, sums } => self.on_quota_window_read(per, sums),
         }
@@ -1500,7 +1516,7 @@ impl Daemon {
         for record in live {
             let id = record.id.clone();
             if record.state == JobState::Queued {
-                self.live.queue_job(record);
+                self.queue(record);
             } else {
                 // Launching or running.
                 self.by_unit.insert(record.unit.clone(), id.clone());
@@ -1917,8 +1933,72 @@ impl Daemon {
                 "job accepted"
             );
             let id = record.id.clone();
-            self.live.queue_job(record);
+            self.queue(record);
             self.emit_changed(&id);
+        }
+    }
+
+    /// A job into the queue; one whose image is not on disk yet starts
+    /// its pull (`pulling` until [`Event::ImageReady`]).
+    fn queue(&mut self, record: JobRecord) {
+        if record.spec.image.is_some() && record.image.is_none() {
+            match &self.images {
+                Ok(images) => {
+                    let workdir = unit::workdir(&record, record.owner.home.is_dir());
+                    let points = if workdir == std::path::Path::new("/") {
+                        Vec::new()
+                    } else {
+                        vec![workdir]
+                    };
+                    images.want(&record, points);
+                }
+                Err(why) => {
+                    let _ = self.events.send(Event::ImageReady {
+                        id: record.id.clone(),
+                        result: Err(format!("ptraind's image store is not open: {why}")),
+                    });
+                }
+            }
+        }
+        self.live.queue_job(record);
+    }
+
+    /// A job's image is ready (recorded: every later attempt runs the
+    /// same digest), or it never will be: the job ends with the reason.
+    async fn on_image_ready(
+        &mut self,
+        id: &JobId,
+        result: Result<crate::store::ReadyImage, String>,
+    ) {
+        let Some(record) = self
+            .live
+            .get(id)
+            .filter(|r| r.state == JobState::Queued && r.image.is_none())
+        else {
+            return;
+        };
+        let reference = record.spec.image.clone().unwrap_or_default();
+        match result {
+            Ok(ready) => {
+                let mut record = record.clone();
+                info!(job = %id, PTRAIN_JOB = %id, image = %reference, digest = %ready.digest, rootfs = %ready.rootfs.display(), "the job's image is ready");
+                record.image = Some(ready);
+                if let Err(e) = self.store.save(&record) {
+                    // Not recorded: the job pulls again after a restart.
+                    error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the job's image");
+                    self.store_failed_at = Some(tokio::time::Instant::now());
+                    return;
+                }
+                self.live.update_queued(record);
+                self.emit_changed(id);
+                self.schedule_again = true;
+            }
+            Err(reason) => {
+                warn!(job = %id, PTRAIN_JOB = %id, image = %reference, "the job's image cannot be had: {reason}");
+                let reason = format!("image {reference}: {reason}");
+                self.finish(id, Outcome::LaunchFailed { reason }, None)
+                    .await;
+            }
         }
     }
 
@@ -1968,7 +2048,7 @@ impl Daemon {
                     continue;
                 }
                 let record = &self.live[id];
-                if record.held {
+                if record.held || (record.spec.image.is_some() && record.image.is_none()) {
                     self.blocked.insert(id.clone());
                     continue;
                 }
@@ -2400,12 +2480,20 @@ impl Daemon {
                 return;
             }
         };
+        if record.image.is_some() && self.host_exec.is_none() {
+            let reason = "this ptraind cannot tell its own dynamic loader and C library (/proc/self/maps), which an image job's unit binds into the image to run `ptraind exec-job`; run the packaged, dynamically linked ptraind".to_owned();
+            error!(job = %id, PTRAIN_JOB = %id, unit, "{reason}");
+            self.finish(id, Outcome::LaunchFailed { reason }, None)
+                .await;
+            return;
+        }
         let result_file = self.runtime.result_file(id);
         let ctx = unit::LaunchContext {
             home_exists: record.owner.home.is_dir(),
             ptraind: &self.ptraind,
             prepared: &prepared,
             result_file: &result_file,
+            host_exec: self.host_exec.as_ref(),
         };
         let props = unit::job_unit_properties(record, (&self.config).into(), &ctx);
         crash_point("before-start-unit");
@@ -3247,6 +3335,23 @@ impl Daemon {
                 Vec::new(),
             ));
         }
+        if let (Some(reference), None) = (&record.spec.image, &record.image) {
+            let progress = self
+                .images
+                .as_ref()
+                .ok()
+                .and_then(|i| i.progress(reference));
+            let detail = match progress {
+                Some((done, total)) if total > 0 => format!(
+                    "pulling image {reference}: {:.1} of {:.1} MiB ({}%)",
+                    done as f64 / 1048576.0,
+                    total as f64 / 1048576.0,
+                    done * 100 / total
+                ),
+                _ => format!("pulling image {reference}"),
+            };
+            return Some((detail, Vec::new()));
+        }
         if !record.spec.after.is_empty() {
             if let crate::chain::Readiness::Waiting(ids) =
                 crate::chain::readiness(&record.spec.after, |named| self.parents(named))
@@ -3556,7 +3661,7 @@ impl Daemon {
                 said.push(format!("job {id} restarted as job {new_id}"));
             }
             info!(job = %new_id, PTRAIN_JOB = %new_id, from = id, by_uid = caller_uid, attempt = record.attempt, "job restarted");
-            self.live.queue_job(record);
+            self.queue(record);
             self.emit_changed(&new_id);
         }
         Ok(match (is_sweep, n) {

@@ -275,6 +275,26 @@ fn blob_name(digest: &Digest) -> String {
     format!("blobs/sha256/{}", digest.hex())
 }
 
+/// Stores the layout's blob `descriptor` names (verified against it) and
+/// reads it back whole: an index, a manifest or a config.
+fn store_and_read(
+    layout: &mut dyn Layout,
+    blobs: &BlobStore,
+    source_name: &str,
+    descriptor: &Descriptor,
+    limit: u64,
+) -> Result<Vec<u8>, ArchiveError> {
+    store_member(
+        layout,
+        blobs,
+        source_name,
+        &blob_name(&descriptor.digest),
+        Some(descriptor),
+        limit,
+    )?;
+    Ok(blobs.read(&descriptor.digest, limit)?)
+}
+
 /// Reads an OCI layout (from a tar or a directory) into the store.
 fn import_oci(
     layout: &mut dyn Layout,
@@ -297,15 +317,13 @@ fn import_oci(
     let mut chosen = entry.clone();
     let mut nested = None;
     if matches!(chosen.media_type.as_str(), OCI_INDEX | DOCKER_MANIFEST_LIST) {
-        store_member(
+        let bytes = store_and_read(
             layout,
             blobs,
             source_name,
-            &blob_name(&chosen.digest),
-            Some(&chosen),
+            &chosen,
             limits.max_manifest_bytes,
         )?;
-        let bytes = blobs.read(&chosen.digest, limits.max_manifest_bytes)?;
         let what = format!("{source_name}: index {}", chosen.digest);
         let Manifest::Index(inner) = parse_manifest(&what, &bytes, Some(&chosen.media_type))?
         else {
@@ -318,15 +336,13 @@ fn import_oci(
         nested = Some(chosen.digest.clone());
         chosen = choose_manifest(&what, &inner, platform)?.clone();
     }
-    store_member(
+    let bytes = store_and_read(
         layout,
         blobs,
         source_name,
-        &blob_name(&chosen.digest),
-        Some(&chosen),
+        &chosen,
         limits.max_manifest_bytes,
     )?;
-    let bytes = blobs.read(&chosen.digest, limits.max_manifest_bytes)?;
     let what = format!("{source_name}: manifest {}", chosen.digest);
     let Manifest::Image(manifest) = parse_manifest(&what, &bytes, Some(&chosen.media_type))? else {
         return Err(invalid(
@@ -335,15 +351,13 @@ fn import_oci(
             FIX_DAMAGED,
         ));
     };
-    store_member(
+    let config = store_and_read(
         layout,
         blobs,
         source_name,
-        &blob_name(&manifest.config.digest),
-        Some(&manifest.config),
+        &manifest.config,
         limits.max_config_bytes,
     )?;
-    let config = blobs.read(&manifest.config.digest, limits.max_config_bytes)?;
     parse_config(&format!("{source_name}: config"), &config, &manifest)?;
     for layer in &manifest.layers {
         store_member(
@@ -590,7 +604,44 @@ pub fn import_oci_layout(
     import_oci(&mut layout, source_name, tag, blobs, platform, limits)
 }
 
+/// Opens a local source's `path` for reading with the caller's rights:
+/// `O_NONBLOCK` so that a FIFO no one writes to (a user may name one)
+/// cannot hold the thread forever, `O_NOCTTY` so that a terminal never
+/// becomes ptraind's, and then the open file itself must be a regular
+/// file (a directory for a layout): a device (`/dev/zero`, a tape) is
+/// never read.
+fn open_source(path: &std::path::Path, directory: bool) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
+    if directory {
+        flags |= OFlags::DIRECTORY;
+    }
+    let fd = rustix::fs::open(path, flags, Mode::empty())
+        .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))?;
+    let file = File::from(fd);
+    let kind = file.metadata()?.file_type();
+    let ok = if directory {
+        kind.is_dir()
+    } else {
+        kind.is_file()
+    };
+    if !ok {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            if directory {
+                "not a directory"
+            } else {
+                "not a regular file (a FIFO, device or directory is never read)"
+            },
+        ));
+    }
+    Ok(file)
+}
+
 /// Opens a local source with the caller's own rights and imports it.
+/// Called as root, those rights are root's: the daemon must call it only
+/// on a thread that has taken the job owner's identity, or open the
+/// source itself that way and call the `import_*` functions.
 pub fn import(
     source: &ImageSource,
     blobs: &BlobStore,
@@ -609,22 +660,25 @@ pub fn import(
             "pull it with the registry client",
         )),
         ImageSource::OciArchive { path, tag } => {
-            let file = File::open(path).map_err(io_err)?;
+            let file = open_source(path, false).map_err(io_err)?;
             import_oci_archive(file, &name, tag.as_deref(), blobs, platform, limits)
         }
         ImageSource::DockerArchive { path } => {
-            let file = File::open(path).map_err(io_err)?;
+            let file = open_source(path, false).map_err(io_err)?;
             import_docker_archive(file, &name, blobs, limits)
         }
         ImageSource::OciLayout { path, tag } => {
-            let dir = File::open(path).map_err(io_err)?;
-            if !dir.metadata().map_err(io_err)?.is_dir() {
-                return Err(invalid(
-                    &name,
-                    "is not a directory",
-                    "name an OCI layout directory",
-                ));
-            }
+            let dir = match open_source(path, true) {
+                Ok(dir) => dir,
+                Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                    return Err(invalid(
+                        &name,
+                        "is not a directory",
+                        "name an OCI layout directory",
+                    ))
+                }
+                Err(e) => return Err(io_err(e)),
+            };
             import_oci_layout(dir.into(), &name, tag.as_deref(), blobs, platform, limits)
         }
     }
@@ -673,6 +727,49 @@ mod tests {
         File::open(path).unwrap()
     }
 
+    /// [`import`] with the host's platform and the default limits.
+    fn import_here(source: &ImageSource, store: &ImageStore) -> Result<Fetched, ArchiveError> {
+        import(
+            source,
+            store.blobs(),
+            &Platform::host(),
+            &FetchLimits::default(),
+        )
+    }
+
+    /// [`import_oci_archive`] of an archive of `entries`.
+    fn oci_archive(
+        dir: &std::path::Path,
+        entries: &[Raw],
+        source_name: &str,
+        tag: Option<&str>,
+        store: &ImageStore,
+    ) -> Result<Fetched, ArchiveError> {
+        import_oci_archive(
+            tar_file(dir, entries),
+            source_name,
+            tag,
+            store.blobs(),
+            &Platform::host(),
+            &FetchLimits::default(),
+        )
+    }
+
+    /// [`import_docker_archive`] of an archive of `entries`.
+    fn docker_archive(
+        dir: &std::path::Path,
+        entries: &[Raw],
+        source_name: &str,
+        store: &ImageStore,
+    ) -> Result<Fetched, ArchiveError> {
+        import_docker_archive(
+            tar_file(dir, entries),
+            source_name,
+            store.blobs(),
+            &FetchLimits::default(),
+        )
+    }
+
     fn store() -> (tempfile::TempDir, ImageStore) {
         let dir = tempfile::tempdir().unwrap();
         let store = ImageStore::open(&dir.path().join("store")).unwrap();
@@ -687,27 +784,15 @@ mod tests {
             .iter()
             .map(|(n, b)| file(&format!("./{n}"), b, 0o644))
             .collect();
-        let platform = Platform::host();
-        let limits = FetchLimits::default();
-        let f = tar_file(dir.path(), &entries);
-        let fetched = import_oci_archive(
-            f,
-            "oci-archive:/x.tar",
-            None,
-            store.blobs(),
-            &platform,
-            &limits,
-        )
-        .unwrap();
+        let fetched =
+            oci_archive(dir.path(), &entries, "oci-archive:/x.tar", None, &store).unwrap();
         assert_eq!(fetched.manifest, image.manifest_digest);
-        let f = tar_file(dir.path(), &entries);
-        let fetched = import_oci_archive(
-            f,
+        let fetched = oci_archive(
+            dir.path(),
+            &entries,
             "oci-archive:/x.tar:v1",
             Some("v1"),
-            store.blobs(),
-            &platform,
-            &limits,
+            &store,
         )
         .unwrap();
         let prepared = store.prepare(&fetched, &ImageLimits::default(), 1).unwrap();
@@ -716,14 +801,12 @@ mod tests {
             b"echo hi\n"
         );
 
-        let f = tar_file(dir.path(), &entries);
-        let err = import_oci_archive(
-            f,
+        let err = oci_archive(
+            dir.path(),
+            &entries,
             "oci-archive:/x.tar:v2",
             Some("v2"),
-            store.blobs(),
-            &platform,
-            &limits,
+            &store,
         )
         .unwrap_err()
         .to_string();
@@ -744,13 +827,7 @@ mod tests {
             std::fs::write(path, bytes).unwrap();
         }
         let source = ImageSource::parse(&format!("oci:{}", layout.display())).unwrap();
-        let fetched = import(
-            &source,
-            store.blobs(),
-            &Platform::host(),
-            &FetchLimits::default(),
-        )
-        .unwrap();
+        let fetched = import_here(&source, &store).unwrap();
         assert_eq!(fetched.manifest, image.manifest_digest);
         assert_eq!(fetched.source, source.to_string());
 
@@ -759,13 +836,7 @@ mod tests {
         let layer_digest = Digest::of(&image.layers[0]);
         let tampered = crate::images::unpack::tests::gzip(&raw_tar(&[file("evil", b"x", 0o644)]));
         std::fs::write(layout.join(blob_name(&layer_digest)), &tampered).unwrap();
-        let err = import(
-            &source,
-            store2.blobs(),
-            &Platform::host(),
-            &FetchLimits::default(),
-        )
-        .unwrap_err();
+        let err = import_here(&source, &store2).unwrap_err();
         let text = err.to_string();
         assert!(
             matches!(
@@ -780,13 +851,7 @@ mod tests {
         let last = same_size.len() - 1;
         same_size[last] ^= 0xff;
         std::fs::write(layout.join(blob_name(&layer_digest)), &same_size).unwrap();
-        let err = import(
-            &source,
-            store2.blobs(),
-            &Platform::host(),
-            &FetchLimits::default(),
-        )
-        .unwrap_err();
+        let err = import_here(&source, &store2).unwrap_err();
         let text = err.to_string();
         assert!(
             text.contains(&layer_digest.to_string())
@@ -797,14 +862,46 @@ mod tests {
         // A blob that is a symlink is not followed.
         std::fs::remove_file(layout.join(blob_name(&layer_digest))).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", layout.join(blob_name(&layer_digest))).unwrap();
-        let err = import(
-            &source,
-            store2.blobs(),
-            &Platform::host(),
-            &FetchLimits::default(),
-        )
-        .unwrap_err();
+        let err = import_here(&source, &store2).unwrap_err();
         assert!(err.to_string().contains("it has no blobs/sha256/"), "{err}");
+    }
+
+    #[test]
+    fn a_named_fifo_or_device_is_refused_without_waiting() {
+        // A user names a FIFO no one writes to (or a device): opening it
+        // must neither hang the importing thread nor read a device.
+        let (dir, store) = store();
+        let fifo = dir.path().join("fifo.tar");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let root = dir.path().join("store");
+        let sources = [
+            format!("docker-archive:{}", fifo.display()),
+            format!("oci-archive:{}", fifo.display()),
+            "docker-archive:/dev/zero".to_string(),
+        ];
+        std::thread::spawn(move || {
+            let store = ImageStore::open(&root).unwrap();
+            for source in sources {
+                let source = ImageSource::parse(&source).unwrap();
+                let err = import_here(&source, &store).unwrap_err().to_string();
+                tx.send(err).unwrap();
+            }
+        });
+        for _ in 0..3 {
+            let err = rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("import hung on a FIFO");
+            assert!(err.contains("not a regular file"), "{err}");
+        }
+        drop(store);
     }
 
     fn store_pair() -> (tempfile::TempDir, ImageStore) {
@@ -836,14 +933,8 @@ mod tests {
             file("manifest.json", &manifest, 0o644),
             file("repositories", b"{}", 0o644),
         ];
-        let f = tar_file(dir.path(), &entries);
-        let fetched = import_docker_archive(
-            f,
-            "docker-archive:/a.tar",
-            store.blobs(),
-            &FetchLimits::default(),
-        )
-        .unwrap();
+        let fetched =
+            docker_archive(dir.path(), &entries, "docker-archive:/a.tar", &store).unwrap();
         let prepared = store.prepare(&fetched, &ImageLimits::default(), 1).unwrap();
         assert_eq!(
             std::fs::read(prepared.rootfs.join("app/run.sh")).unwrap(),
@@ -855,14 +946,7 @@ mod tests {
             Some(vec!["/app/run.sh".to_string()])
         );
         // Importing again gives the same manifest digest.
-        let f = tar_file(dir.path(), &entries);
-        let again = import_docker_archive(
-            f,
-            "docker-archive:/a.tar",
-            store.blobs(),
-            &FetchLimits::default(),
-        )
-        .unwrap();
+        let again = docker_archive(dir.path(), &entries, "docker-archive:/a.tar", &store).unwrap();
         assert_eq!(again.manifest, fetched.manifest);
 
         // Two images in one archive: refused with the fix.
@@ -871,12 +955,11 @@ mod tests {
             {"Config": config_name, "RepoTags": ["b:1"], "Layers": ["aaa/layer.tar"]},
         ]))
         .unwrap();
-        let f = tar_file(dir.path(), &[file("manifest.json", &two, 0o644)]);
-        let err = import_docker_archive(
-            f,
+        let err = docker_archive(
+            dir.path(),
+            &[file("manifest.json", &two, 0o644)],
             "docker-archive:/two.tar",
-            store.blobs(),
-            &FetchLimits::default(),
+            &store,
         )
         .unwrap_err()
         .to_string();
@@ -889,7 +972,7 @@ mod tests {
             {"Config": "../../etc/passwd", "Layers": []},
         ]))
         .unwrap();
-        let f = tar_file(dir.path(), &[file("manifest.json", &bad, 0o644)]);
-        assert!(import_docker_archive(f, "d", store.blobs(), &FetchLimits::default()).is_err());
+        let bad = [file("manifest.json", &bad, 0o644)];
+        assert!(docker_archive(dir.path(), &bad, "d", &store).is_err());
     }
 }

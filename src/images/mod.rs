@@ -80,6 +80,7 @@ pub mod catalog;
 pub mod manifest;
 pub mod reference;
 pub mod registry;
+pub mod runtime_root;
 mod safe_fs;
 pub mod store;
 pub mod unpack;

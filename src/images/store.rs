@@ -238,6 +238,16 @@ impl ImageStore {
         }
 
         let previous = self.read_record(&fetched.source)?;
+        if let Some(old) = previous.as_ref().filter(|p| p.manifest != *id) {
+            // The reference now names another image (a tag moved). Jobs
+            // may still run in the old one's tree, and the collection
+            // keeps only what a record names: the old image stays under
+            // a record of its own, `REFERENCE@DIGEST`, that a collection
+            // removes once no job keeps its manifest.
+            let mut superseded = old.clone();
+            superseded.reference = format!("{}@{}", old.reference, old.manifest);
+            self.write_record(&superseded)?;
+        }
         let meta_bytes = [
             Some(id),
             Some(&manifest.config.digest),
@@ -483,8 +493,8 @@ pub(super) mod tests {
     use crate::images::catalog::{plan_gc, GcPolicy};
     use crate::images::manifest::Descriptor;
     use crate::images::manifest::{ImageManifest, OCI_CONFIG, OCI_LAYER_TAR, OCI_MANIFEST};
-    use crate::images::unpack::tests::{dir, file, gzip, hard, raw_tar, symlink};
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use crate::images::unpack::tests::{dir, file, gzip, hard, mode_of, raw_tar, symlink};
+    use std::os::unix::fs::MetadataExt;
 
     /// An image's blobs: gzip layers of `layers` (uncompressed tars), a
     /// config naming their diff-ids, and the manifest.
@@ -613,13 +623,7 @@ pub(super) mod tests {
         assert_eq!(opt, vec!["3".to_string()]);
         // Modes: setuid gone, the top layer's directory mode wins, tmp
         // not world-writable, mount points made.
-        let mode = |p: &str| {
-            std::fs::symlink_metadata(tree.join(p))
-                .unwrap()
-                .permissions()
-                .mode()
-                & 0o7777
-        };
+        let mode = |p: &str| mode_of(&tree.join(p));
         assert_eq!(mode("bin/tool"), 0o755);
         assert_eq!(mode("bin"), 0o700);
         assert_eq!(mode("tmp"), 0o755);
@@ -718,6 +722,44 @@ pub(super) mod tests {
                 .count(),
             0
         );
+    }
+
+    #[test]
+    fn a_tag_pulled_again_keeps_the_old_image_for_its_running_jobs() {
+        // A job runs in image A of `app:1`; the tag moves and `app:1` is
+        // prepared again as image B. A collection that keeps A (a job
+        // still runs in it) must not remove A's tree from under the job.
+        let root = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(&root.path().join("images")).unwrap();
+        let a = test_image(&[raw_tar(&[file("v", b"1", 0o644)])]);
+        let b = test_image(&[raw_tar(&[file("v", b"2", 0o644)])]);
+        let old = store
+            .prepare(&put(&store, &a, "localhost:5000/app:1"), &LIMITS, 10)
+            .unwrap();
+        store.note_use("localhost:5000/app:1", "alice", 20).unwrap();
+        let new = store
+            .prepare(&put(&store, &b, "localhost:5000/app:1"), &LIMITS, 30)
+            .unwrap();
+        assert_ne!(old.rootfs, new.rootfs);
+        let policy = GcPolicy {
+            max_total_bytes: Some(0),
+            keep: [a.manifest_digest.clone(), b.manifest_digest.clone()].into(),
+            ..GcPolicy::default()
+        };
+        let plan = plan_gc(&store.records().unwrap(), &policy, 40);
+        store.collect(&plan).unwrap();
+        assert_eq!(std::fs::read(old.rootfs.join("v")).unwrap(), b"1");
+        assert_eq!(std::fs::read(new.rootfs.join("v")).unwrap(), b"2");
+        // Once nothing keeps it, the old image goes like any other.
+        let policy = GcPolicy {
+            max_total_bytes: Some(0),
+            keep: [b.manifest_digest.clone()].into(),
+            ..GcPolicy::default()
+        };
+        let plan = plan_gc(&store.records().unwrap(), &policy, 50);
+        store.collect(&plan).unwrap();
+        assert!(!old.rootfs.exists());
+        assert!(new.rootfs.join("v").exists());
     }
 
     #[test]

@@ -204,43 +204,19 @@ enum GuardState {
     Data,
 }
 
-fn octal_or_base256(field: &[u8]) -> Option<u64> {
-    if field.first().is_some_and(|b| b & 0x80 != 0) {
-        let mut v: u64 = 0;
-        for b in &field[1..] {
-            v = v.checked_mul(256)?.checked_add(u64::from(*b))?;
-        }
-        return Some(v);
-    }
-    let text: Vec<u8> = field
-        .iter()
-        .copied()
-        .filter(|b| *b != 0 && *b != b' ')
-        .collect();
-    if text.is_empty() {
-        return Some(0);
-    }
-    u64::from_str_radix(std::str::from_utf8(&text).ok()?, 8).ok()
-}
-
-/// The `size` record of a PAX header's data.
+/// The `size` record of a PAX header's data, read exactly as the tar
+/// reader reads it (its own record parser, the first `size` record, none
+/// after a malformed record): a guard that read it any other way (the
+/// last of two records, say) would fall out of step with the reader.
 fn pax_size(data: &[u8]) -> Option<u64> {
-    let mut rest = data;
-    let mut found = None;
-    while !rest.is_empty() {
-        let space = rest.iter().position(|b| *b == b' ')?;
-        let len: usize = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
-        if len <= space || len > rest.len() {
-            return found;
+    for record in tar::PaxExtensions::new(data) {
+        let record = record.ok()?;
+        if record.key() != Ok("size") {
+            continue;
         }
-        let record = &rest[space + 1..len];
-        let record = record.strip_suffix(b"\n").unwrap_or(record);
-        if let Some(value) = record.strip_prefix(b"size=") {
-            found = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
-        }
-        rest = &rest[len..];
+        return record.value().ok()?.parse().ok();
     }
-    found
+    None
 }
 
 impl<R: Read> TarGuard<R> {
@@ -264,17 +240,22 @@ impl<R: Read> TarGuard<R> {
         e
     }
 
+    /// A header block, read with the tar reader's own `Header` so that
+    /// the guard and the reader never disagree on a field: its size, its
+    /// type, whether it is a GNU or ustar header (only those have their
+    /// long names and PAX headers applied), whether a sparse header has
+    /// extension blocks.
     fn on_header(&mut self) -> io::Result<()> {
-        let b = &self.block;
-        if b.iter().all(|x| *x == 0) {
+        if self.block.iter().all(|x| *x == 0) {
             return Ok(());
         }
-        let flag = b[156];
-        let recognized = &b[257..263] == b"ustar\0" || &b[257..263] == b"ustar ";
-        let Some(size) = octal_or_base256(&b[124..136]) else {
+        let header = tar::Header::from_byte_slice(&self.block);
+        let kind = header.entry_type();
+        let Ok(size) = header.entry_size() else {
             // The tar reader fails on it too, and stops.
             return Ok(());
         };
+        let flag = kind.as_byte();
         let extension = matches!(flag, b'x' | b'L' | b'K');
         if extension && size > MAX_META {
             return Err(self.refuse(format!(
@@ -282,15 +263,26 @@ impl<R: Read> TarGuard<R> {
                 flag as char
             )));
         }
-        let data = if extension {
-            size
+        let recognized = header.as_gnu().is_some() || header.as_ustar().is_some();
+        // The reader applies a pending PAX `size` to the next header that
+        // is none of these four (global headers included), by type alone.
+        let pax_sized = !matches!(flag, b'x' | b'L' | b'K' | b'g');
+        let data = if pax_sized {
+            self.pax_size.unwrap_or(size)
         } else {
-            self.pax_size.take().unwrap_or(size)
+            size
         };
+        // A recognized long name or link keeps the PAX header pending
+        // for the entry after it; any other header is the entry it
+        // describes (an unrecognized `x`, `L` or `K` included).
+        if !(recognized && matches!(flag, b'L' | b'K')) {
+            self.pax_size = None;
+        }
         self.pax = (flag == b'x' && recognized).then(Vec::new);
         self.payload = data;
         self.padding = (512 - data % 512) % 512;
-        self.state = if flag == b'S' && b[482] != 0 {
+        let extended = kind.is_gnu_sparse() && header.as_gnu().is_some_and(|g| g.is_extended());
+        self.state = if extended {
             GuardState::SparseExtension
         } else {
             GuardState::Data
@@ -320,7 +312,8 @@ impl<R: Read> TarGuard<R> {
                         self.filled = 0;
                         if self.state == GuardState::Header {
                             self.on_header()?;
-                        } else if self.block[504] == 0 {
+                        } else if self.block[504] != 1 {
+                            // `isextended`, read as the tar reader does.
                             self.state = GuardState::Data;
                             self.end_of_data_check();
                         }
@@ -998,6 +991,15 @@ pub(super) mod tests {
         b.into_inner().unwrap()
     }
 
+    /// The permission bits of `path` itself (a symlink not followed).
+    pub fn mode_of(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
     pub fn gzip(bytes: &[u8]) -> Vec<u8> {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         e.write_all(bytes).unwrap();
@@ -1261,13 +1263,7 @@ pub(super) mod tests {
             file("ro/f", b"x", 0o444),
         ]);
         let summary = s.unpack(&tar).unwrap();
-        let mode = |p: &str| {
-            std::fs::symlink_metadata(s.root().join(p))
-                .unwrap()
-                .permissions()
-                .mode()
-                & 0o7777
-        };
+        let mode = |p: &str| mode_of(&s.root().join(p));
         assert_eq!(mode("bin/su"), 0o755);
         assert_eq!(mode("bin/wall"), 0o755);
         assert_eq!(mode("etc/shared"), 0o644);
@@ -1484,6 +1480,63 @@ pub(super) mod tests {
         let s = Sandbox::new();
         let (_, reason) = refused(s.unpack(&raw_tar(&[huge, file("x", b"", 0o644)])));
         assert!(reason.contains("metadata entry"), "{reason}");
+        // Two `size` records: the tar reader takes the first (0), so the
+        // next header is a 2 MiB GNU long name; a guard that took the last
+        // (1024) would read that header as file data, fall out of step and
+        // let the reader buffer the long name whole.
+        let huge = || Raw {
+            path: b"././@LongLink".to_vec(),
+            kind: EntryType::GNULongName,
+            mode: 0o644,
+            data: vec![b'a'; 2 << 20],
+            link: vec![],
+        };
+        let s = Sandbox::new();
+        let tar = raw_tar(&[
+            pax(&[("size", b"0"), ("size", b"1024")]),
+            file("f", b"", 0o644),
+            huge(),
+            file("x", b"", 0o644),
+        ]);
+        let (_, reason) = refused(s.unpack(&tar));
+        assert!(reason.contains("metadata entry"), "{reason}");
+        // A PAX header's `size` is not the size of a global header that
+        // follows it (the tar reader reads that by its own size).
+        let mut global = pax(&[("comment", b"c")]);
+        global.kind = EntryType::XGlobalHeader;
+        let s = Sandbox::new();
+        let tar = raw_tar(&[
+            pax(&[("size", b"1024")]),
+            global,
+            huge(),
+            file("x", b"", 0o644),
+        ]);
+        let (_, reason) = refused(s.unpack(&tar));
+        assert!(reason.contains("metadata entry"), "{reason}");
+        // A GNU sparse header whose `isextended` is neither 0 nor 1: the
+        // reader reads no extension block after it, so neither may the
+        // guard.
+        let mut sparse = sparse_tar("s", 1024);
+        sparse.truncate(1024);
+        sparse[482] = 2;
+        let sum: u32 = sparse[..512]
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    u32::from(*b)
+                }
+            })
+            .sum();
+        sparse[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        let mut rest = raw_tar(&[huge(), file("x", b"", 0o644)]);
+        sparse.append(&mut rest);
+        let s = Sandbox::new();
+        let (_, reason) = refused(s.unpack(&sparse));
+        assert!(reason.contains("metadata entry"), "{reason}");
+
         // Too deep.
         let s = Sandbox::new();
         let deep = vec!["d"; MAX_DEPTH + 1].join("/");

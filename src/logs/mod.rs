@@ -235,7 +235,7 @@ impl JobOutput {
             unit: v.unit.clone(),
             invocation_id: v.invocation_id.clone(),
             started_at: v.started_at,
-            ended: !matches!(v.status.as_str(), "queued" | "launching" | "running"),
+            ended: !crate::job::Outcome::is_active(&v.status),
             archive_only: false,
         }
     }

@@ -288,7 +288,7 @@ impl TestDaemon {
     }
 
     pub fn wait_ended(&self, id: &str) -> Value {
-        self.wait_status(id, |s| !matches!(s, "queued" | "launching" | "running"))
+        self.wait_status(id, |s| !ptrain::job::Outcome::is_active(s))
     }
 
     /// Drops `ID.json` as `user` and waits for the job to end: its status.

@@ -14,6 +14,8 @@ mod examples;
 mod foundation;
 mod gpus;
 mod hostile;
+mod image_jobs;
+mod images;
 mod lifecycle;
 mod limits;
 mod logs;

@@ -17,7 +17,7 @@ use crate::{fail, from_bus, parse, print_json, proxy, Failure, EXIT_USAGE};
 /// passes through them: the live ones, every outcome's (the job model's
 /// one list), and `ended`, a record kept without an outcome.
 pub(crate) fn status_words() -> Vec<&'static str> {
-    ["queued", "launching", "running"]
+    ptrain::job::Outcome::ACTIVE
         .into_iter()
         .chain(ptrain::job::Outcome::STATUSES)
         .chain(["ended"])
@@ -146,7 +146,7 @@ pub(crate) fn print_table(jobs: &[JobView]) {
                 // Neither good nor bad news: the terminal's dim.
                 "not-needed" => "2",
                 "running" | "launching" => "36",
-                "queued" => "33",
+                "queued" | "pulling" => "33",
                 _ => "31",
             };
             format!("\x1b[{code}m{status}\x1b[0m")

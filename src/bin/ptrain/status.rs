@@ -66,6 +66,12 @@ pub(crate) fn print_status(j: &JobView) {
         let command: Vec<_> = j.command.iter().map(|a| escape(a)).collect();
         outln!("command:   {}", command.join(" "));
     }
+    if let Some(image) = &j.image {
+        match &j.image_digest {
+            Some(digest) => outln!("image:     {} ({})", escape(image), escape(digest)),
+            None => outln!("image:     {} (not pulled yet)", escape(image)),
+        }
+    }
     if let Some(w) = &j.workdir {
         outln!("workdir:   {}", escape(w));
     }

@@ -54,7 +54,7 @@ impl Verb {
     fn applies_to(self, job: &JobView) -> bool {
         match self {
             Verb::Stop => !is_final(&job.status),
-            Verb::Hold | Verb::Release => job.status == "queued",
+            Verb::Hold | Verb::Release => matches!(job.status.as_str(), "queued" | "pulling"),
             Verb::Pause => job.status == "running" && !job.paused,
             Verb::Resume => job.status == "running" && job.paused,
         }

@@ -18,7 +18,7 @@ const EXIT_JOB_STOPPED: u8 = 6;
 const EXIT_JOB_DEPENDENCY: u8 = 7;
 
 pub(crate) fn is_final(status: &str) -> bool {
-    !matches!(status, "queued" | "launching" | "running")
+    !ptrain::job::Outcome::is_active(status)
 }
 
 /// How often `wait` asks ptraind for the truth about the jobs it follows

@@ -1,0 +1,284 @@
+//! The root a job's unit runs in: the image's shared tree, cloned by hard
+//! links, with the job's mount points made.
+//!
+//! systemd makes a missing mount point itself, inside `RootDirectory=`,
+//! as root: the job's workdir (`/home/alice/ocr`), and `/root`, `/usr` or
+//! `/home` for the baseline's `ProtectHome=` and `ProtectSystem=`. Made in
+//! the image's tree, they would change the tree every job of every user
+//! shares, naming one user's paths to the next. So the unit gets a tree of
+//! its own kind instead: `roots/sha256/KEY/`, KEY the hash of the image's
+//! tree and the mount points, built once (directories made, every file a
+//! hard link to the tree's, so nothing is copied), the mount points made
+//! in it, then renamed into place whole. Jobs of the same image and the
+//! same mount points share it; whatever systemd adds there is what the
+//! next such job needs too. The files are the tree's inodes: root's,
+//! without write bits for anyone else, never changed in place.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+use super::assemble::{self, LayerTree};
+use super::safe_fs::{self, Walk};
+use super::unpack::LayerChanges;
+
+/// Why a job's root could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeRootError {
+    #[error("mount point {path} for the job: the image has a symlink or a file at {at}, where the job's path needs a directory; use a workdir outside it")]
+    Blocked { path: String, at: String },
+    #[error("mount point {0}: not an absolute, clean path")]
+    BadPath(String),
+    #[error("making the job's root from {tree}: {source}; the image store may be damaged: remove the image and pull it again")]
+    Io {
+        tree: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("making the job's root from {tree}: {source}")]
+    Assemble {
+        tree: PathBuf,
+        #[source]
+        source: assemble::AssembleError,
+    },
+}
+
+/// Directories the baseline's mounts need besides those every assembled
+/// tree has (`ProtectHome=`'s `/home` and `/root`, `ProtectSystem=`'s
+/// `/usr` and `/etc`, `PrivateTmp=`'s `/var/tmp` where the image has no
+/// `/var`).
+const BASELINE_MOUNT_POINTS: &[&str] = &["/home", "/root", "/usr", "/etc", "/var/tmp"];
+
+/// The root for a job of the image whose tree is `tree` (in the store at
+/// `store_root`) that needs `mount_points` (directories, absolute):
+/// made if it is not there yet. Blocking: call it off the state task.
+pub fn runtime_root(
+    store_root: &Path,
+    tree: &Path,
+    mount_points: &[PathBuf],
+) -> Result<PathBuf, RuntimeRootError> {
+    let io_err = |source| RuntimeRootError::Io {
+        tree: tree.to_owned(),
+        source,
+    };
+    let mut points: Vec<Vec<Vec<u8>>> = Vec::new();
+    for point in BASELINE_MOUNT_POINTS
+        .iter()
+        .map(PathBuf::from)
+        .chain(mount_points.iter().cloned())
+    {
+        points.push(components(&point)?);
+    }
+    points.sort();
+    points.dedup();
+    let mut key = Sha256::new();
+    key.update(tree.as_os_str().as_encoded_bytes());
+    for point in &points {
+        key.update(b"\0");
+        key.update(point.join(&b'/'));
+    }
+    let key = hex::encode(key.finalize());
+    let roots = store_root.join("roots/sha256");
+    let root = roots.join(&key);
+    if root.is_dir() {
+        return Ok(root);
+    }
+    std::fs::create_dir_all(&roots).map_err(io_err)?;
+    let work = store_root.join("tmp").join(format!(
+        "root-{key}-{}-{}",
+        std::process::id(),
+        crate::now_micros()
+    ));
+    std::fs::create_dir_all(&work).map_err(io_err)?;
+    let built = build(tree, &work, &points);
+    if let Err(e) = built {
+        let _ = safe_fs::remove_tree(&work);
+        return Err(e);
+    }
+    match crate::fsutil::rename_noreplace(&work, &root) {
+        Ok(()) => Ok(root),
+        // Another builder got there first: its root is the same.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists || root.is_dir() => {
+            let _ = safe_fs::remove_tree(&work);
+            Ok(root)
+        }
+        Err(e) => {
+            let _ = safe_fs::remove_tree(&work);
+            Err(io_err(e))
+        }
+    }
+}
+
+/// Clones `tree` into `work` and makes the mount points in it.
+fn build(tree: &Path, work: &Path, points: &[Vec<Vec<u8>>]) -> Result<(), RuntimeRootError> {
+    let no_changes = LayerChanges::default();
+    let whole = LayerTree {
+        name: "tree".into(),
+        root: tree,
+        changes: &no_changes,
+    };
+    assemble::assemble(&[whole], work).map_err(|source| RuntimeRootError::Assemble {
+        tree: tree.to_owned(),
+        source,
+    })?;
+    let io_err = |source| RuntimeRootError::Io {
+        tree: tree.to_owned(),
+        source,
+    };
+    let root = safe_fs::open_dir_path(work).map_err(io_err)?;
+    for point in points {
+        let mut made = Vec::new();
+        let walk =
+            safe_fs::walk(root.as_fd(), point, true, &mut |at| made.push(at)).map_err(io_err)?;
+        let blocked = |at: usize| RuntimeRootError::Blocked {
+            path: shown(point, point.len()),
+            at: shown(point, at + 1),
+        };
+        match walk {
+            Walk::Dir(_) => {}
+            Walk::Symlink(at) | Walk::NotDir(at) => return Err(blocked(at)),
+            Walk::Missing => return Err(blocked(point.len().saturating_sub(1))),
+        }
+        // Made 0700 by the walk: open to the job's user, as a directory
+        // of the image would be.
+        for depth in made {
+            let Walk::Dir(fd) = safe_fs::walk(root.as_fd(), &point[..=depth], false, &mut |_| {})
+                .map_err(io_err)?
+            else {
+                continue;
+            };
+            safe_fs::chmod_fd(fd.as_fd(), 0o755).map_err(io_err)?;
+        }
+    }
+    Ok(())
+}
+
+fn components(path: &Path) -> Result<Vec<Vec<u8>>, RuntimeRootError> {
+    let bytes = path.as_os_str().as_encoded_bytes();
+    let parts: Vec<Vec<u8>> = bytes
+        .split(|b| *b == b'/')
+        .filter(|c| !c.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    if !bytes.starts_with(b"/") || parts.is_empty() || parts.iter().any(|c| c == b"." || c == b"..")
+    {
+        return Err(RuntimeRootError::BadPath(path.display().to_string()));
+    }
+    Ok(parts)
+}
+
+fn shown(components: &[Vec<u8>], depth: usize) -> String {
+    let mut out = String::new();
+    for c in &components[..depth.min(components.len())] {
+        out.push('/');
+        out.push_str(&String::from_utf8_lossy(c));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn tree(dir: &Path) -> PathBuf {
+        let tree = dir.join("trees/sha256/abc");
+        std::fs::create_dir_all(tree.join("bin")).unwrap();
+        std::fs::create_dir_all(tree.join("srv")).unwrap();
+        std::fs::write(tree.join("bin/tool"), b"#!tool").unwrap();
+        std::fs::set_permissions(
+            tree.join("bin/tool"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", tree.join("srv/link")).unwrap();
+        std::os::unix::fs::symlink("bin", tree.join("sbin")).unwrap();
+        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        tree
+    }
+
+    #[test]
+    fn a_jobs_root_shares_the_trees_files_and_makes_its_mount_points_outside_the_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = tree(dir.path());
+        let before: Vec<_> = walkdir(&tree);
+        let root = runtime_root(
+            dir.path(),
+            &tree,
+            &[PathBuf::from("/home/alice/ocr"), PathBuf::from("/data/x")],
+        )
+        .unwrap();
+        assert!(root.starts_with(dir.path().join("roots/sha256")));
+        // The same file, not a copy; the symlink as it was, not followed.
+        assert_eq!(
+            std::fs::metadata(root.join("bin/tool")).unwrap().ino(),
+            std::fs::metadata(tree.join("bin/tool")).unwrap().ino()
+        );
+        assert_eq!(
+            std::fs::read_link(root.join("srv/link")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        for point in ["home/alice/ocr", "data/x", "root", "usr", "proc", "var/tmp"] {
+            let meta = std::fs::symlink_metadata(root.join(point)).unwrap();
+            assert!(meta.is_dir(), "{point}");
+            assert_eq!(meta.mode() & 0o7777, 0o755, "{point}");
+        }
+        // The shared tree is as it was.
+        assert_eq!(walkdir(&tree), before);
+        // Asked again: the same root, not rebuilt; other mount points:
+        // another root.
+        let again = runtime_root(
+            dir.path(),
+            &tree,
+            &[PathBuf::from("/data/x"), PathBuf::from("/home/alice/ocr")],
+        )
+        .unwrap();
+        assert_eq!(again, root);
+        let other = runtime_root(dir.path(), &tree, &[PathBuf::from("/home/bob")]).unwrap();
+        assert_ne!(other, root);
+        assert!(!other.join("home/alice").exists());
+        assert!(std::fs::read_dir(dir.path().join("tmp"))
+            .unwrap()
+            .next()
+            .is_none());
+    }
+
+    #[test]
+    fn a_mount_point_through_a_symlink_of_the_image_is_refused_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = tree(dir.path());
+        let err = runtime_root(dir.path(), &tree, &[PathBuf::from("/sbin/x")]).unwrap_err();
+        assert!(
+            matches!(&err, RuntimeRootError::Blocked { at, .. } if at == "/sbin"),
+            "{err}"
+        );
+        let err = runtime_root(dir.path(), &tree, &[PathBuf::from("/bin/tool/x")]).unwrap_err();
+        assert!(matches!(err, RuntimeRootError::Blocked { .. }), "{err}");
+        let err = runtime_root(dir.path(), &tree, &[PathBuf::from("/a/../b")]).unwrap_err();
+        assert!(matches!(err, RuntimeRootError::BadPath(_)), "{err}");
+        assert!(std::fs::read_dir(dir.path().join("tmp"))
+            .unwrap()
+            .next()
+            .is_none());
+        assert!(!dir.path().join("bin").exists() && !tree.join("sbin/x").exists());
+    }
+
+    fn walkdir(root: &Path) -> Vec<(PathBuf, u32)> {
+        let mut out = Vec::new();
+        let mut stack = vec![root.to_owned()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let entry = entry.unwrap();
+                let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+                out.push((entry.path(), meta.mode()));
+                if meta.is_dir() {
+                    stack.push(entry.path());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
