@@ -29,6 +29,7 @@ impl From<ApiError> for zbus::fdo::Error {
             ApiError::NotYours { .. } => zbus::fdo::Error::AccessDenied(e.to_string()),
             ApiError::Rejected(_)
             | ApiError::Gpus(_)
+            | ApiError::Images(_)
             | ApiError::NotQueued { .. }
             | ApiError::NotRunning { .. }
             | ApiError::NotEnded { .. }
@@ -591,6 +592,22 @@ impl DaemonApi {
         Ok(to_json(&self.ask(ApiRequest::Gpus).await??))
     }
 
+    /// The image store's images (`ptrain images`), JSON array of
+    /// ImageView: every image; a caller other than root sees only their
+    /// own name among its users (and how many others there are).
+    async fn images(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> zbus::fdo::Result<String> {
+        let caller_uid = self.callers.uid(conn, &header).await?;
+        Ok(to_json(
+            &self
+                .ask(|reply| ApiRequest::Images { caller_uid, reply })
+                .await??,
+        ))
+    }
+
     /// Every notification delivery (pending, retrying, delivered, dead,
     /// with the last error), JSON array of DeliveryView. Root only: they
     /// name the admin's channels.
@@ -663,6 +680,7 @@ pub trait Daemon1 {
     fn restart(&self, id: &str, as_id: &str) -> zbus::Result<String>;
     fn rejected(&self) -> zbus::Result<String>;
     fn gpus(&self) -> zbus::Result<String>;
+    fn images(&self) -> zbus::Result<String>;
     fn logs(&self, id: &str, lines: u32) -> zbus::Result<String>;
     fn open_logs(
         &self,

@@ -51,6 +51,7 @@ struct RawConfig {
     channels: Option<std::collections::BTreeMap<String, crate::notifications::config::RawChannel>>,
     privacy: Option<Privacy>,
     accounting: Option<crate::accounting::RawAccounting>,
+    images: Option<crate::images::RawImagesConfig>,
 }
 
 pub use crate::views::Privacy;
@@ -148,6 +149,9 @@ pub struct Config {
     pub privacy: Privacy,
     /// `[accounting]`: whether runs are measured and kept.
     pub accounting: crate::accounting::AccountingConfig,
+    /// `[images]`: the image store's collection policy, plain-http
+    /// registries and the size limit of one image.
+    pub images: crate::images::ImagesConfig,
 }
 
 /// Parses the file into the raw layer. A syntax error keeps toml's own
@@ -413,6 +417,7 @@ impl Config {
             ));
         }
         let logs = raw.logs.unwrap_or_default().validate().map_err(setting)?;
+        let images = raw.images.unwrap_or_default().validate().map_err(setting)?;
         let read_write_paths = raw
             .jobs
             .and_then(|j| j.read_write_paths)
@@ -449,6 +454,7 @@ impl Config {
             metrics,
             privacy: raw.privacy.unwrap_or_default(),
             accounting,
+            images,
         })
     }
 }
@@ -632,6 +638,40 @@ mod tests {
         // A syntax error still points at the line, in toml's words.
         let e = load("slice = \n").unwrap_err().to_string();
         assert!(e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn images_section_loads_and_errors_name_the_key() {
+        let d = load("").unwrap().images;
+        assert_eq!(d, crate::images::ImagesConfig::default());
+        let c = load(
+            "[images]\nmax_size = \"200GiB\"\nmax_unused = \"0s\"\ninsecure_registries = [\"registry.lab:5000\"]\nmax_image_size = \"8G\"\n",
+        )
+        .unwrap()
+        .images;
+        assert_eq!(c.max_size, Some(200 << 30));
+        assert_eq!(c.max_unused, None);
+        assert_eq!(c.max_image_size, 8 << 30);
+        assert!(c.insecure_registries.contains("registry.lab:5000"));
+        let e = load("[images]\nmax_size = \"big\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("key `images.max_size`") && e.contains("32G"),
+            "{e}"
+        );
+        let e = load("[images]\ninsecure_registries = [\"http://r.lab\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `images.insecure_registries[0]`"), "{e}");
+        let e = load("[images]\nmax_age = \"1d\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_age"), "{e}");
+        let e = load("[images]\nmax_image_size = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`images.max_image_size`"), "{e}");
     }
 
     #[test]

@@ -120,6 +120,10 @@ pub struct GpuConfig {
     pub foreign_memory_threshold_mib: u64,
     /// `[[gpus.declared]]`
     pub declared: Vec<DeclaredGpu>,
+    /// Where the CDI specs that put GPUs into container images are read
+    /// from ([`crate::cdi`]; `nvidia-ctk cdi generate` writes them):
+    /// later directories override earlier ones.
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 impl Default for GpuConfig {
@@ -128,6 +132,10 @@ impl Default for GpuConfig {
             backend: GpuBackend::Auto,
             foreign_memory_threshold_mib: 512,
             declared: Vec::new(),
+            cdi_spec_dirs: crate::cdi::load::SPEC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
         }
     }
 }

@@ -127,7 +127,8 @@
 //! (the validated settings; loading the file), [`notifications`]
 //! (render, retry and pacing are pure; the sender, transports, outbox and
 //! output tail are not), [`images`] (references, manifests, a job's argv
-//! and environment from its image, and the collection plan are pure;
+//! and environment from its image, the collection plan and the
+//! `[images]` settings are pure;
 //! pulling, importing, unpacking and the store are not) and
 //! [`accounting`] (the rows, the queries' SQL and
 //! the cgroup parsers are pure; the database, its child process and the

@@ -8,7 +8,7 @@ use crate::gpu::GpuError;
 use crate::notifications::{DeliveriesError, DeliveryView, RetryTarget};
 use crate::store::{RejectRecord, StoreError};
 use crate::systemd::SystemdError;
-use crate::views::{GpusView, JobView};
+use crate::views::{GpusView, ImageView, JobView};
 
 /// Why an API call failed; becomes a D-Bus error the CLI maps to an exit code.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +29,9 @@ pub enum ApiError {
     /// `ptrain gpus`: the inventory could not be read.
     #[error("{0}")]
     Gpus(GpuError),
+    /// `ptrain images`: the image store could not be read (or opened).
+    #[error("{0}")]
+    Images(String),
     /// `ptrain stop`: the stop request could not be made durable.
     #[error("cannot record the stop request: {0}")]
     RecordStop(StoreError),
@@ -108,6 +111,13 @@ pub enum ApiRequest {
         reply: oneshot::Sender<Result<Vec<RejectRecord>, ApiError>>,
     },
     Gpus(oneshot::Sender<Result<GpusView, ApiError>>),
+    /// The image store's images (`ptrain images`), answered off the
+    /// state task: every image, with only the caller's own name among
+    /// its users unless the caller is root.
+    Images {
+        caller_uid: u32,
+        reply: oneshot::Sender<Result<Vec<ImageView>, ApiError>>,
+    },
     /// Each user's fair-share standing (`ptrain report --fair-share`):
     /// root sees everyone's, another caller their own.
     FairShare {

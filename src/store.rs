@@ -149,6 +149,10 @@ pub struct JobRecord {
     /// `image` is pulling (it is not planned until then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ReadyImage>,
+    /// The digest a new pull of the job's image must give: an attempt
+    /// restarted after its image left the store runs the image it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pin: Option<String>,
     /// Held: queued, never planned, until released (`ptrain hold` and
     /// `release`; a descriptor's `hold: true` submits it so).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -271,6 +275,7 @@ impl JobRecord {
         JobRecord {
             held: spec.hold,
             image: None,
+            image_pin: None,
             id: spec.id.clone(),
             unit: spec.id.unit_name(),
             spec,

@@ -162,6 +162,26 @@ pub struct LaunchContext<'a> {
     /// How an image job's unit runs `ptraind` inside the image's root
     /// (`None`: this ptraind cannot tell; image jobs are refused before).
     pub host_exec: Option<&'a crate::runtime::HostExec>,
+    /// An image job's GPUs as the host's CDI specs give them: its device
+    /// nodes and the driver's files ([`crate::cdi`]).
+    pub devices: Option<&'a crate::cdi::JobDevices>,
+}
+
+/// What an image job's command gets from its GPUs' CDI specs: their
+/// variables, and the driver's library folders on `LD_LIBRARY_PATH` (after
+/// the image's or the job's own), as the specs' `update-ldcache` hook
+/// would have made them found. Into the launch file: the job's program
+/// alone sees them.
+pub fn add_device_environment(launch: &mut LaunchFile, devices: &crate::cdi::JobDevices) {
+    for entry in &devices.environment {
+        if let Some((name, value)) = entry.split_once('=') {
+            launch.env.insert(name.to_owned(), value.to_owned());
+        }
+    }
+    let existing = launch.env.get("LD_LIBRARY_PATH").map(String::as_str);
+    if let Some(path) = devices.ld_library_path(existing) {
+        launch.env.insert("LD_LIBRARY_PATH".into(), path);
+    }
 }
 
 /// A name for the job's output in the journal (`SYSLOG_IDENTIFIER`, what
@@ -200,7 +220,10 @@ pub fn job_unit_properties(
 ) -> UnitProperties {
     let workdir = workdir(record, ctx.home_exists);
     let mut devices: Vec<(String, String)> = Vec::new();
-    if !record.gpus.is_empty() {
+    if let (Some(_), Some(cdi)) = (&record.image, ctx.devices) {
+        // In an image, the nodes its GPUs' CDI devices name.
+        devices.extend(cdi.device_allow.iter().cloned());
+    } else if !record.gpus.is_empty() {
         devices.extend(
             NVIDIA_CONTROL_NODES
                 .iter()
@@ -395,6 +418,9 @@ fn image_properties(
     if let Some(launch_dir) = ctx.prepared.launch_file.parent() {
         read_only.push(same(launch_dir));
     }
+    if let Some(devices) = ctx.devices {
+        read_only.extend(devices.binds.iter().map(crate::cdi::BindMount::dbus));
+    }
     let mut writable = vec![same(&ctx.prepared.result_dir)];
     if workdir != Path::new("/") {
         writable.push(same(workdir));
@@ -440,6 +466,7 @@ mod tests {
             prepared: &prepared,
             result_file: Path::new("/run/ptrain/results/job1/result.json"),
             host_exec: Some(&host_exec()),
+            devices: None,
         };
         job_unit_properties(r, config.into(), &ctx)
     }

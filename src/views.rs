@@ -328,6 +328,52 @@ pub struct GpusView {
     pub gpus: Vec<GpuView>,
 }
 
+/// An image of ptraind's store, for `ptrain images`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageView {
+    /// The source as jobs named it, normalized
+    /// (`docker.io/library/ubuntu:latest`, `oci-archive:/srv/app.tar:v1`).
+    pub reference: String,
+    /// The image manifest's digest (`sha256:...`).
+    pub digest: String,
+    /// Bytes it takes on disk alone: its unpacked layers, their blobs,
+    /// its metadata (a layer shared with another image counts in both).
+    pub bytes: u64,
+    /// When it was last given to a job (made ready for it; µs since the
+    /// epoch).
+    pub last_used: u64,
+    /// The users whose jobs used it, as the caller may see them: root
+    /// sees every name, another user only their own.
+    pub users: Vec<String>,
+    /// How many other users' jobs used it, unnamed.
+    #[serde(default)]
+    pub other_users: usize,
+}
+
+impl ImageView {
+    /// `image` as `caller` sees it: `None` sees every user's name (root,
+    /// or `[privacy] show_all_jobs`); a user sees their own name and how
+    /// many others there are.
+    pub fn seen_by(image: crate::images::ImageListing, caller: Option<&str>) -> ImageView {
+        let (users, other_users) = match caller {
+            None => (image.users, 0),
+            Some(me) => {
+                let others = image.users.iter().filter(|u| *u != me).count();
+                let mine = image.users.into_iter().filter(|u| u == me).collect();
+                (mine, others)
+            }
+        };
+        ImageView {
+            reference: image.reference,
+            digest: image.digest.to_string(),
+            bytes: image.bytes,
+            last_used: image.last_used,
+            users,
+            other_users,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,6 +419,25 @@ mod tests {
         ] {
             assert_eq!(view.clone().as_seen_by(caller, privacy), view);
         }
+    }
+
+    #[test]
+    fn others_see_their_own_name_on_an_image_and_a_count_of_the_rest() {
+        let image = crate::images::ImageListing {
+            reference: "registry.lab:5000/paddle:2.6".into(),
+            digest: crate::images::Digest::of(b"m"),
+            bytes: 10,
+            last_used: 5,
+            users: vec!["alice".into(), "bob".into(), "carol".into()],
+        };
+        let all = ImageView::seen_by(image.clone(), None);
+        assert_eq!(all.users, ["alice", "bob", "carol"]);
+        assert_eq!(all.other_users, 0);
+        assert!(all.digest.starts_with("sha256:"));
+        let bob = ImageView::seen_by(image.clone(), Some("bob"));
+        assert_eq!((bob.users, bob.other_users), (vec!["bob".to_string()], 2));
+        let dave = ImageView::seen_by(image, Some("dave"));
+        assert_eq!((dave.users.len(), dave.other_users), (0, 3));
     }
 
     #[test]

@@ -57,6 +57,7 @@ const PURE_FILES: &[&str] = &[
     "src/images/catalog.rs",
     "src/images/manifest.rs",
     "src/images/reference.rs",
+    "src/images/settings.rs",
 ];
 
 /// What the pure core must not name: a path equal to or under one of

@@ -2626,6 +2626,7 @@ impl PtrainProps {
             prepared: &prepared,
             result_file: &result_file,
             host_exec: None,
+            devices: None,
         };
         let mut props: Vec<(String, OwnedVariant)> =
             ptrain::unit::job_unit_properties(&record, (&self.config).into(), &ctx)

@@ -294,8 +294,8 @@ pub fn verify_host(devices: &JobDevices) -> Result<(), CdiError> {
 /// the host's specs read ([`load_host_registry`]), the GPUs' devices
 /// resolved and translated ([`super::job_devices`]), the host paths
 /// checked ([`verify_host`]) and the soname links added ([`read_soname`]).
-pub fn host_job_devices(gpus: &[AssignedGpu]) -> Result<JobDevices, CdiError> {
-    let registry = load_host_registry()?;
+pub fn host_job_devices(dirs: &[PathBuf], gpus: &[AssignedGpu]) -> Result<JobDevices, CdiError> {
+    let registry = load_registry(dirs, Trust::ROOT)?;
     let mut devices = super::job_devices(&registry, gpus)?;
     verify_host(&devices)?;
     devices.add_soname_links(read_soname);

@@ -4,6 +4,17 @@
 //! answer comes back to the state task as an [`Event::ImageReady`]; until
 //! then the job is `pulling`: queued, never planned, holding no GPU.
 //!
+//! The store is collected by `[images]` ([`crate::images::ImagesConfig`])
+//! from a task of its own: once at start, after each image job ends, and
+//! every [`COLLECT_EVERY`] (so `max_unused` holds on an idle host).
+//! A collection removes what no record names, so it never runs beside a
+//! pull: every pull holds [`Images::lock`] shared from before its fetch
+//! until its [`Event::ImageReady`] is sent, a collection holds it alone.
+//! Only then does the collection ask the state task which images its
+//! jobs need ([`Event::ImagesInUse`]): every ready answer sent before is
+//! already applied there (one channel, in order), so an image a job just
+//! got is among them.
+//!
 //! Jobs of one image share one pull: the first asks, the others wait on
 //! the same cell, and every one of them gets the same digest. A pull that
 //! ended (well or not) is forgotten, so a later job of a moving tag asks
@@ -16,18 +27,22 @@
 //! only), so nobody imports a file they could not read; its content is
 //! then verified and unpacked as any pulled image is.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, OnceCell};
-use tracing::{info, warn};
+use tokio::sync::{mpsc, oneshot, Notify, OnceCell, RwLock};
+use tracing::{debug, info, warn};
 
 use crate::fsutil;
 use crate::images::registry::{PullProgress, RegistryClient, RegistryOptions};
-use crate::images::{archive, runtime_root, ImageLimits, ImageSource, ImageStore, Platform};
+use crate::images::{
+    archive, runtime_root, Digest, ImageLimits, ImageSource, ImageStore, ImagesConfig, Platform,
+};
+use crate::requests::ApiError;
 use crate::store::{JobRecord, ReadyImage};
 use crate::users::Owner;
+use crate::views::ImageView;
 
 use super::Event;
 
@@ -41,6 +56,9 @@ struct Pulled {
 
 type Cell = Arc<OnceCell<Result<Pulled, String>>>;
 
+/// How often the store is collected when no image job ends.
+const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
 /// The image store and the pulls under way.
 pub(super) struct Images {
     store: Arc<ImageStore>,
@@ -52,25 +70,116 @@ pub(super) struct Images {
     /// Bytes done and in all, by image reference, for `ptrain status`.
     progress: Arc<Mutex<HashMap<String, (u64, u64)>>>,
     events: mpsc::UnboundedSender<Event>,
+    /// Shared by each pull (fetch, unpack, the job's root, its answer
+    /// sent), held alone by a collection.
+    lock: Arc<RwLock<()>>,
+    /// Wakes the collector; wakes while it works coalesce into one more.
+    collect: Arc<Notify>,
+}
+
+/// What the state task's jobs need of the store, for a collection: the
+/// digests live jobs recorded (queued, launching, running), and the
+/// images (as the jobs name them) of jobs still pulling.
+#[derive(Debug, Default)]
+pub struct InUse {
+    pub(super) digests: BTreeSet<String>,
+    pub(super) pulling: BTreeSet<String>,
+}
+
+impl InUse {
+    /// What `records` (the live jobs) need.
+    pub(super) fn of<'a>(records: impl IntoIterator<Item = &'a JobRecord>) -> InUse {
+        let mut in_use = InUse::default();
+        for record in records {
+            match (&record.image, &record.spec.image) {
+                (Some(ready), _) => {
+                    in_use.digests.insert(ready.digest.clone());
+                }
+                (None, Some(reference)) => {
+                    in_use.pulling.insert(reference.clone());
+                }
+                (None, None) => {}
+            }
+        }
+        in_use
+    }
 }
 
 impl Images {
     /// The store under `dir` (root's, 0700: job users never see it; its
-    /// trees reach them only as their units' roots).
+    /// trees reach them only as their units' roots), pulled into and
+    /// collected as `config` says. Starts the collector, which runs a
+    /// first collection at once.
     pub(super) fn open(
         dir: &std::path::Path,
+        config: &ImagesConfig,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Images, String> {
-        let store = ImageStore::open(dir).map_err(|e| e.to_string())?;
-        let client = RegistryClient::new(RegistryOptions::default()).map_err(|e| e.to_string())?;
+        let store = Arc::new(ImageStore::open(dir).map_err(|e| e.to_string())?);
+        let client = RegistryClient::new(RegistryOptions {
+            insecure: config.insecure_registries.clone(),
+            ..RegistryOptions::default()
+        })
+        .map_err(|e| e.to_string())?;
+        let lock = Arc::new(RwLock::new(()));
+        let collect = Arc::new(Notify::new());
+        tokio::spawn(collector(
+            store.clone(),
+            config.clone(),
+            lock.clone(),
+            collect.clone(),
+            events.clone(),
+        ));
+        collect.notify_one();
         Ok(Images {
-            store: Arc::new(store),
+            store,
             client: Arc::new(client),
-            limits: ImageLimits::default(),
+            limits: ImageLimits {
+                max_unpacked_bytes: config.max_image_size,
+                ..ImageLimits::default()
+            },
             pulls: Default::default(),
             progress: Default::default(),
             events,
+            lock,
+            collect,
         })
+    }
+
+    /// Collects the store soon (an image job ended), off the state task.
+    pub(super) fn collect_soon(&self) {
+        self.collect.notify_one();
+    }
+
+    /// `ptrain images`: the store's images as `caller_uid` sees them,
+    /// read off the state task and sent to `reply`.
+    pub(super) fn list(
+        &self,
+        caller_uid: u32,
+        see_all: bool,
+        reply: oneshot::Sender<Result<Vec<ImageView>, ApiError>>,
+    ) {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            let listing = store.list().map_err(|e| ApiError::Images(e.to_string()));
+            let caller = if see_all || caller_uid == 0 {
+                None
+            } else {
+                // A caller with no name sees no one's.
+                Some(
+                    crate::users::owner_of_uid(caller_uid)
+                        .map(|o| o.name)
+                        .unwrap_or_default(),
+                )
+            };
+            let views = listing.map(|listing| {
+                listing
+                    .into_iter()
+                    .map(|image| ImageView::seen_by(image, caller.as_deref()))
+                    .collect()
+            });
+            let _ = reply.send(views);
+        });
     }
 
     /// How far the pull of `reference` is, in bytes: (done, in all).
@@ -81,9 +190,19 @@ impl Images {
     /// Makes `record`'s image ready for it, with `mount_points` (its
     /// workdir) in its root; [`Event::ImageReady`] says how it went.
     pub(super) fn want(&self, record: &JobRecord, mount_points: Vec<PathBuf>) {
-        let Some(reference) = record.spec.image.clone() else {
+        let Some(mut reference) = record.spec.image.clone() else {
             return;
         };
+        // An attempt restarted after its image was collected runs the
+        // digest it ran before: a registry is asked for that digest.
+        let pin = record.image_pin.clone();
+        if let (Some(pin), Ok(ImageSource::Registry(image))) =
+            (&pin, ImageSource::parse(&reference))
+        {
+            if image.digest.is_none() {
+                reference = format!("{reference}@{pin}");
+            }
+        }
         let id = record.id.clone();
         let owner = record.owner.clone();
         let store = self.store.clone();
@@ -92,8 +211,11 @@ impl Images {
         let pulls = self.pulls.clone();
         let progress = self.progress.clone();
         let events = self.events.clone();
+        let lock = self.lock.clone();
         info!(job = %id, PTRAIN_JOB = %id, image = %reference, "pulling the job's image");
         tokio::spawn(async move {
+            // Held until the answer is sent: see the module's comment.
+            let _pulling = lock.read().await;
             let result = ready(
                 &reference,
                 &owner,
@@ -104,7 +226,14 @@ impl Images {
                 pulls,
                 progress,
             )
-            .await;
+            .await
+            .and_then(|ready| match pin {
+                Some(pin) if pin != ready.digest => Err(format!(
+                    "{reference} is now image {} but this job ran {pin}; submit it as a new job to run the new image",
+                    ready.digest
+                )),
+                _ => Ok(ready),
+            });
             let _ = events.send(Event::ImageReady { id, result });
         });
     }
@@ -122,6 +251,7 @@ async fn ready(
     progress: Arc<Mutex<HashMap<String, (u64, u64)>>>,
 ) -> Result<ReadyImage, String> {
     let source = ImageSource::parse(reference).map_err(|e| e.to_string())?;
+    let source_name = source.to_string();
     let key = match &source {
         ImageSource::Registry(_) => reference.to_owned(),
         _ => format!("{reference}\0{}", owner.uid),
@@ -161,7 +291,9 @@ async fn ready(
         pulled.tree.clone(),
         owner.name.clone(),
     );
-    let reference = reference.to_owned();
+    // The store's record names the image as the source normalized
+    // (`ubuntu` is `docker.io/library/ubuntu:latest`).
+    let reference = source_name;
     let rootfs = tokio::task::spawn_blocking(move || {
         if let Err(e) = store.note_use(&reference, &user, crate::now_micros()) {
             warn!(image = %reference, error = %e, "cannot note the image's use");
@@ -278,4 +410,100 @@ fn import_as(
         }
     };
     result.map_err(|e| e.to_string())
+}
+
+/// Collects the store each time it is woken (or [`COLLECT_EVERY`]),
+/// holding [`Images::lock`] alone; ends with the state task.
+async fn collector(
+    store: Arc<ImageStore>,
+    config: ImagesConfig,
+    lock: Arc<RwLock<()>>,
+    wake: Arc<Notify>,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    loop {
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(COLLECT_EVERY) => {}
+        }
+        let _alone = lock.write().await;
+        let (reply, answer) = oneshot::channel();
+        if events.send(Event::ImagesInUse(reply)).is_err() {
+            return;
+        }
+        let Ok(in_use) = answer.await else {
+            return;
+        };
+        let store = store.clone();
+        let config = config.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            collect(&store, &config, &in_use, crate::now_micros())
+        })
+        .await;
+        match done {
+            Ok(Ok((plan, report))) => {
+                let removed =
+                    report.images + report.roots + report.trees + report.layers + report.blobs;
+                if removed > 0 {
+                    info!(
+                        images = ?plan.remove,
+                        roots = report.roots,
+                        trees = report.trees,
+                        layers = report.layers,
+                        blobs = report.blobs,
+                        bytes_before = plan.bytes_before,
+                        bytes_after = plan.bytes_after,
+                        "image store collected ([images] max_size, max_unused): removed {} image(s)",
+                        report.images
+                    );
+                } else {
+                    debug!(
+                        bytes = plan.bytes_after,
+                        "image store collected: nothing to remove"
+                    );
+                }
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot collect the image store; it is tried again after the next image job ends, or in 6 hours")
+            }
+            Err(e) => warn!(error = %e, "the image store's collection failed"),
+        }
+    }
+}
+
+/// One collection: the plan of `[images]` over the store's records,
+/// keeping every image `in_use` names, then removed. An image in use is
+/// used now: its `max_unused` counts from the end of its last job.
+/// Blocking.
+fn collect(
+    store: &ImageStore,
+    config: &ImagesConfig,
+    in_use: &InUse,
+    now: u64,
+) -> Result<(crate::images::GcPlan, crate::images::store::GcReport), crate::images::StoreError> {
+    let mut records = store.records()?;
+    let pulling: BTreeSet<String> = in_use
+        .pulling
+        .iter()
+        .filter_map(|r| ImageSource::parse(r).ok())
+        .map(|s| s.to_string())
+        .collect();
+    let mut keep: BTreeSet<Digest> = in_use
+        .digests
+        .iter()
+        .filter_map(|d| Digest::parse(d).ok())
+        .collect();
+    keep.extend(
+        records
+            .iter()
+            .filter(|r| pulling.contains(&r.reference))
+            .map(|r| r.manifest.clone()),
+    );
+    for record in records.iter_mut().filter(|r| keep.contains(&r.manifest)) {
+        store.touch(&record.reference, now)?;
+        record.last_used = record.last_used.max(now);
+    }
+    let plan = crate::images::catalog::plan_gc(&records, &config.gc_policy(keep), now);
+    let report = store.collect(&plan)?;
+    Ok((plan, report))
 }

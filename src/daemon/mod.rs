@@ -111,6 +111,9 @@ pub enum Event {
         id: JobId,
         result: Result<crate::store::ReadyImage, String>,
     },
+    /// The image store's collector asks which images the live jobs need
+    /// (`images::Images`: asked while no pull runs).
+    ImagesInUse(tokio::sync::oneshot::Sender<images::InUse>),
     /// systemd froze or thawed a job's unit, or did not (`error`), as
     /// `ptrain pause` or `resume` asked ([`Daemon::pause`]).
     Freezer {
@@ -402,6 +405,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let (spool_tx, spool_rx) = mpsc::unbounded_channel::<SpoolEvent>();
     let images_dir = config.state_dir.join("images");
+    let images = images::Images::open(&images_dir, &config.images, tx.clone());
     let systemd = Systemd::connect().await?;
     let unit_tx = tx.clone();
     let signals_lost = CancellationToken::new();
@@ -460,7 +464,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         stuck_entries: HashSet::new(),
         ptraind: ptraind_path(),
         host_exec: crate::runtime::HostExec::detect(&ptraind_path()),
-        images: images::Images::open(&images_dir, tx.clone()),
+        images,
         runtime,
         awaiting_recorder: HashSet::new(),
         launch_backlog: Default::default(),
@@ -895,6 +899,9 @@ impl Daemon {
             Event::Looked { unit, state } => self.on_looked(&unit, state).await,
             Event::Freezer { id, pause, error } => self.on_freezer(&id, pause, error),
             Event::ImageReady { id, result } => self.on_image_ready(&id, result).await,
+            Event::ImagesInUse(reply) => {
+                let _ = reply.send(images::InUse::of(self.live.records()));
+            }
             Event::FairShareRead(usage) => self.on_fair_share_read(usage),
             Event::QuotaWindowRead { per, sums } => self.on_quota_window_read(per, sums),
         }
@@ -1940,7 +1947,12 @@ impl Daemon {
 
     /// A job into the queue; one whose image is not on disk yet starts
     /// its pull (`pulling` until [`Event::ImageReady`]).
-    fn queue(&mut self, record: JobRecord) {
+    fn queue(&mut self, mut record: JobRecord) {
+        // Its image left the store since it ran (collected while the job
+        // had ended): pulled again, pinned to the digest it ran.
+        if let Some(gone) = record.image.take_if(|image| !image.rootfs.is_dir()) {
+            record.image_pin = Some(gone.digest);
+        }
         if record.spec.image.is_some() && record.image.is_none() {
             match &self.images {
                 Ok(images) => {
@@ -1983,6 +1995,7 @@ impl Daemon {
                 let mut record = record.clone();
                 info!(job = %id, PTRAIN_JOB = %id, image = %reference, digest = %ready.digest, rootfs = %ready.rootfs.display(), "the job's image is ready");
                 record.image = Some(ready);
+                record.image_pin = None;
                 if let Err(e) = self.store.save(&record) {
                     // Not recorded: the job pulls again after a restart.
                     error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the job's image");
@@ -2464,7 +2477,42 @@ impl Daemon {
             return;
         };
         let unit = record.unit.clone();
-        let launch = unit::launch_file(record, self.parent_results(record).as_deref());
+        let mut launch = unit::launch_file(record, self.parent_results(record).as_deref());
+        // An image job's GPUs: as the host's CDI specs put them in a
+        // container (nodes, driver files, variables, links in its root).
+        let devices = match (&record.image, record.gpus.is_empty()) {
+            (Some(image), false) => {
+                let devices = crate::cdi::load::host_job_devices(
+                    &self.config.gpus.cdi_spec_dirs,
+                    &record.gpus,
+                )
+                .map_err(|e| e.to_string())
+                .and_then(|devices| {
+                    let links: Vec<_> = devices
+                        .symlinks
+                        .iter()
+                        .map(|l| (l.link.clone(), l.target.clone()))
+                        .collect();
+                    crate::images::runtime_root::add_symlinks(&image.rootfs, &links)
+                        .map_err(|e| e.to_string())?;
+                    Ok(devices)
+                });
+                match devices {
+                    Ok(devices) => Some(devices),
+                    Err(e) => {
+                        let reason = format!("the job's GPUs in its image: {e}");
+                        error!(job = %id, PTRAIN_JOB = %id, unit, "{reason}");
+                        self.finish(id, Outcome::LaunchFailed { reason }, None)
+                            .await;
+                        return;
+                    }
+                }
+            }
+            _ => None,
+        };
+        if let Some(devices) = &devices {
+            unit::add_device_environment(&mut launch, devices);
+        }
         let prepared = match self.runtime.prepare(
             id,
             &record.owner,
@@ -2494,6 +2542,7 @@ impl Daemon {
             prepared: &prepared,
             result_file: &result_file,
             host_exec: self.host_exec.as_ref(),
+            devices: devices.as_ref(),
         };
         let props = unit::job_unit_properties(record, (&self.config).into(), &ctx);
         crash_point("before-start-unit");
@@ -2967,6 +3016,12 @@ impl Daemon {
         self.notifier.deliver(intents);
         self.account(&record);
         self.live.ended(id);
+        if record.spec.image.is_some() {
+            // Its image may be unused now: `[images]` decides.
+            if let Ok(images) = &self.images {
+                images.collect_soon();
+            }
+        }
         self.checkpoints.remove(id);
         info!(
             job = %id,
@@ -3150,6 +3205,15 @@ impl Daemon {
                 });
                 let _ = reply.send(view);
             }
+            // Read off this task.
+            ApiRequest::Images { caller_uid, reply } => match &self.images {
+                Ok(images) => images.list(caller_uid, self.config.privacy.show_all_jobs, reply),
+                Err(why) => {
+                    let _ = reply.send(Err(ApiError::Images(format!(
+                        "ptraind's image store is not open: {why}"
+                    ))));
+                }
+            },
             // Answered by the sender task; the state task does not wait.
             ApiRequest::Notifications(reply) => self.notifier.list(reply),
             ApiRequest::RetryNotifications(target, reply) => self.notifier.retry(target, reply),

@@ -40,7 +40,10 @@
 //!    ([`catalog::plan_gc`]: unused past an age, then least recently used
 //!    until the store fits, never one a queued or running job needs);
 //!    [`store::ImageStore::collect`] removes them and then every tree,
-//!    layer and blob no remaining record names.
+//!    layer and blob no remaining record names, and the unit roots
+//!    cloned from a removed tree. The limits are `[images]` of
+//!    ptrain.toml ([`settings`]); the daemon collects at start and
+//!    after each image job ends, never beside a pull.
 //!
 //! # Trust
 //!
@@ -82,6 +85,7 @@ pub mod reference;
 pub mod registry;
 pub mod runtime_root;
 mod safe_fs;
+pub mod settings;
 pub mod store;
 pub mod unpack;
 
@@ -89,4 +93,5 @@ pub use blobs::{BlobError, BlobStore, FetchLimits, Fetched};
 pub use catalog::{GcPlan, GcPolicy, ImageListing, ImageRecord};
 pub use manifest::{ImageConfig, Platform};
 pub use reference::{Digest, ImageReference, ImageSource, ReferenceError};
+pub use settings::{ImagesConfig, RawImagesConfig};
 pub use store::{ImageLimits, ImageStore, PreparedImage, StoreError};

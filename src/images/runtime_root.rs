@@ -6,13 +6,17 @@
 //! `/home` for the baseline's `ProtectHome=` and `ProtectSystem=`. Made in
 //! the image's tree, they would change the tree every job of every user
 //! shares, naming one user's paths to the next. So the unit gets a tree of
-//! its own kind instead: `roots/sha256/KEY/`, KEY the hash of the image's
-//! tree and the mount points, built once (directories made, every file a
+//! its own kind instead: `roots/sha256/TREE-KEY/`, TREE the tree's name
+//! (its chain id) and KEY the hash of the image's tree and the mount
+//! points, built once (directories made, every file a
 //! hard link to the tree's, so nothing is copied), the mount points made
 //! in it, then renamed into place whole. Jobs of the same image and the
 //! same mount points share it; whatever systemd adds there is what the
 //! next such job needs too. The files are the tree's inodes: root's,
-//! without write bits for anyone else, never changed in place.
+//! without write bits for anyone else, never changed in place. A root
+//! goes when its tree is collected ([`tree_of_root`],
+//! [`super::store::ImageStore::collect`]): its hard links would keep the
+//! tree's files on disk.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -81,7 +85,11 @@ pub fn runtime_root(
     }
     let key = hex::encode(key.finalize());
     let roots = store_root.join("roots/sha256");
-    let root = roots.join(&key);
+    let tree_name = tree
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let root = roots.join(format!("{tree_name}-{key}"));
     if root.is_dir() {
         return Ok(root);
     }
@@ -109,6 +117,15 @@ pub fn runtime_root(
             Err(io_err(e))
         }
     }
+}
+
+/// The name of the tree (`trees/sha256/TREE`) a root named `name`
+/// (`roots/sha256/TREE-KEY`) was cloned from; `None` for a name of
+/// another kind.
+pub fn tree_of_root(name: &str) -> Option<&str> {
+    let (tree, key) = name.rsplit_once('-')?;
+    let hex = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(key) && !tree.is_empty()).then_some(tree)
 }
 
 /// Clones `tree` into `work` and makes the mount points in it.
@@ -151,6 +168,66 @@ fn build(tree: &Path, work: &Path, points: &[Vec<Vec<u8>>]) -> Result<(), Runtim
             };
             safe_fs::chmod_fd(fd.as_fd(), 0o755).map_err(io_err)?;
         }
+    }
+    Ok(())
+}
+
+/// Makes each `(link, target)` symlink in the job's `root` (made by
+/// [`runtime_root`]): the links GPU drivers' CDI hooks would have made in
+/// a container (`libcuda.so -> libcuda.so.1`), made in the job's root and
+/// never in the image's shared tree. Missing parent directories are made
+/// (0755); a parent that is a symlink or a file of the image refuses the
+/// link; a link already there with another target is replaced; an
+/// existing file or directory is left alone (the image's own wins).
+pub fn add_symlinks(root: &Path, links: &[(PathBuf, PathBuf)]) -> Result<(), RuntimeRootError> {
+    let io_err = |source| RuntimeRootError::Io {
+        tree: root.to_owned(),
+        source,
+    };
+    let root_fd = safe_fs::open_dir_path(root).map_err(io_err)?;
+    for (link, target) in links {
+        let parts = components(link)?;
+        let Some((name, parent)) = parts.split_last() else {
+            continue;
+        };
+        let mut made = Vec::new();
+        let dir = match safe_fs::walk(root_fd.as_fd(), parent, true, &mut |at| made.push(at))
+            .map_err(io_err)?
+        {
+            Walk::Dir(fd) => fd,
+            Walk::Symlink(at) | Walk::NotDir(at) => {
+                return Err(RuntimeRootError::Blocked {
+                    path: shown(&parts, parts.len()),
+                    at: shown(&parts, at + 1),
+                })
+            }
+            Walk::Missing => {
+                return Err(RuntimeRootError::Blocked {
+                    path: shown(&parts, parts.len()),
+                    at: shown(&parts, parent.len()),
+                })
+            }
+        };
+        for depth in made {
+            if let Walk::Dir(fd) =
+                safe_fs::walk(root_fd.as_fd(), &parent[..=depth], false, &mut |_| {})
+                    .map_err(io_err)?
+            {
+                safe_fs::chmod_fd(fd.as_fd(), 0o755).map_err(io_err)?;
+            }
+        }
+        let target = target.as_os_str().as_encoded_bytes();
+        match safe_fs::kind_at(dir.as_fd(), name).map_err(io_err)? {
+            None => {}
+            Some((rustix::fs::FileType::Symlink, _, _)) => {
+                if safe_fs::read_link_at(dir.as_fd(), name).map_err(io_err)? == target {
+                    continue;
+                }
+                safe_fs::remove_all_at(dir.as_fd(), name).map_err(io_err)?;
+            }
+            Some(_) => continue,
+        }
+        safe_fs::symlink_at(target, dir.as_fd(), name).map_err(io_err)?;
     }
     Ok(())
 }
@@ -211,6 +288,10 @@ mod tests {
         )
         .unwrap();
         assert!(root.starts_with(dir.path().join("roots/sha256")));
+        let name = root.file_name().unwrap().to_str().unwrap();
+        assert_eq!(tree_of_root(name), Some("abc"));
+        assert_eq!(tree_of_root("abc"), None);
+        assert_eq!(tree_of_root(&format!("-{}", "0".repeat(64))), None);
         // The same file, not a copy; the symlink as it was, not followed.
         assert_eq!(
             std::fs::metadata(root.join("bin/tool")).unwrap().ino(),
@@ -263,6 +344,44 @@ mod tests {
             .next()
             .is_none());
         assert!(!dir.path().join("bin").exists() && !tree.join("sbin/x").exists());
+    }
+
+    #[test]
+    fn driver_links_are_made_in_the_jobs_root_never_through_the_images_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = tree(dir.path());
+        let before = walkdir(&tree);
+        let root = runtime_root(dir.path(), &tree, &[]).unwrap();
+        let links = [
+            (
+                PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"),
+                PathBuf::from("libcuda.so.1"),
+            ),
+            (PathBuf::from("/bin/tool"), PathBuf::from("/elsewhere")),
+        ];
+        add_symlinks(&root, &links).unwrap();
+        assert_eq!(
+            std::fs::read_link(root.join("usr/lib/x86_64-linux-gnu/libcuda.so")).unwrap(),
+            Path::new("libcuda.so.1")
+        );
+        // The image's own file wins; the tree is untouched.
+        assert!(std::fs::symlink_metadata(root.join("bin/tool"))
+            .unwrap()
+            .is_file());
+        assert_eq!(walkdir(&tree), before);
+        // Again, and with another target: replaced, not duplicated.
+        add_symlinks(&root, &links[..1]).unwrap();
+        let moved = [(links[0].0.clone(), PathBuf::from("libcuda.so.2"))];
+        add_symlinks(&root, &moved).unwrap();
+        assert_eq!(
+            std::fs::read_link(root.join("usr/lib/x86_64-linux-gnu/libcuda.so")).unwrap(),
+            Path::new("libcuda.so.2")
+        );
+        // Through the image's `sbin -> bin`: refused, nothing made in bin.
+        let err =
+            add_symlinks(&root, &[(PathBuf::from("/sbin/x"), PathBuf::from("y"))]).unwrap_err();
+        assert!(matches!(err, RuntimeRootError::Blocked { .. }), "{err}");
+        assert!(!root.join("bin/x").exists() && !tree.join("bin/x").exists());
     }
 
     fn walkdir(root: &Path) -> Vec<(PathBuf, u32)> {

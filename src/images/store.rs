@@ -7,6 +7,7 @@
 //!   layers/sha256/DIFF/  one unpacked layer: root/ and layer.json
 //!   trees/sha256/CHAIN/  one image's root tree (RootDirectory=), 0755
 //!   images/KEY.json      one record per reference (KEY: sha256 of it)
+//!   roots/sha256/TREE-KEY/  a unit's root, cloned from a tree (super::runtime_root)
 //!   tmp/                 work in progress, emptied at open
 //! ```
 //!
@@ -106,6 +107,9 @@ fn io_at(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 pub struct ImageStore {
     root: PathBuf,
     blobs: BlobStore,
+    /// Held while a record is read, changed and written back: two jobs
+    /// of one image note their users at once.
+    records_lock: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl ImageStore {
@@ -129,6 +133,7 @@ impl ImageStore {
         Ok(ImageStore {
             root: root.to_path_buf(),
             blobs: BlobStore::new(root.join("blobs/sha256"), tmp),
+            records_lock: Default::default(),
         })
     }
 
@@ -237,6 +242,7 @@ impl ImageStore {
             })?;
         }
 
+        let _records = self.lock_records();
         let previous = self.read_record(&fetched.source)?;
         if let Some(old) = previous.as_ref().filter(|p| p.manifest != *id) {
             // The reference now names another image (a tag moved). Jobs
@@ -358,6 +364,12 @@ impl ImageStore {
         })
     }
 
+    fn lock_records(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.records_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn read_record(&self, reference: &str) -> Result<Option<ImageRecord>, StoreError> {
         let path = self.record_path(reference);
         match std::fs::read(&path) {
@@ -415,6 +427,7 @@ impl ImageStore {
 
     /// Notes that a job of `user` starts from the image `reference` now.
     pub fn note_use(&self, reference: &str, user: &str, now: u64) -> Result<(), StoreError> {
+        let _records = self.lock_records();
         let Some(mut record) = self.read_record(reference)? else {
             return Ok(());
         };
@@ -423,9 +436,24 @@ impl ImageStore {
         self.write_record(&record)
     }
 
+    /// Notes that the image `reference` is still in use now (a job runs
+    /// in it): its age for a collection counts from now.
+    pub fn touch(&self, reference: &str, now: u64) -> Result<(), StoreError> {
+        let _records = self.lock_records();
+        let Some(mut record) = self.read_record(reference)? else {
+            return Ok(());
+        };
+        if record.last_used >= now {
+            return Ok(());
+        }
+        record.last_used = now;
+        self.write_record(&record)
+    }
+
     /// Removes the plan's images, then every tree, layer and blob no
-    /// remaining record names. Directories are renamed into `tmp/` before
-    /// they are removed, so none is ever half there under its name.
+    /// remaining record names, and every unit root cloned from a tree
+    /// that is gone. Directories are renamed into `tmp/` before they are
+    /// removed, so none is ever half there under its name.
     pub fn collect(&self, plan: &GcPlan) -> Result<GcReport, StoreError> {
         let mut report = GcReport::default();
         for reference in &plan.remove {
@@ -449,10 +477,39 @@ impl ImageStore {
             .iter()
             .flat_map(|r| r.blobs().map(|d| d.hex().to_string()))
             .collect();
+        report.roots = self.sweep_roots(&trees)?;
         report.trees = self.sweep("trees/sha256", &trees, true)?;
         report.layers = self.sweep("layers/sha256", &layers, true)?;
         report.blobs = self.sweep("blobs/sha256", &blobs, false)?;
         Ok(report)
+    }
+
+    /// Removes the unit roots (`roots/sha256/TREE-KEY`) whose tree is not
+    /// in `trees`; a name of another kind is left alone.
+    fn sweep_roots(&self, trees: &BTreeSet<String>) -> Result<usize, StoreError> {
+        let dir = self.root.join("roots/sha256");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io_at(&dir)(e)),
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry.map_err(io_at(&dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(tree) = super::runtime_root::tree_of_root(&name) else {
+                continue;
+            };
+            if trees.contains(tree) {
+                continue;
+            }
+            let path = entry.path();
+            let doomed = temp_name(&self.tmp(), "gone");
+            std::fs::rename(&path, &doomed).map_err(io_at(&path))?;
+            safe_fs::remove_tree(&doomed).map_err(io_at(&doomed))?;
+            removed += 1;
+        }
+        Ok(removed)
     }
 
     fn sweep(&self, sub: &str, keep: &BTreeSet<String>, dirs: bool) -> Result<usize, StoreError> {
@@ -482,6 +539,8 @@ impl ImageStore {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {
     pub images: usize,
+    /// Unit roots cloned from a removed tree.
+    pub roots: usize,
     pub trees: usize,
     pub layers: usize,
     pub blobs: usize,
@@ -707,7 +766,18 @@ pub(super) mod tests {
         };
         let plan = plan_gc(&records, &policy, 4000);
         assert_eq!(plan.remove, vec!["localhost:5000/app:1".to_string()]);
+        // A unit root of each image: the removed one's goes with its tree.
+        let point = [PathBuf::from("/home/alice/w")];
+        let gone_root =
+            crate::images::runtime_root::runtime_root(store.root(), &prepared.rootfs, &point)
+                .unwrap();
+        let kept_root =
+            crate::images::runtime_root::runtime_root(store.root(), &prepared2.rootfs, &point)
+                .unwrap();
         let report = store.collect(&plan).unwrap();
+        assert_eq!(report.roots, 1);
+        assert!(!gone_root.exists());
+        assert!(kept_root.join("bin/tool").exists());
         assert_eq!(report.images, 1);
         assert_eq!(report.trees, 1);
         assert_eq!(report.layers, 1);
@@ -760,6 +830,33 @@ pub(super) mod tests {
         store.collect(&plan).unwrap();
         assert!(!old.rootfs.exists());
         assert!(new.rootfs.join("v").exists());
+    }
+
+    #[test]
+    fn users_noted_at_once_are_all_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(&root.path().join("images")).unwrap();
+        let image = test_image(&[raw_tar(&[file("v", b"1", 0o644)])]);
+        store
+            .prepare(&put(&store, &image, "localhost:5000/app:1"), &LIMITS, 10)
+            .unwrap();
+        std::thread::scope(|scope| {
+            for n in 0..8 {
+                let store = &store;
+                scope.spawn(move || {
+                    store
+                        .note_use("localhost:5000/app:1", &format!("user{n}"), 20 + n)
+                        .unwrap()
+                });
+            }
+        });
+        let record = &store.records().unwrap()[0];
+        assert_eq!(record.users.len(), 8, "{record:?}");
+        assert_eq!(record.last_used, 27);
+        store.touch("localhost:5000/app:1", 100).unwrap();
+        store.touch("localhost:5000/app:1", 50).unwrap();
+        store.touch("not-here", 50).unwrap();
+        assert_eq!(store.records().unwrap()[0].last_used, 100);
     }
 
     #[test]

@@ -19,7 +19,7 @@ fn logs(d: &TestDaemon, id: &str) -> String {
     text(&d.ptrain(ALICE, &["logs", id]))
 }
 
-fn image_job(id: &str, image: &str, script: &str, workdir: &Path, gpus: u32) -> String {
+pub(crate) fn image_job(id: &str, image: &str, script: &str, workdir: &Path, gpus: u32) -> String {
     serde_json::json!({
         "version": 1,
         "id": id,
@@ -37,7 +37,14 @@ fn a_job_in_an_image_runs_as_its_owner_in_the_images_root_and_records_the_digest
     let registry = Registry::start();
     let image = TestImage::build();
     let digest = registry.push(&image, "v1");
-    let d = TestDaemon::start("image-job");
+    // A GPU host without CDI specs (an empty spec directory).
+    let d = TestDaemon::start_with(
+        "image-job",
+        crate::daemon::Opts {
+            gpu_config: "cdi_spec_dirs = [\"/srv/ptrain-tests/no-cdi-specs\"]".into(),
+            ..Default::default()
+        },
+    );
     let work = d.workdir(ALICE);
     let bob_work = d.workdir(BOB);
     std::fs::write(bob_work.join("secret"), "bob's").unwrap();
@@ -95,6 +102,13 @@ fn a_job_in_an_image_runs_as_its_owner_in_the_images_root_and_records_the_digest
     let status = d.run_to_end(ALICE, "default-cmd", &json);
     assert_eq!(status["status"], "succeeded", "{status:#}");
     assert_eq!(status["image_digest"], digest.as_str());
+
+    // A GPU job in an image on a host with no CDI spec: told how to make one.
+    let json = image_job("no-spec", &registry.reference("v1"), "echo ran", &work, 1);
+    let status = d.run_to_end(ALICE, "no-spec", &json);
+    assert_eq!(status["status"], "launch-failed", "{status:#}");
+    let detail = status["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("nvidia-ctk cdi generate"), "{status:#}");
     d.assert_alive();
 }
 
@@ -103,7 +117,8 @@ fn a_pulling_job_holds_no_gpu_and_an_image_that_cannot_be_had_ends_it_with_the_r
     let registry = Registry::start();
     let image = TestImage::build();
     registry.push(&image, "v1");
-    let d = TestDaemon::start("image-pull");
+    let cdi = CdiHost::new();
+    let d = TestDaemon::start_with("image-pull", cdi.opts());
     let work = d.workdir(ALICE);
     // The registry stops answering: the pull waits, the job is `pulling`.
     registry.pause();
@@ -136,6 +151,20 @@ fn a_pulling_job_holds_no_gpu_and_an_image_that_cannot_be_had_ends_it_with_the_r
         detail.contains(&registry.reference("nope")) && detail.contains("404"),
         "{status:#}"
     );
+
+    // A layer the registry serves tampered with: refused naming both
+    // digests, nothing run, ptraind alive.
+    let mut image = image;
+    image.add_tag_with_extra_layer("v9");
+    registry.push(&image, "v9");
+    let (extra, size) = image.layers("v9").last().cloned().unwrap();
+    std::fs::write(registry.blob_data(&extra), vec![b'x'; size as usize]).unwrap();
+    let json = image_job("tampered", &registry.reference("v9"), "echo ran", &work, 0);
+    let status = d.run_to_end(ALICE, "tampered", &json);
+    assert_eq!(status["status"], "launch-failed", "{status:#}");
+    let detail = status["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains(&extra.to_string()), "{status:#}");
+    assert!(!logs(&d, "tampered").contains("ran"));
 
     // A local archive is opened as the job's owner: one she cannot read
     // is refused with the reason, one she can runs.
@@ -175,4 +204,116 @@ fn a_pulling_job_holds_no_gpu_and_an_image_that_cannot_be_had_ends_it_with_the_r
     assert_eq!(status["status"], "succeeded", "{status:#}");
     assert!(logs(&d, "archived").contains("busybox-image"));
     d.assert_alive();
+}
+
+/// A CDI spec for the harness's two fake GPUs as the test daemon declares
+/// them (UUIDs `GPU-0000000N-0000-4000-8000-000000000000`, nodes
+/// `/dev/nvidiaN`, 195:N), shaped like `nvidia-ctk cdi generate`'s: the
+/// control node, a driver library, a variable and its two hooks shared.
+fn fake_gpu_spec(driver: &Path) -> String {
+    let mut devices = String::new();
+    for i in 0..2 {
+        for name in [
+            format!("\"{i}\""),
+            format!("GPU-{i:08x}-0000-4000-8000-000000000000"),
+        ] {
+            devices.push_str(&format!(
+                "- name: {name}\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia{i}\n      type: c\n      major: 195\n      minor: {i}\n"
+            ));
+        }
+    }
+    format!(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n{devices}containerEdits:\n  env:\n  - FAKE_DRIVER_VERSION=1.0.0\n  deviceNodes:\n  - path: /dev/nvidiactl\n    type: c\n    major: 195\n    minor: 255\n  mounts:\n  - hostPath: {lib}\n    containerPath: /usr/lib/ptrain-fake-driver/libfakecuda.so.1.0.0\n    options: [ro, nosuid, nodev, bind]\n  hooks:\n  - hookName: createContainer\n    path: /usr/bin/nvidia-ctk\n    args: [nvidia-ctk, hook, create-symlinks, --link, \"libfakecuda.so.1.0.0::/usr/lib/ptrain-fake-driver/libfakecuda.so.1\"]\n  - hookName: createContainer\n    path: /usr/bin/nvidia-ctk\n    args: [nvidia-ctk, hook, update-ldcache, --folder, /usr/lib/ptrain-fake-driver]\n",
+        lib = driver.join("libfakecuda.so.1.0.0").display()
+    )
+}
+
+#[test]
+fn a_gpu_job_in_an_image_gets_its_gpus_cdi_nodes_and_driver_files_and_no_other_gpu() {
+    let registry = Registry::start();
+    let image = TestImage::build();
+    let digest = registry.push(&image, "v1");
+    let cdi = CdiHost::new();
+    let d = TestDaemon::start_with("image-gpu", cdi.opts());
+    let work = d.workdir(ALICE);
+    let script = "mine=$PTRAIN_GPUS; other=$((1 - mine)); \
+        busybox cat /dev/nvidia$mine 2>&1; busybox cat /dev/nvidia$other 2>&1; \
+        busybox cat /dev/nvidiactl 2>&1; \
+        busybox cat /usr/lib/ptrain-fake-driver/libfakecuda.so.1.0.0; \
+        echo link=$(busybox readlink /usr/lib/ptrain-fake-driver/libfakecuda.so.1); \
+        echo FAKE=$FAKE_DRIVER_VERSION LD=$LD_LIBRARY_PATH GPUS=$PTRAIN_GPUS";
+    let json = image_job("on-gpu", &registry.reference("v1"), script, &work, 1);
+    let status = d.run_to_end(ALICE, "on-gpu", &json);
+    let out = logs(&d, "on-gpu");
+    assert_eq!(
+        status["status"],
+        "succeeded",
+        "{status:#}\n{out}\n{}",
+        d.daemon_log()
+    );
+    assert_eq!(status["image_digest"], digest.as_str());
+    let mine = status["gpus"][0].as_u64().unwrap();
+    let other = 1 - mine;
+    for expected in [
+        // Its node opens as far as the (absent) driver: the device cgroup
+        // let it through; the other GPU's is refused by the cgroup.
+        format!("'/dev/nvidia{mine}': No such device or address"),
+        format!("'/dev/nvidia{other}': Operation not permitted"),
+        "'/dev/nvidiactl': No such device or address".into(),
+        "fake cuda 1.0.0".into(),
+        "link=libfakecuda.so.1.0.0".into(),
+        format!("FAKE=1.0.0 LD=/usr/lib/ptrain-fake-driver GPUS={mine}"),
+    ] {
+        assert!(out.contains(&expected), "{expected:?} missing from:\n{out}");
+    }
+    // The link and the mount point are the job's root's, not the image's
+    // shared tree.
+    let trees = d.state.join("images/trees/sha256");
+    for tree in std::fs::read_dir(&trees).unwrap() {
+        let tree = tree.unwrap().path();
+        assert!(
+            !tree.join("usr/lib/ptrain-fake-driver").exists(),
+            "{}",
+            tree.display()
+        );
+    }
+    d.assert_alive();
+}
+
+/// The host's CDI spec and fake driver file, root's, outside any image,
+/// and the `[gpus] cdi_spec_dirs` that points ptraind at them.
+struct CdiHost {
+    dir: std::path::PathBuf,
+}
+
+impl CdiHost {
+    fn new() -> CdiHost {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::path::PathBuf::from(format!("/srv/ptrain-tests/cdi-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (specs, driver) = (dir.join("cdi"), dir.join("driver"));
+        std::fs::create_dir_all(&specs).unwrap();
+        std::fs::create_dir_all(&driver).unwrap();
+        for d in [&dir, &specs, &driver] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::write(driver.join("libfakecuda.so.1.0.0"), "fake cuda 1.0.0\n").unwrap();
+        std::fs::write(specs.join("fake-gpu.yaml"), fake_gpu_spec(&driver)).unwrap();
+        CdiHost { dir }
+    }
+
+    fn opts(&self) -> crate::daemon::Opts {
+        crate::daemon::Opts {
+            gpu_config: format!("cdi_spec_dirs = [{:?}]", self.dir.join("cdi")),
+            ..Default::default()
+        }
+    }
+}
+
+impl Drop for CdiHost {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

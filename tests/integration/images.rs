@@ -219,7 +219,7 @@ impl Registry {
     }
 
     /// Where the registry keeps a blob's bytes.
-    fn blob_data(&self, digest: &Digest) -> PathBuf {
+    pub(crate) fn blob_data(&self, digest: &Digest) -> PathBuf {
         let hex = digest.hex();
         self.storage
             .join("docker/registry/v2/blobs/sha256")
@@ -309,7 +309,7 @@ impl TestImage {
     }
 
     /// Tag `tag`: v1 and a third layer adding opt/extra.
-    fn add_tag_with_extra_layer(&mut self, tag: &str) {
+    pub(crate) fn add_tag_with_extra_layer(&mut self, tag: &str) {
         let bundle = self.unpack("v1");
         let opt = bundle.join("rootfs/opt");
         fs::create_dir(&opt).unwrap();
@@ -361,7 +361,7 @@ impl TestImage {
     }
 
     /// The layer blob digests of `tag`, bottom first.
-    fn layers(&self, tag: &str) -> Vec<(Digest, u64)> {
+    pub(crate) fn layers(&self, tag: &str) -> Vec<(Digest, u64)> {
         self.manifest(tag)["layers"]
             .as_array()
             .unwrap()

@@ -14,6 +14,7 @@ mod examples;
 mod foundation;
 mod gpus;
 mod hostile;
+mod image_cache;
 mod image_jobs;
 mod images;
 mod lifecycle;

@@ -406,7 +406,8 @@ pub(crate) mod tests {
 
     #[test]
     fn the_status_words_hold_every_outcome_of_the_job_model() {
-        assert_eq!(status_words()[3..12], ptrain::job::Outcome::STATUSES);
+        assert_eq!(status_words()[..4], ptrain::job::Outcome::ACTIVE);
+        assert_eq!(status_words()[4..13], ptrain::job::Outcome::STATUSES);
     }
 
     #[test]

@@ -65,6 +65,7 @@ mod du;
 mod generate;
 mod gpus;
 mod human;
+mod images;
 mod list;
 mod logs;
 mod notifications;
@@ -78,6 +79,7 @@ use accounting::{history, report, HistoryArgs, ReportArgs};
 use du::du;
 use generate::{complete_ids, generate};
 use gpus::gpus;
+use images::images;
 use list::{list, status_words, uid_of_user, ListFilter};
 use logs::logs;
 use notifications::notifications;
@@ -279,6 +281,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Container images in ptraind's store: reference, digest, size, when
+    /// last used and by whom (your name; root sees every user's).
+    Images {
+        #[arg(long)]
+        json: bool,
+    },
     /// Notification deliveries: pending, retrying, delivered and dead,
     /// with the last error (root).
     Notifications {
@@ -472,6 +480,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Report(args) => report(args).await,
         Command::Rejected { json } => rejected(json).await,
         Command::Gpus { json } => gpus(json).await,
+        Command::Images { json } => images(json).await,
         Command::Notifications { json, action } => notifications(json, action).await,
         Command::Generate { man, completions } => generate(man, completions),
         Command::CompleteIds => complete_ids().await,
