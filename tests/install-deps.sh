@@ -18,8 +18,9 @@ set -euo pipefail
 # docker-registry, skopeo, umoci, busybox-static: the container image test
 # (tests/integration/images.rs) builds a real image with umoci from the
 # static busybox (it runs chrooted in the unpacked tree), pushes it with
-# skopeo to a real registry on loopback and writes its archives.
-PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck docker-registry skopeo umoci busybox-static)
+# skopeo to a real registry on loopback and writes its archives;
+# apache2-utils: htpasswd, for a registry that asks for credentials.
+PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck docker-registry skopeo umoci busybox-static apache2-utils)
 
 die() { echo "tests/install-deps.sh: $*" >&2; exit 1; }
 

@@ -84,6 +84,7 @@ const IO: &[&str] = &[
     "images::BlobStore",
     "images::ImageStore",
     "images::archive",
+    "images::auth",
     "images::assemble",
     "images::blobs",
     "images::registry",

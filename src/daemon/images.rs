@@ -35,7 +35,8 @@ use tokio::sync::{mpsc, oneshot, Notify, OnceCell, RwLock};
 use tracing::{debug, info, warn};
 
 use crate::fsutil;
-use crate::images::registry::{PullProgress, RegistryClient, RegistryOptions};
+use crate::images::auth::{self, AdminAuth};
+use crate::images::registry::{Credentials, PullProgress, RegistryClient, RegistryOptions};
 use crate::images::{
     archive, runtime_root, Digest, ImageLimits, ImageSource, ImageStore, ImagesConfig, Platform,
 };
@@ -64,11 +65,13 @@ pub(super) struct Images {
     store: Arc<ImageStore>,
     client: Arc<RegistryClient>,
     limits: ImageLimits,
-    /// Pulls under way, by what they fetch (a local source: and whose
-    /// rights open it).
+    /// Pulls under way, by what they fetch (a local source, or a pull
+    /// with its owner's own credentials: and whose).
     pulls: Arc<Mutex<HashMap<String, Cell>>>,
     /// Bytes done and in all, by image reference, for `ptrain status`.
     progress: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+    /// The admin's registry credentials (`[images] auth_file`).
+    admin_auth: AdminAuth,
     events: mpsc::UnboundedSender<Event>,
     /// Shared by each pull (fetch, unpack, the job's root, its answer
     /// sent), held alone by a collection.
@@ -140,6 +143,9 @@ impl Images {
             },
             pulls: Default::default(),
             progress: Default::default(),
+            admin_auth: AdminAuth {
+                path: config.auth_file.clone(),
+            },
             events,
             lock,
             collect,
@@ -205,27 +211,21 @@ impl Images {
         }
         let id = record.id.clone();
         let owner = record.owner.clone();
-        let store = self.store.clone();
-        let client = self.client.clone();
-        let limits = self.limits;
-        let pulls = self.pulls.clone();
-        let progress = self.progress.clone();
+        let pull = Pull {
+            store: self.store.clone(),
+            client: self.client.clone(),
+            limits: self.limits,
+            pulls: self.pulls.clone(),
+            progress: self.progress.clone(),
+            admin_auth: self.admin_auth.clone(),
+        };
         let events = self.events.clone();
         let lock = self.lock.clone();
         info!(job = %id, PTRAIN_JOB = %id, image = %reference, "pulling the job's image");
         tokio::spawn(async move {
             // Held until the answer is sent: see the module's comment.
             let _pulling = lock.read().await;
-            let result = ready(
-                &reference,
-                &owner,
-                mount_points,
-                store,
-                client,
-                limits,
-                pulls,
-                progress,
-            )
+            let result = ready(&reference, &owner, mount_points, pull)
             .await
             .and_then(|ready| match pin {
                 Some(pin) if pin != ready.digest => Err(format!(
@@ -239,22 +239,66 @@ impl Images {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn ready(
-    reference: &str,
-    owner: &Owner,
-    mount_points: Vec<PathBuf>,
+/// What one job's pull works with.
+struct Pull {
     store: Arc<ImageStore>,
     client: Arc<RegistryClient>,
     limits: ImageLimits,
     pulls: Arc<Mutex<HashMap<String, Cell>>>,
     progress: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+    admin_auth: AdminAuth,
+}
+
+/// The credentials `owner`'s pull from `registry` uses, and whether they
+/// are the owner's own: the owner's own file first (read as them), else
+/// the admin's (read as root, refused unless root's alone).
+async fn credentials_for(
+    owner: &Owner,
+    registry: &str,
+    admin: &AdminAuth,
+) -> Result<(Option<Credentials>, bool), String> {
+    let (owner, registry, admin) = (owner.clone(), registry.to_owned(), admin.clone());
+    tokio::task::spawn_blocking(move || {
+        let own = auth::read_user(&owner.home, owner.uid, owner.gid, &owner.groups, &registry)
+            .map_err(|e| e.to_string())?;
+        if own.is_some() {
+            return Ok((own, true));
+        }
+        let admins = admin.read().map_err(|e| e.to_string())?;
+        Ok((admins.get(&registry).cloned(), false))
+    })
+    .await
+    .map_err(|e| format!("reading registry credentials: {e}"))?
+}
+
+async fn ready(
+    reference: &str,
+    owner: &Owner,
+    mount_points: Vec<PathBuf>,
+    pull: Pull,
 ) -> Result<ReadyImage, String> {
+    let Pull {
+        store,
+        client,
+        limits,
+        pulls,
+        progress,
+        admin_auth,
+    } = pull;
     let source = ImageSource::parse(reference).map_err(|e| e.to_string())?;
     let source_name = source.to_string();
-    let key = match &source {
-        ImageSource::Registry(_) => reference.to_owned(),
-        _ => format!("{reference}\0{}", owner.uid),
+    // A pull with its owner's own credentials (or of a file opened with
+    // their rights) is theirs alone: no other user's job joins it.
+    let (key, credentials) = match &source {
+        ImageSource::Registry(image) => {
+            let (credentials, own) = credentials_for(owner, &image.registry, &admin_auth).await?;
+            let key = match own {
+                true => format!("{reference}\0{}", owner.uid),
+                false => reference.to_owned(),
+            };
+            (key, credentials)
+        }
+        _ => (format!("{reference}\0{}", owner.uid), None),
     };
     let cell = pulls
         .lock()
@@ -268,6 +312,7 @@ async fn ready(
                 reference,
                 source,
                 owner.clone(),
+                credentials,
                 store.clone(),
                 client,
                 limits,
@@ -311,10 +356,12 @@ async fn ready(
 }
 
 /// The image fetched into the store and its tree assembled.
+#[allow(clippy::too_many_arguments)]
 async fn fetch(
     reference: &str,
     source: ImageSource,
     owner: Owner,
+    credentials: Option<Credentials>,
     store: Arc<ImageStore>,
     client: Arc<RegistryClient>,
     limits: ImageLimits,
@@ -329,7 +376,7 @@ async fn fetch(
                 }
             };
             client
-                .pull(image, store.blobs(), &report)
+                .pull_as(image, store.blobs(), &report, credentials)
                 .await
                 .map_err(|e| e.to_string())?
         }

@@ -78,6 +78,7 @@
 
 pub mod archive;
 pub mod assemble;
+pub mod auth;
 pub mod blobs;
 pub mod catalog;
 pub mod manifest;

@@ -235,6 +235,19 @@ impl RegistryClient {
         blobs: &BlobStore,
         progress: &(dyn Fn(&PullProgress) + Send + Sync),
     ) -> Result<Fetched, PullError> {
+        self.pull_as(reference, blobs, progress, None).await
+    }
+
+    /// [`Self::pull`] with `credentials` for this pull alone (a user's own,
+    /// or the admin's: [`super::auth`]), in place of the client's for the
+    /// registry.
+    pub async fn pull_as(
+        &self,
+        reference: &ImageReference,
+        blobs: &BlobStore,
+        progress: &(dyn Fn(&PullProgress) + Send + Sync),
+        credentials: Option<Credentials>,
+    ) -> Result<Fetched, PullError> {
         let scheme = if self.plain_http_allowed(&reference.registry) {
             "http"
         } else {
@@ -251,6 +264,7 @@ impl RegistryClient {
             ),
             auth: Auth::None,
             tried_auth: false,
+            credentials,
         };
         let limits = self.options.limits;
         let platform = self.options.platform.clone().unwrap_or_else(Platform::host);
@@ -348,6 +362,8 @@ struct Session<'a> {
     base: String,
     auth: Auth,
     tried_auth: bool,
+    /// This pull's own credentials ([`RegistryClient::pull_as`]).
+    credentials: Option<Credentials>,
 }
 
 impl Session<'_> {
@@ -407,7 +423,10 @@ impl Session<'_> {
     }
 
     async fn authenticate(&mut self, header: &str) -> Result<(), PullError> {
-        let credentials = self.client.options.credentials.get(&self.registry).cloned();
+        let credentials = self
+            .credentials
+            .clone()
+            .or_else(|| self.client.options.credentials.get(&self.registry).cloned());
         let Some(challenge) = parse_challenge(header) else {
             return Err(self.auth_err(
                 format!("asks for authentication with an unreadable challenge {header:?}"),

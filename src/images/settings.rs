@@ -27,6 +27,7 @@ pub struct RawImagesConfig {
     max_unused: Option<String>,
     insecure_registries: Option<Vec<String>>,
     max_image_size: Option<SizeValue>,
+    auth_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -51,6 +52,9 @@ pub struct ImagesConfig {
     /// The most bytes of files one image may unpack to, all its layers
     /// together.
     pub max_image_size: u64,
+    /// The admin's registry credentials, lent to every job
+    /// ([`super::auth`]; root's, mode 0600).
+    pub auth_file: std::path::PathBuf,
 }
 
 impl Default for ImagesConfig {
@@ -60,6 +64,7 @@ impl Default for ImagesConfig {
             max_unused: Some(DEFAULT_MAX_UNUSED),
             insecure_registries: BTreeSet::new(),
             max_image_size: DEFAULT_MAX_IMAGE_SIZE,
+            auth_file: super::auth::DEFAULT_ADMIN_FILE.into(),
         }
     }
 }
@@ -135,11 +140,25 @@ impl RawImagesConfig {
                 ));
             }
         }
+        let auth_file = match self.auth_file {
+            None => defaults.auth_file,
+            Some(path) if path.is_absolute() => path,
+            Some(path) => {
+                return Err(bad(
+                    "auth_file",
+                    format!(
+                        "{} is not an absolute path; write e.g. \"/etc/ptrain/registry-auth.json\"",
+                        path.display()
+                    ),
+                ))
+            }
+        };
         Ok(ImagesConfig {
             max_size,
             max_unused,
             insecure_registries,
             max_image_size,
+            auth_file,
         })
     }
 }

@@ -381,7 +381,7 @@ fn run_teardown(name: &str, state: &Path) {
 }
 
 /// getpwnam_r: (uid, gid) of `name`, None if there is no such user.
-fn lookup_user(name: &str) -> Option<(u32, u32)> {
+pub fn lookup_user(name: &str) -> Option<(u32, u32)> {
     let cname = std::ffi::CString::new(name).ok()?;
     let mut buf = vec![0u8; 16 * 1024];
     // SAFETY: zeroed passwd is a valid out-parameter; buf outlives the call

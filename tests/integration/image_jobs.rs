@@ -317,3 +317,159 @@ impl Drop for CdiHost {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+#[test]
+fn registry_credentials_are_the_admins_root_only_file_or_the_owners_own_for_their_jobs_alone() {
+    let registry = Registry::start_with_auth("puller", "s3cret-pw");
+    let image = TestImage::build();
+    let digest = registry.push(&image, "v1");
+    let admin_file = std::path::PathBuf::from(format!(
+        "/srv/ptrain-tests/registry-auth-{}.json",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&admin_file);
+    let d = TestDaemon::start_with(
+        "image-auth",
+        crate::daemon::Opts {
+            extra_config: format!("[images]\nauth_file = {admin_file:?}\n"),
+            ..Default::default()
+        },
+    );
+    let reference = registry.reference("v1");
+    let work = d.workdir(ALICE);
+    let auth_json = |user: &str, password: &str| {
+        use std::io::Write;
+        let mut enc = Vec::new();
+        // base64 of user:password, as `skopeo login` writes it.
+        let raw = format!("{user}:{password}");
+        let table = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for chunk in raw.as_bytes().chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    enc.write_all(&[table[(n >> (18 - 6 * i) & 63) as usize]])
+                        .unwrap();
+                } else {
+                    enc.write_all(b"=").unwrap();
+                }
+            }
+        }
+        serde_json::json!({"auths": {registry.reference("x").split('/').next().unwrap():
+            {"auth": String::from_utf8(enc).unwrap()}}})
+        .to_string()
+    };
+    // No credentials anywhere: refused by the registry, its reason shown.
+    let status = d.run_to_end(
+        ALICE,
+        "anon",
+        &image_job("anon", &reference, "echo ran", &work, 0),
+    );
+    assert_eq!(status["status"], "launch-failed", "{status:#}");
+    assert!(
+        status["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("credentials"),
+        "{status:#}"
+    );
+
+    // The admin's file, readable by others: refused, saying how to fix it.
+    std::fs::write(&admin_file, auth_json("puller", "s3cret-pw")).unwrap();
+    std::fs::set_permissions(&admin_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let status = d.run_to_end(
+        ALICE,
+        "leaky",
+        &image_job("leaky", &reference, "echo ran", &work, 0),
+    );
+    assert_eq!(status["status"], "launch-failed", "{status:#}");
+    let detail = status["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("chmod 600") && detail.contains(admin_file.to_str().unwrap()),
+        "{status:#}"
+    );
+
+    // Root's alone: every user's jobs pull with it.
+    std::fs::set_permissions(&admin_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let status = d.run_to_end(
+        ALICE,
+        "admins",
+        &image_job("admins", &reference, "echo ran", &work, 0),
+    );
+    assert_eq!(status["status"], "succeeded", "{status:#}");
+    assert_eq!(status["image_digest"], digest.as_str());
+
+    // Carol's own file wins over the admin's for her jobs: with a wrong
+    // password her pull is refused (the admin's access is not used for
+    // her); Alice's jobs still pull with the admin's.
+    let carol_home = user_with_home(CAROL);
+    // Where the test stages her job files before she copies them in.
+    std::fs::create_dir_all(d.workdir(CAROL)).unwrap();
+    crate::daemon::chown(&d.workdir(CAROL), CAROL);
+    let carol_auth = carol_home.join(".config/containers/auth.json");
+    std::fs::create_dir_all(carol_auth.parent().unwrap()).unwrap();
+    std::fs::write(&carol_auth, auth_json("puller", "wrong")).unwrap();
+    for path in [
+        carol_home.join(".config"),
+        carol_home.join(".config/containers"),
+        carol_auth.clone(),
+    ] {
+        crate::daemon::chown(&path, CAROL);
+    }
+    std::fs::set_permissions(&carol_auth, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let json = image_job("carols", &reference, "echo ran", &carol_home, 0);
+    let status = d.run_to_end(CAROL, "carols", &json);
+    assert_eq!(status["status"], "launch-failed", "{status:#}");
+    assert!(
+        status["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("credentials"),
+        "{status:#}"
+    );
+    let json = image_job("alices", &reference, "echo ran", &work, 0);
+    let status = d.run_to_end(ALICE, "alices", &json);
+    assert_eq!(status["status"], "succeeded", "{status:#}");
+    // With her right password, her own pull works.
+    std::fs::write(&carol_auth, auth_json("puller", "s3cret-pw")).unwrap();
+    let json = image_job("carols-2", &reference, "echo ran", &carol_home, 0);
+    let status = d.run_to_end(CAROL, "carols-2", &json);
+    assert_eq!(status["status"], "succeeded", "{status:#}");
+    d.assert_alive();
+    let _ = std::fs::remove_file(&admin_file);
+}
+
+/// A user of the credentials test alone, whose home (where a user's own
+/// registry credentials live) exists, made fresh for the test.
+const CAROL: &str = "ptrain-carol";
+
+fn user_with_home(name: &str) -> std::path::PathBuf {
+    let home = std::path::PathBuf::from(format!("/srv/ptrain-tests/home-{name}"));
+    if crate::harness::lookup_user(name).is_none() {
+        let out = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--home-dir",
+            ])
+            .arg(&home)
+            .arg(name)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() || crate::harness::lookup_user(name).is_some(),
+            "useradd {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    crate::daemon::chown(&home, name);
+    home
+}

@@ -97,10 +97,13 @@ pub(crate) struct Registry {
     child: Child,
     port: u16,
     storage: PathBuf,
+    /// `user:password` the registry asks for (htpasswd), if any.
+    creds: Option<String>,
     _dir: tempfile::TempDir,
 }
 
-/// Whether `GET /v2/` on the port answers 200.
+/// Whether `GET /v2/` on the port answers (200, or 401 where it asks for
+/// credentials).
 fn v2_answers(port: u16) -> bool {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
@@ -112,21 +115,43 @@ fn v2_answers(port: u16) -> bool {
     }
     let mut reply = String::new();
     let _ = s.read_to_string(&mut reply);
-    reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200")
+    let status = reply.split_whitespace().nth(1).unwrap_or_default();
+    reply.starts_with("HTTP/1.") && matches!(status, "200" | "401")
 }
 
 impl Registry {
     pub(crate) fn start() -> Registry {
+        Registry::start_with(None)
+    }
+
+    /// A registry that lets only `user` with `password` pull or push
+    /// (basic auth from an htpasswd file, as its docs deploy it).
+    pub(crate) fn start_with_auth(user: &str, password: &str) -> Registry {
+        Registry::start_with(Some((user, password)))
+    }
+
+    fn start_with(auth: Option<(&str, &str)>) -> Registry {
         need("docker-registry", "docker-registry");
         let dir = tempfile::tempdir().unwrap();
         let storage = dir.path().join("storage");
         fs::create_dir(&storage).unwrap();
         let port = free_port();
         let config = dir.path().join("config.yml");
+        let mut auth_config = String::new();
+        if let Some((user, password)) = auth {
+            need("htpasswd", "apache2-utils");
+            let htpasswd = dir.path().join("htpasswd");
+            let line = run(Command::new("htpasswd").args(["-Bbn", user, password]));
+            fs::write(&htpasswd, line.trim()).unwrap();
+            auth_config = format!(
+                "auth:\n  htpasswd:\n    realm: ptrain-test\n    path: {}\n",
+                htpasswd.display()
+            );
+        }
         fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth_config}",
                 storage.display()
             ),
         )
@@ -154,6 +179,7 @@ impl Registry {
             child,
             port,
             storage,
+            creds: auth.map(|(user, password)| format!("{user}:{password}")),
             _dir: dir,
         }
     }
@@ -171,11 +197,22 @@ impl Registry {
     /// manifest digest the registry then reports (skopeo inspect).
     pub(crate) fn push(&self, image: &TestImage, tag: &str) -> String {
         let docker = format!("docker://{}", self.reference(tag));
+        let (dest_creds, creds) = match &self.creds {
+            Some(c) => (
+                vec![format!("--dest-creds={c}")],
+                vec![format!("--creds={c}")],
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
         run(skopeo()
             .args(["copy", "--quiet", "--dest-tls-verify=false"])
+            .args(&dest_creds)
             .arg(image.oci(tag))
             .arg(&docker));
-        let inspect = run(skopeo().args(["inspect", "--tls-verify=false", &docker]));
+        let inspect = run(skopeo()
+            .args(["inspect", "--tls-verify=false"])
+            .args(&creds)
+            .arg(&docker));
         let inspect: Value = serde_json::from_str(&inspect).unwrap();
         inspect["Digest"]
             .as_str()
