@@ -165,6 +165,9 @@ pub struct LaunchContext<'a> {
     /// An image job's GPUs as the host's CDI specs give them: its device
     /// nodes and the driver's files ([`crate::cdi`]).
     pub devices: Option<&'a crate::cdi::JobDevices>,
+    /// The workdir an image job's unit binds at its own path (checked as
+    /// its user just before: no symlink on the way).
+    pub workdir_bind: Option<&'a Path>,
 }
 
 /// What an image job's command gets from its GPUs' CDI specs: their
@@ -373,7 +376,7 @@ pub fn job_unit_properties(
         props.push(("ExecStopPost", PropValue::Exec(vec![(path, argv, true)])));
     }
     if let Some(image) = &record.image {
-        props.extend(image_properties(image, &workdir, ctx));
+        props.extend(image_properties(image, ctx));
     }
     let limits = &record.limits;
     if let Some(bytes) = limits.memory_bytes {
@@ -400,11 +403,7 @@ pub fn job_unit_properties(
 /// device allow-list and the limits among them, is the same as on the
 /// host: ProtectSystem=strict makes the image read-only on top of its
 /// files being root's.
-fn image_properties(
-    image: &crate::store::ReadyImage,
-    workdir: &Path,
-    ctx: &LaunchContext,
-) -> UnitProperties {
+fn image_properties(image: &crate::store::ReadyImage, ctx: &LaunchContext) -> UnitProperties {
     let same = |p: &Path| (p.display().to_string(), p.display().to_string(), false, 0);
     let mut read_only: Vec<(String, String, bool, u64)> = ctx
         .host_exec
@@ -421,8 +420,13 @@ fn image_properties(
     if let Some(devices) = ctx.devices {
         read_only.extend(devices.binds.iter().map(crate::cdi::BindMount::dbus));
     }
+    // The workdir, at its own path. systemd resolves the source as root
+    // when the unit starts: the daemon checked just before, as the job's
+    // user, that no directory of the path is a symlink
+    // ([`crate::images::runtime_root::check_workdir_as`]); see SECURITY.md
+    // for the window left between the two.
     let mut writable = vec![same(&ctx.prepared.result_dir)];
-    if workdir != Path::new("/") {
+    if let Some(workdir) = ctx.workdir_bind {
         writable.push(same(workdir));
     }
     vec![
@@ -467,6 +471,7 @@ mod tests {
             result_file: Path::new("/run/ptrain/results/job1/result.json"),
             host_exec: Some(&host_exec()),
             devices: None,
+            workdir_bind: Some(Path::new("/home/alice/p")),
         };
         job_unit_properties(r, config.into(), &ctx)
     }
@@ -541,6 +546,10 @@ mod tests {
             panic!("BindReadOnlyPaths");
         };
         assert!(ro.contains(&same("/run/ptrain/launch/job1")), "{ro:?}");
+        let PropValue::StrList(rw) = get(&props, "ReadWritePaths") else {
+            panic!("ReadWritePaths");
+        };
+        assert!(rw.contains(&"/home/alice/p".to_string()), "{rw:?}");
         assert!(ro.contains(&(
             "/usr/sbin/ptraind".to_string(),
             "/run/ptrain-host/ptraind".to_string(),

@@ -2627,6 +2627,7 @@ impl PtrainProps {
             result_file: &result_file,
             host_exec: None,
             devices: None,
+            workdir_bind: None,
         };
         let mut props: Vec<(String, OwnedVariant)> =
             ptrain::unit::job_unit_properties(&record, (&self.config).into(), &ctx)

@@ -408,19 +408,16 @@ fn import_as(
 ) -> Result<crate::images::Fetched, String> {
     let name = source.to_string();
     let opened = |path: &std::path::Path, dir: bool| -> Result<std::fs::File, String> {
+        // Never blocking, never a terminal, only a regular file (or the
+        // layout's directory): a FIFO, a tty or a device a user names can
+        // neither hang the pull nor become ptraind's controlling terminal.
         fsutil::as_user(owner.uid, owner.gid, &owner.groups, || {
-            let mut options = std::fs::OpenOptions::new();
-            options.read(true);
-            if dir {
-                use std::os::unix::fs::OpenOptionsExt;
-                options.custom_flags(libc::O_DIRECTORY);
-            }
-            options.open(path)
+            archive::open_source(path, dir)
         })
         .map_err(|e| format!("{name}: cannot take the owner's identity: {e}"))?
         .map_err(|e| {
             format!(
-                "{name}: {} cannot open {}: {e}; the file must be readable by the job's owner",
+                "{name}: {} cannot open {}: {e}; name a regular file the job's owner can read (ptraind has a /tmp of its own: keep archives elsewhere)",
                 owner.name,
                 path.display()
             )
@@ -442,8 +439,9 @@ fn import_as(
             store.blobs(),
             &limits.fetch,
         ),
-        ImageSource::OciLayout { path, tag } => archive::import_oci_layout(
+        ImageSource::OciLayout { path, tag } => archive::import_oci_layout_as(
             opened(path, true)?.into(),
+            Some((owner.uid, owner.gid, owner.groups.clone())),
             &name,
             tag.as_deref(),
             store.blobs(),

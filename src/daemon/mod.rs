@@ -2488,6 +2488,13 @@ impl Daemon {
                 )
                 .map_err(|e| e.to_string())
                 .and_then(|devices| {
+                    let points: Vec<_> = devices
+                        .binds
+                        .iter()
+                        .map(|b| (b.destination.clone(), b.source.is_dir()))
+                        .collect();
+                    crate::images::runtime_root::add_mount_points(&image.rootfs, &points)
+                        .map_err(|e| e.to_string())?;
                     let links: Vec<_> = devices
                         .symlinks
                         .iter()
@@ -2513,6 +2520,28 @@ impl Daemon {
         if let Some(devices) = &devices {
             unit::add_device_environment(&mut launch, devices);
         }
+        let workdir_bind = match &record.image {
+            Some(_) => {
+                let workdir = unit::workdir(record, record.owner.home.is_dir());
+                let owner = &record.owner;
+                let checked = (workdir != std::path::Path::new("/")).then(|| {
+                    crate::images::runtime_root::check_workdir_as(
+                        &workdir,
+                        owner.uid,
+                        owner.gid,
+                        &owner.groups,
+                    )
+                });
+                if let Some(Err(reason)) = checked {
+                    error!(job = %id, PTRAIN_JOB = %id, unit, "{reason}");
+                    self.finish(id, Outcome::LaunchFailed { reason }, None)
+                        .await;
+                    return;
+                }
+                (workdir != std::path::Path::new("/")).then_some(workdir)
+            }
+            None => None,
+        };
         let prepared = match self.runtime.prepare(
             id,
             &record.owner,
@@ -2543,6 +2572,7 @@ impl Daemon {
             result_file: &result_file,
             host_exec: self.host_exec.as_ref(),
             devices: devices.as_ref(),
+            workdir_bind: workdir_bind.as_deref(),
         };
         let props = unit::job_unit_properties(record, (&self.config).into(), &ctx);
         crash_point("before-start-unit");

@@ -176,9 +176,12 @@ impl Layout for TarLayout {
     }
 }
 
-/// An OCI layout directory, read through its fd.
+/// An OCI layout directory, read through its fd; with `reader`, every
+/// member is opened with that user's rights (uid, gid, groups), as the
+/// directory was: root never reads what the user could not.
 struct DirLayout {
     dir: OwnedFd,
+    reader: Option<(u32, u32, Vec<u32>)>,
 }
 
 impl Layout for DirLayout {
@@ -187,11 +190,20 @@ impl Layout for DirLayout {
         let Some((file_name, parents)) = components.split_last() else {
             return Ok(None);
         };
-        let Walk::Dir(dir) = safe_fs::walk(self.dir.as_fd(), parents, false, &mut |_| {})? else {
-            return Ok(None);
+        let open = || -> io::Result<Option<File>> {
+            let Walk::Dir(dir) = safe_fs::walk(self.dir.as_fd(), parents, false, &mut |_| {})?
+            else {
+                return Ok(None);
+            };
+            safe_fs::open_file_at(dir.as_fd(), file_name).map(Some)
         };
-        let file = match safe_fs::open_file_at(dir.as_fd(), file_name) {
-            Ok(f) => f,
+        let opened = match &self.reader {
+            Some((uid, gid, groups)) => crate::fsutil::as_user(*uid, *gid, groups, open)?,
+            None => open(),
+        };
+        let file = match opened {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(None),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ELOOP)) => {
                 return Ok(None)
             }
@@ -600,7 +612,21 @@ pub fn import_oci_layout(
     platform: &Platform,
     limits: &FetchLimits,
 ) -> Result<Fetched, ArchiveError> {
-    let mut layout = DirLayout { dir };
+    import_oci_layout_as(dir, None, source_name, tag, blobs, platform, limits)
+}
+
+/// [`import_oci_layout`] with every member opened as `reader` (uid, gid,
+/// groups): the user who named the layout.
+pub fn import_oci_layout_as(
+    dir: OwnedFd,
+    reader: Option<(u32, u32, Vec<u32>)>,
+    source_name: &str,
+    tag: Option<&str>,
+    blobs: &BlobStore,
+    platform: &Platform,
+    limits: &FetchLimits,
+) -> Result<Fetched, ArchiveError> {
+    let mut layout = DirLayout { dir, reader };
     import_oci(&mut layout, source_name, tag, blobs, platform, limits)
 }
 
@@ -610,7 +636,7 @@ pub fn import_oci_layout(
 /// becomes ptraind's, and then the open file itself must be a regular
 /// file (a directory for a layout): a device (`/dev/zero`, a tape) is
 /// never read.
-fn open_source(path: &std::path::Path, directory: bool) -> io::Result<File> {
+pub fn open_source(path: &std::path::Path, directory: bool) -> io::Result<File> {
     use rustix::fs::{Mode, OFlags};
     let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
     if directory {

@@ -49,6 +49,49 @@ pub enum RuntimeRootError {
     },
 }
 
+/// Checks, with the job's user's rights (`uid`, `gid`, `groups`), that
+/// `workdir` is a directory they can reach with no symlink on the way
+/// (`openat2` with `RESOLVE_NO_SYMLINKS`), just before its unit starts:
+/// systemd then binds it into the image's root resolving the path as
+/// root, so a directory of the path swapped for a symlink earlier (while
+/// the job was queued) would have root follow it where the user cannot
+/// go. The reason, naming the workdir and the fix, when not.
+pub fn check_workdir_as(workdir: &Path, uid: u32, gid: u32, groups: &[u32]) -> Result<(), String> {
+    use rustix::fs::{Mode, OFlags};
+    // Directory by directory (openat2's RESOLVE_NO_SYMLINKS is outside
+    // ptraind's system call filter): `O_NOFOLLOW | O_DIRECTORY` fails on
+    // a symlink, with the user's search rights on each directory.
+    let walk = || -> Result<(), (String, rustix::io::Errno)> {
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mut dir =
+            rustix::fs::open("/", flags, Mode::empty()).map_err(|e| ("/".to_owned(), e))?;
+        let mut at = PathBuf::from("/");
+        for part in workdir.components().skip(1) {
+            at.push(part);
+            dir = rustix::fs::openat(&dir, part.as_os_str(), flags, Mode::empty())
+                .map_err(|e| (at.display().to_string(), e))?;
+        }
+        Ok(())
+    };
+    let walked = crate::fsutil::as_user(uid, gid, groups, walk)
+        .map_err(|e| format!("cannot take the job owner's identity: {e}"))?;
+    match walked {
+        Ok(()) => Ok(()),
+        Err((at, rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP)) => Err(format!(
+            "its workdir {} has a symlink (or a file) on its path, at {at}; an image job's workdir is bound into the image by path, so give the real path",
+            workdir.display()
+        )),
+        Err((at, e)) => Err(format!(
+            "its workdir {} cannot be reached by its owner at {at}: {}",
+            workdir.display(),
+            std::io::Error::from_raw_os_error(e.raw_os_error())
+        )),
+    }
+}
+
+/// Top-level directories systemd mounts over in a unit's root.
+const API_DIRECTORIES: &[&str] = &["proc", "sys", "dev", "run", "tmp"];
+
 /// Directories the baseline's mounts need besides those every assembled
 /// tree has (`ProtectHome=`'s `/home` and `/root`, `ProtectSystem=`'s
 /// `/usr` and `/etc`, `PrivateTmp=`'s `/var/tmp` where the image has no
@@ -145,6 +188,18 @@ fn build(tree: &Path, work: &Path, points: &[Vec<Vec<u8>>]) -> Result<(), Runtim
         source,
     };
     let root = safe_fs::open_dir_path(work).map_err(io_err)?;
+    // Where systemd mounts the API file systems (and `/run`'s tmpfs the
+    // job's binds go on): real directories in the job's root, whatever
+    // the image has there. An image's `/run -> /dev` would otherwise
+    // have systemd make the job's mount points in the host's `/dev`.
+    for name in API_DIRECTORIES {
+        match safe_fs::kind_at(root.as_fd(), name.as_bytes()).map_err(io_err)? {
+            Some((rustix::fs::FileType::Directory, _, _)) => continue,
+            Some(_) => safe_fs::remove_all_at(root.as_fd(), name.as_bytes()).map_err(io_err)?,
+            None => {}
+        }
+        safe_fs::mkdir_at(root.as_fd(), name.as_bytes(), 0o755).map_err(io_err)?;
+    }
     for point in points {
         let mut made = Vec::new();
         let walk =
@@ -167,6 +222,54 @@ fn build(tree: &Path, work: &Path, points: &[Vec<Vec<u8>>]) -> Result<(), Runtim
                 continue;
             };
             safe_fs::chmod_fd(fd.as_fd(), 0o755).map_err(io_err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes the mount points of binds at `(path, is_dir)` in the job's
+/// `root` (a GPU driver's files from its CDI spec): parent directories
+/// made (0755), an empty directory or file at the end, none of it through
+/// a symlink or over a file of the image (refused, naming where), so
+/// systemd never has to make one itself, where an image's symlink could
+/// lead it out of the root.
+pub fn add_mount_points(root: &Path, points: &[(PathBuf, bool)]) -> Result<(), RuntimeRootError> {
+    let io_err = |source| RuntimeRootError::Io {
+        tree: root.to_owned(),
+        source,
+    };
+    let root_fd = safe_fs::open_dir_path(root).map_err(io_err)?;
+    for (point, is_dir) in points {
+        let parts = components(point)?;
+        let (name, parent) = parts.split_last().expect("components are not empty");
+        let blocked = |at: usize| RuntimeRootError::Blocked {
+            path: shown(&parts, parts.len()),
+            at: shown(&parts, at),
+        };
+        let mut made = Vec::new();
+        let dir = match safe_fs::walk(root_fd.as_fd(), parent, true, &mut |at| made.push(at))
+            .map_err(io_err)?
+        {
+            Walk::Dir(fd) => fd,
+            Walk::Symlink(at) | Walk::NotDir(at) => return Err(blocked(at + 1)),
+            Walk::Missing => return Err(blocked(parent.len())),
+        };
+        for depth in made {
+            if let Walk::Dir(fd) =
+                safe_fs::walk(root_fd.as_fd(), &parent[..=depth], false, &mut |_| {})
+                    .map_err(io_err)?
+            {
+                safe_fs::chmod_fd(fd.as_fd(), 0o755).map_err(io_err)?;
+            }
+        }
+        match safe_fs::kind_at(dir.as_fd(), name).map_err(io_err)? {
+            Some((rustix::fs::FileType::Symlink, _, _)) => return Err(blocked(parts.len())),
+            Some(_) => {}
+            None if *is_dir => safe_fs::mkdir_at(dir.as_fd(), name, 0o755).map_err(io_err)?,
+            None => {
+                let file = safe_fs::create_file_at(dir.as_fd(), name).map_err(io_err)?;
+                safe_fs::chmod_fd(file.as_fd(), 0o644).map_err(io_err)?;
+            }
         }
     }
     Ok(())
@@ -382,6 +485,41 @@ mod tests {
             add_symlinks(&root, &[(PathBuf::from("/sbin/x"), PathBuf::from("y"))]).unwrap_err();
         assert!(matches!(err, RuntimeRootError::Blocked { .. }), "{err}");
         assert!(!root.join("bin/x").exists() && !tree.join("bin/x").exists());
+    }
+
+    #[test]
+    fn the_api_directories_are_real_in_a_jobs_root_and_driver_mount_points_never_leave_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = tree(dir.path());
+        // A hostile image: `/run -> /dev`, `/tmp` a file, `/usr/lib -> /etc`.
+        std::os::unix::fs::symlink("/dev", tree.join("run")).unwrap();
+        std::fs::write(tree.join("tmp"), b"not a dir").unwrap();
+        std::fs::create_dir_all(tree.join("usr")).unwrap();
+        std::os::unix::fs::symlink("/etc", tree.join("usr/lib")).unwrap();
+        let before = walkdir(&tree);
+        let root = runtime_root(dir.path(), &tree, &[]).unwrap();
+        for name in API_DIRECTORIES {
+            let meta = std::fs::symlink_metadata(root.join(name)).unwrap();
+            assert!(meta.is_dir(), "{name}");
+        }
+        assert_eq!(walkdir(&tree), before);
+        add_mount_points(
+            &root,
+            &[
+                (PathBuf::from("/opt/driver/lib/libfake.so.1"), false),
+                (PathBuf::from("/opt/driver/firmware"), true),
+            ],
+        )
+        .unwrap();
+        assert!(root.join("opt/driver/lib/libfake.so.1").is_file());
+        assert!(root.join("opt/driver/firmware").is_dir());
+        let err = add_mount_points(&root, &[(PathBuf::from("/usr/lib/libcuda.so.1"), false)])
+            .unwrap_err();
+        assert!(
+            matches!(&err, RuntimeRootError::Blocked { at, .. } if at == "/usr/lib"),
+            "{err}"
+        );
+        assert!(!Path::new("/etc/libcuda.so.1").exists());
     }
 
     fn walkdir(root: &Path) -> Vec<(PathBuf, u32)> {

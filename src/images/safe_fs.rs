@@ -186,7 +186,10 @@ pub(super) fn open_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<std::
     let fd = rustix::fs::openat(
         dir,
         name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        // NONBLOCK and NOCTTY: a FIFO or a terminal a user put in a
+        // layout is never waited on nor made ptraind's terminal (the
+        // caller refuses anything but a regular file by fstat).
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
         Mode::empty(),
     )
     .map_err(to_io)?;

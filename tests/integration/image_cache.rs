@@ -152,8 +152,12 @@ fn images_are_listed_once_with_their_users_and_collected_when_no_live_job_needs_
         roots[0].starts_with(&format!("{}-", trees[0])),
         "{roots:?} {trees:?}"
     );
-    let log = d.daemon_log();
-    assert!(log.contains("image store collected"), "{log}");
+    // The journal may show the collection's line a moment after the store.
+    wait_for("the collection's log line", WAIT, || {
+        d.daemon_log()
+            .contains("image store collected")
+            .then_some(())
+    });
 
     // B's job runs in the kept image: its extra layer is there.
     let out = d.ptrain(ALICE, &["release", "b-alice"]);

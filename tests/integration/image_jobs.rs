@@ -48,10 +48,19 @@ fn a_job_in_an_image_runs_as_its_owner_in_the_images_root_and_records_the_digest
     let work = d.workdir(ALICE);
     let bob_work = d.workdir(BOB);
     std::fs::write(bob_work.join("secret"), "bob's").unwrap();
+    // The job sees the host's directories around its workdir as a host
+    // job does (read-only), with its own rights: Bob's 0700 is closed.
+    std::fs::set_permissions(&bob_work, std::fs::Permissions::from_mode(0o700)).unwrap();
     let uid = std::fs::metadata(&work).unwrap().uid();
+    // Her own directory beside the workdir: read-only to the job, as on
+    // the host.
+    let other = work.with_file_name("ptrain-alice-other");
+    std::fs::create_dir_all(&other).unwrap();
+    crate::daemon::chown(&other, ALICE);
     let script = format!(
         "busybox id -u; busybox cat /etc/image-release /etc/second; pwd; \
          echo from-image > out.txt; \
+         echo x > ../ptrain-alice-other/x 2>/dev/null || echo sibling-read-only; \
          test -e /etc/remove-me && echo whiteout-ignored; \
          echo x > /etc/x 2>/dev/null || echo image-read-only; \
          echo x > /bin/busybox 2>/dev/null || echo binary-read-only; \
@@ -73,6 +82,7 @@ fn a_job_in_an_image_runs_as_its_owner_in_the_images_root_and_records_the_digest
         "second".into(),
         work.display().to_string(),
         "image-read-only".into(),
+        "sibling-read-only".into(),
         "binary-read-only".into(),
         "-rwxr-xr-x".into(),
         "bob-invisible".into(),
@@ -85,7 +95,11 @@ fn a_job_in_an_image_runs_as_its_owner_in_the_images_root_and_records_the_digest
     }
     // Written as its owner, in its workdir on the host.
     let written = work.join("out.txt");
-    assert_eq!(std::fs::read_to_string(&written).unwrap(), "from-image\n");
+    assert_eq!(
+        std::fs::read_to_string(&written).unwrap_or_default(),
+        "from-image\n",
+        "{out}"
+    );
     assert_eq!(std::fs::metadata(&written).unwrap().uid(), uid);
     // The unit ran in the image's root: systemd's own record of it.
     let journal = d
@@ -102,6 +116,16 @@ fn a_job_in_an_image_runs_as_its_owner_in_the_images_root_and_records_the_digest
     let status = d.run_to_end(ALICE, "default-cmd", &json);
     assert_eq!(status["status"], "succeeded", "{status:#}");
     assert_eq!(status["image_digest"], digest.as_str());
+
+    // A workdir with a symlink on its path (as if swapped in while the
+    // job was queued): refused at the launch, never followed by root.
+    let link = work.with_file_name("alice-link");
+    std::os::unix::fs::symlink(&work, &link).unwrap();
+    let json = image_job("linked", &registry.reference("v1"), "echo ran", &link, 0);
+    let status = d.run_to_end(ALICE, "linked", &json);
+    assert_eq!(status["status"], "launch-failed", "{status:#}");
+    let detail = status["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("has a symlink"), "{status:#}");
 
     // A GPU job in an image on a host with no CDI spec: told how to make one.
     let json = image_job("no-spec", &registry.reference("v1"), "echo ran", &work, 1);
