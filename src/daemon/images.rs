@@ -62,16 +62,8 @@ const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(6 * 36
 
 /// The image store and the pulls under way.
 pub(super) struct Images {
-    store: Arc<ImageStore>,
-    client: Arc<RegistryClient>,
-    limits: ImageLimits,
-    /// Pulls under way, by what they fetch (a local source, or a pull
-    /// with its owner's own credentials: and whose).
-    pulls: Arc<Mutex<HashMap<String, Cell>>>,
-    /// Bytes done and in all, by image reference, for `ptrain status`.
-    progress: Arc<Mutex<HashMap<String, (u64, u64)>>>,
-    /// The admin's registry credentials (`[images] auth_file`).
-    admin_auth: AdminAuth,
+    /// What each job's pull works with (shared).
+    pull: Pull,
     events: mpsc::UnboundedSender<Event>,
     /// Shared by each pull (fetch, unpack, the job's root, its answer
     /// sent), held alone by a collection.
@@ -135,16 +127,18 @@ impl Images {
         ));
         collect.notify_one();
         Ok(Images {
-            store,
-            client: Arc::new(client),
-            limits: ImageLimits {
-                max_unpacked_bytes: config.max_image_size,
-                ..ImageLimits::default()
-            },
-            pulls: Default::default(),
-            progress: Default::default(),
-            admin_auth: AdminAuth {
-                path: config.auth_file.clone(),
+            pull: Pull {
+                store,
+                client: Arc::new(client),
+                limits: ImageLimits {
+                    max_unpacked_bytes: config.max_image_size,
+                    ..ImageLimits::default()
+                },
+                pulls: Default::default(),
+                progress: Default::default(),
+                admin_auth: AdminAuth {
+                    path: config.auth_file.clone(),
+                },
             },
             events,
             lock,
@@ -165,7 +159,7 @@ impl Images {
         see_all: bool,
         reply: oneshot::Sender<Result<Vec<ImageView>, ApiError>>,
     ) {
-        let store = self.store.clone();
+        let store = self.pull.store.clone();
         tokio::task::spawn_blocking(move || {
             let listing = store.list().map_err(|e| ApiError::Images(e.to_string()));
             let caller = if see_all || caller_uid == 0 {
@@ -190,7 +184,7 @@ impl Images {
 
     /// How far the pull of `reference` is, in bytes: (done, in all).
     pub(super) fn progress(&self, reference: &str) -> Option<(u64, u64)> {
-        self.progress.lock().ok()?.get(reference).copied()
+        self.pull.progress.lock().ok()?.get(reference).copied()
     }
 
     /// Makes `record`'s image ready for it, with `mount_points` (its
@@ -211,14 +205,7 @@ impl Images {
         }
         let id = record.id.clone();
         let owner = record.owner.clone();
-        let pull = Pull {
-            store: self.store.clone(),
-            client: self.client.clone(),
-            limits: self.limits,
-            pulls: self.pulls.clone(),
-            progress: self.progress.clone(),
-            admin_auth: self.admin_auth.clone(),
-        };
+        let pull = self.pull.clone();
         let events = self.events.clone();
         let lock = self.lock.clone();
         info!(job = %id, PTRAIN_JOB = %id, image = %reference, "pulling the job's image");
@@ -239,13 +226,19 @@ impl Images {
     }
 }
 
-/// What one job's pull works with.
+/// What a job's pull works with: the store and the client, and the
+/// tables every pull shares.
+#[derive(Clone)]
 struct Pull {
     store: Arc<ImageStore>,
     client: Arc<RegistryClient>,
     limits: ImageLimits,
+    /// Pulls under way, by what they fetch (a local source, or a pull
+    /// with its owner's own credentials: and whose).
     pulls: Arc<Mutex<HashMap<String, Cell>>>,
+    /// Bytes done and in all, by image reference, for `ptrain status`.
     progress: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+    /// The admin's registry credentials (`[images] auth_file`).
     admin_auth: AdminAuth,
 }
 

@@ -144,10 +144,13 @@ fn images_are_listed_once_with_their_users_and_collected_when_no_live_job_needs_
         Some(images(&d, "root")).filter(|l| l.len() == 1)
     });
     assert_eq!(left[0]["reference"], b.as_str(), "{left:#?}");
-    let trees = entries(&d, "trees/sha256");
-    assert_eq!(trees.len(), 1, "{trees:?}");
-    let roots = entries(&d, "roots/sha256");
-    assert_eq!(roots.len(), 1, "{roots:?}");
+    // The record goes first, then the tree and its roots, all in one
+    // collection: its listing may show the record gone a moment before.
+    let (trees, roots) = wait_for("A's tree and roots to be removed", WAIT, || {
+        let trees = entries(&d, "trees/sha256");
+        let roots = entries(&d, "roots/sha256");
+        (trees.len() == 1 && roots.len() == 1).then_some((trees, roots))
+    });
     assert!(
         roots[0].starts_with(&format!("{}-", trees[0])),
         "{roots:?} {trees:?}"
@@ -170,11 +173,16 @@ fn images_are_listed_once_with_their_users_and_collected_when_no_live_job_needs_
         text(&d.ptrain(ALICE, &["logs", "b-alice"]))
     );
     // Now nothing needs it either.
-    wait_for("image B to be collected", WAIT, || {
-        Some(images(&d, BOB)).filter(|l| l.is_empty())
-    });
-    assert!(entries(&d, "trees/sha256").is_empty());
-    assert!(entries(&d, "roots/sha256").is_empty());
+    wait_for(
+        "image B, its tree and its root to be collected",
+        WAIT,
+        || {
+            (images(&d, BOB).is_empty()
+                && entries(&d, "trees/sha256").is_empty()
+                && entries(&d, "roots/sha256").is_empty())
+            .then_some(())
+        },
+    );
     assert!(text(&d.ptrain(BOB, &["images"])).contains("no images"));
     d.assert_alive();
 }

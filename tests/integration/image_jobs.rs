@@ -14,6 +14,27 @@ use std::path::Path;
 use crate::daemon::{text, TestDaemon, ALICE, BOB};
 use crate::images::{Registry, TestImage};
 
+/// Drops image job `id` (`echo ran` in `workdir`) as `user` and checks
+/// that it ends `launch-failed`, its detail naming each of `reasons`, and
+/// that nothing ran.
+fn refused(
+    d: &TestDaemon,
+    user: &str,
+    id: &str,
+    image: &str,
+    workdir: &Path,
+    gpus: u32,
+    reasons: &[&str],
+) {
+    let status = d.run_to_end(user, id, &image_job(id, image, "echo ran", workdir, gpus));
+    assert_eq!(status["status"], "launch-failed", "{status:#}");
+    let detail = status["detail"].as_str().unwrap_or_default();
+    for reason in reasons {
+        assert!(detail.contains(reason), "{reason:?} not in {status:#}");
+    }
+    assert!(!text(&d.ptrain("root", &["logs", id])).contains("ran\n"));
+}
+
 /// The job's own output, as its owner reads it.
 fn logs(d: &TestDaemon, id: &str) -> String {
     text(&d.ptrain(ALICE, &["logs", id]))
@@ -121,18 +142,26 @@ fn a_job_in_an_image_runs_as_its_owner_in_the_images_root_and_records_the_digest
     // job was queued): refused at the launch, never followed by root.
     let link = work.with_file_name("alice-link");
     std::os::unix::fs::symlink(&work, &link).unwrap();
-    let json = image_job("linked", &registry.reference("v1"), "echo ran", &link, 0);
-    let status = d.run_to_end(ALICE, "linked", &json);
-    assert_eq!(status["status"], "launch-failed", "{status:#}");
-    let detail = status["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("has a symlink"), "{status:#}");
+    refused(
+        &d,
+        ALICE,
+        "linked",
+        &registry.reference("v1"),
+        &link,
+        0,
+        &["has a symlink"],
+    );
 
     // A GPU job in an image on a host with no CDI spec: told how to make one.
-    let json = image_job("no-spec", &registry.reference("v1"), "echo ran", &work, 1);
-    let status = d.run_to_end(ALICE, "no-spec", &json);
-    assert_eq!(status["status"], "launch-failed", "{status:#}");
-    let detail = status["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("nvidia-ctk cdi generate"), "{status:#}");
+    refused(
+        &d,
+        ALICE,
+        "no-spec",
+        &registry.reference("v1"),
+        &work,
+        1,
+        &["nvidia-ctk cdi generate"],
+    );
     d.assert_alive();
 }
 
@@ -167,14 +196,8 @@ fn a_pulling_job_holds_no_gpu_and_an_image_that_cannot_be_had_ends_it_with_the_r
 
     // A tag the registry does not have: the job ends with its reason,
     // nothing ran, ptraind is alive.
-    let json = image_job("no-tag", &registry.reference("nope"), "echo ran", &work, 1);
-    let status = d.run_to_end(ALICE, "no-tag", &json);
-    assert_eq!(status["status"], "launch-failed", "{status:#}");
-    let detail = status["detail"].as_str().unwrap_or_default();
-    assert!(
-        detail.contains(&registry.reference("nope")) && detail.contains("404"),
-        "{status:#}"
-    );
+    let nope = registry.reference("nope");
+    refused(&d, ALICE, "no-tag", &nope, &work, 1, &[&nope, "404"]);
 
     // A layer the registry serves tampered with: refused naming both
     // digests, nothing run, ptraind alive.
@@ -183,11 +206,15 @@ fn a_pulling_job_holds_no_gpu_and_an_image_that_cannot_be_had_ends_it_with_the_r
     registry.push(&image, "v9");
     let (extra, size) = image.layers("v9").last().cloned().unwrap();
     std::fs::write(registry.blob_data(&extra), vec![b'x'; size as usize]).unwrap();
-    let json = image_job("tampered", &registry.reference("v9"), "echo ran", &work, 0);
-    let status = d.run_to_end(ALICE, "tampered", &json);
-    assert_eq!(status["status"], "launch-failed", "{status:#}");
-    let detail = status["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains(&extra.to_string()), "{status:#}");
+    refused(
+        &d,
+        ALICE,
+        "tampered",
+        &registry.reference("v9"),
+        &work,
+        0,
+        &[&extra.to_string()],
+    );
     assert!(!logs(&d, "tampered").contains("ran"));
 
     // A local archive is opened as the job's owner: one she cannot read
@@ -197,19 +224,7 @@ fn a_pulling_job_holds_no_gpu_and_an_image_that_cannot_be_had_ends_it_with_the_r
     std::fs::copy(&archive, &private).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
     let source = format!("oci-archive:{}:v1", private.display());
-    let status = d.run_to_end(
-        ALICE,
-        "unreadable",
-        &image_job("unreadable", &source, "echo ran", &work, 0),
-    );
-    assert_eq!(status["status"], "launch-failed", "{status:#}");
-    assert!(
-        status["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("cannot open"),
-        "{status:#}"
-    );
+    refused(&d, ALICE, "unreadable", &source, &work, 0, &["cannot open"]);
     let mine = work.join("image.tar");
     std::fs::copy(&archive, &mine).unwrap();
     crate::daemon::chown(&mine, ALICE);
@@ -388,33 +403,20 @@ fn registry_credentials_are_the_admins_root_only_file_or_the_owners_own_for_thei
         .to_string()
     };
     // No credentials anywhere: refused by the registry, its reason shown.
-    let status = d.run_to_end(
-        ALICE,
-        "anon",
-        &image_job("anon", &reference, "echo ran", &work, 0),
-    );
-    assert_eq!(status["status"], "launch-failed", "{status:#}");
-    assert!(
-        status["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("credentials"),
-        "{status:#}"
-    );
+    refused(&d, ALICE, "anon", &reference, &work, 0, &["credentials"]);
 
     // The admin's file, readable by others: refused, saying how to fix it.
     std::fs::write(&admin_file, auth_json("puller", "s3cret-pw")).unwrap();
     std::fs::set_permissions(&admin_file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let status = d.run_to_end(
+    let admin_path = admin_file.display().to_string();
+    refused(
+        &d,
         ALICE,
         "leaky",
-        &image_job("leaky", &reference, "echo ran", &work, 0),
-    );
-    assert_eq!(status["status"], "launch-failed", "{status:#}");
-    let detail = status["detail"].as_str().unwrap_or_default();
-    assert!(
-        detail.contains("chmod 600") && detail.contains(admin_file.to_str().unwrap()),
-        "{status:#}"
+        &reference,
+        &work,
+        0,
+        &["chmod 600", &admin_path],
     );
 
     // Root's alone: every user's jobs pull with it.
@@ -445,15 +447,14 @@ fn registry_credentials_are_the_admins_root_only_file_or_the_owners_own_for_thei
         crate::daemon::chown(&path, CAROL);
     }
     std::fs::set_permissions(&carol_auth, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let json = image_job("carols", &reference, "echo ran", &carol_home, 0);
-    let status = d.run_to_end(CAROL, "carols", &json);
-    assert_eq!(status["status"], "launch-failed", "{status:#}");
-    assert!(
-        status["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("credentials"),
-        "{status:#}"
+    refused(
+        &d,
+        CAROL,
+        "carols",
+        &reference,
+        &carol_home,
+        0,
+        &["credentials"],
     );
     let json = image_job("alices", &reference, "echo ran", &work, 0);
     let status = d.run_to_end(ALICE, "alices", &json);
