@@ -18,7 +18,11 @@
 //!    directory (one file per job, its record and the submitted bytes,
 //!    written whole through the directory's one spare and fsynced,
 //!    [`fsutil::SpareDir`]) before the spool file is removed; rejected
-//!    files go to quarantine with their reason.
+//!    files go to quarantine with their reason. A job that names an
+//!    `image` is `pulling` until [`images`] has it on disk (pulled or
+//!    imported as its owner off the state task, verified, unpacked once,
+//!    its own root cloned from the shared tree: `daemon/images.rs`); it is
+//!    not planned until then.
 //! 4. [`scheduler`]: the pure core that decides which queued jobs start now,
 //!    choosing GPUs from an inventory snapshot ([`gpu`]) by priority, with
 //!    reservations against starvation, within the `[policy]` ([`policy`]);
@@ -30,7 +34,11 @@
 //!    Pure. Nothing the user wrote is a property but the workdir: the
 //!    command, its environment and its secrets go to the job's launch file
 //!    ([`runtime`]), which `ptraind exec-job` reads as the job's user and
-//!    execs; the job's result directory is made there too.
+//!    execs; the job's result directory is made there too. An image job's
+//!    unit runs in its image's root (`RootDirectory=`, the same baseline),
+//!    `exec-job` through the host's loader bound in
+//!    ([`runtime::HostExec`]), its GPUs as the host's CDI specs give them
+//!    ([`cdi`]).
 //! 6. [`systemd`]: `StartTransientUnit` over D-Bus (from a task of its own
 //!    per launch: the state task never waits on it), and one stream of
 //!    `JobRemoved` / `PropertiesChanged` signals, from systemd's own bus
