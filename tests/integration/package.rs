@@ -171,6 +171,12 @@ fn examples() -> Vec<(PathBuf, String, Value)> {
             } else if path.extension().is_some_and(|e| e == "json") {
                 let spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap())
                     .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                // An image example names a registry this test must not
+                // reach (traffic stays on loopback): the images' own
+                // tests run images, `spec::tests` checks the file.
+                if spec.get("image").is_some() {
+                    continue;
+                }
                 let id = spec["id"]
                     .as_str()
                     .map(str::to_owned)
@@ -478,12 +484,9 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
                         .iter()
                         .any(|j| j["group"].as_str() == Some(id.as_str())))
         });
-        let all_ended = jobs.iter().all(|j| {
-            !matches!(
-                j["status"].as_str(),
-                Some("queued" | "launching" | "running")
-            )
-        });
+        let all_ended = jobs
+            .iter()
+            .all(|j| !ptrain::job::Outcome::is_active(j["status"].as_str().unwrap_or("")));
         (all_known && all_ended).then_some(jobs)
     });
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
