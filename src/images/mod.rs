@@ -70,8 +70,8 @@
 //! few hundred lines: manifests with OCI and Docker `Accept` types, the
 //! `WWW-Authenticate: Bearer` token flow (and Basic) with the supplied
 //! [`registry::Credentials`], blobs streamed through the blob writer.
-//! Plain http is used only for a loopback registry or one listed as
-//! insecure; a token realm must be https under the same rule.
+//! Plain http is used only for a registry listed as insecure (a loopback
+//! one too); a token realm must be https under the same rule.
 //!
 //! Layers: tar, gzip (`flate2`) or zstd (`ruzstd`, pure Rust), told by
 //! their magic bytes.

@@ -15,9 +15,11 @@
 //! realm=...,service=...,scope=...` gets a token from the realm (with the
 //! registry's [`Credentials`] as Basic auth when there are some, else
 //! anonymously), `Basic` gets the credentials. Plain http is used only
-//! for a loopback registry or one the admin lists as insecure, and a
-//! token realm must be https under the same rule, so credentials never
-//! cross the network in clear.
+//! for a registry the admin lists as insecure, loopback ones included (a
+//! loopback port is not proof of whose server answers: while the admin's
+//! registry is down any local user can bind it), and a token realm must be
+//! https under the same rule, so credentials never cross in clear to a
+//! server nobody vouched for.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -49,7 +51,7 @@ impl fmt::Debug for Credentials {
 #[derive(Clone, Debug, Default)]
 pub struct RegistryOptions {
     /// Registries (as references name them: `host[:port]`) reached over
-    /// plain http. Loopback ones always are.
+    /// plain http; every other one, loopback ones too, over https.
     pub insecure: BTreeSet<String>,
     /// Credentials by registry (`docker.io`, `ghcr.io`, `host:port`).
     pub credentials: BTreeMap<String, Credentials>,
@@ -69,7 +71,8 @@ pub struct PullProgress {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
-    #[error("{url}: {detail}; check the registry's address and the network")]
+    #[error("{url}: {detail}; check the registry's address and the network{}",
+        if url.starts_with("https:") { " (a registry that serves plain http must be listed in [images] insecure_registries)" } else { "" })]
     Http { url: String, detail: String },
     #[error("{url}: HTTP {status}: {hint}")]
     Status {
@@ -110,19 +113,6 @@ fn chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
-}
-
-/// Whether `host[:port]` is this machine.
-fn is_loopback(registry: &str) -> bool {
-    let host = if let Some(rest) = registry.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        registry.rsplit_once(':').map_or(registry, |(h, _)| h)
-    };
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A `WWW-Authenticate` challenge: its scheme and parameters.
@@ -223,7 +213,7 @@ impl RegistryClient {
     }
 
     fn plain_http_allowed(&self, registry: &str) -> bool {
-        is_loopback(registry) || self.options.insecure.contains(registry)
+        self.options.insecure.contains(registry)
     }
 
     /// Pulls `reference` into `blobs`: the manifest (resolved through an
@@ -701,6 +691,11 @@ mod tests {
                             return;
                         }
                         head.push(byte[0]);
+                        // A TLS ClientHello: this server speaks only http.
+                        if head == [0x16] {
+                            seen.lock().unwrap().push("<tls handshake>".to_string());
+                            return;
+                        }
                     }
                     let text = String::from_utf8_lossy(&head).into_owned();
                     let mut lines = text.split("\r\n");
@@ -818,31 +813,30 @@ mod tests {
         })
     }
 
-    fn client(limits: FetchLimits) -> RegistryClient {
+    /// A client that may reach the test server on `port` over plain http
+    /// (listed as insecure, as the admin lists a loopback registry).
+    fn anonymous_client(port: u16, limits: FetchLimits) -> RegistryClient {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let options = RegistryOptions {
-            credentials: [(
-                "127.0.0.1:0".to_string(),
-                Credentials {
-                    username: "alice".to_string(),
-                    password: "secret".to_string(),
-                },
-            )]
-            .into(),
+            insecure: [format!("127.0.0.1:{port}"), format!("localhost:{port}")].into(),
             limits,
             ..RegistryOptions::default()
         };
         RegistryClient::with_client(http, options)
     }
 
-    /// The client, with alice's credentials filed under the server's port.
+    /// [`anonymous_client`], with alice's credentials filed under the
+    /// server.
     fn client_for(port: u16, limits: FetchLimits) -> RegistryClient {
-        let mut c = client(limits);
-        let creds = c.options.credentials.remove("127.0.0.1:0").unwrap();
-        c.options
-            .credentials
-            .insert(format!("127.0.0.1:{port}"), creds);
+        let mut c = anonymous_client(port, limits);
+        c.options.credentials.insert(
+            format!("127.0.0.1:{port}"),
+            Credentials {
+                username: "alice".to_string(),
+                password: "secret".to_string(),
+            },
+        );
         c
     }
 
@@ -896,12 +890,38 @@ mod tests {
         );
 
         // Without credentials the token service says no.
-        let err = client(FetchLimits::default())
+        let err = anonymous_client(port, FetchLimits::default())
             .pull(&reference, store.blobs(), &|_| {})
             .await
             .unwrap_err();
         assert!(matches!(&err, PullError::Auth { .. }), "{err}");
         assert!(err.to_string().contains("configure credentials"), "{err}");
+    }
+
+    /// A loopback port proves nothing about whose server answers: a
+    /// registry not listed as insecure is spoken to over https only, so a
+    /// local user's plain-http server there never gets a request (nor
+    /// credentials), and the error says how to allow a trusted one.
+    #[tokio::test]
+    async fn a_loopback_registry_not_listed_as_insecure_gets_no_plain_http() {
+        let image = test_image(&[layer()]);
+        let (port, log) = serve(registry(&image, None)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(dir.path()).unwrap();
+        let reference = ImageReference::parse(&format!("127.0.0.1:{port}/test/img")).unwrap();
+        let mut client = client_for(port, FetchLimits::default());
+        client.options.insecure.clear();
+        let err = client
+            .pull(&reference, store.blobs(), &|_| {})
+            .await
+            .unwrap_err();
+        assert!(matches!(&err, PullError::Http { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(&format!("https://127.0.0.1:{port}/")), "{text}");
+        assert!(text.contains("[images] insecure_registries"), "{text}");
+        let asked = log.lock().unwrap().clone();
+        assert!(!asked.is_empty(), "the https attempt never reached the server");
+        assert!(asked.iter().all(|p| p == "<tls handshake>"), "{asked:?}");
     }
 
     #[tokio::test]
@@ -985,7 +1005,7 @@ mod tests {
     }
 
     #[test]
-    fn challenges_and_loopback_are_read() {
+    fn challenges_are_read() {
         let c = parse_challenge(
             r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:a/b:pull,push""#,
         )
@@ -1000,23 +1020,6 @@ mod tests {
         );
         assert_eq!(c.params["charset"], "UTF-8");
         assert!(parse_challenge(r#"Bearer realm="unterminated"#).is_none());
-        for host in [
-            "localhost:5000",
-            "127.0.0.1",
-            "127.1.2.3:80",
-            "[::1]:5000",
-            "localhost",
-        ] {
-            assert!(is_loopback(host), "{host}");
-        }
-        for host in [
-            "docker.io",
-            "10.0.0.1:5000",
-            "localhost.example.com",
-            "[fe80::1]:5000",
-        ] {
-            assert!(!is_loopback(host), "{host}");
-        }
         let debug = format!(
             "{:?}",
             Credentials {

@@ -47,7 +47,7 @@ pub struct ImagesConfig {
     /// "0s", no age limit).
     pub max_unused: Option<Duration>,
     /// Registries (`host[:port]`, as image references name them) reached
-    /// over plain http besides loopback ones.
+    /// over plain http (loopback ones only when listed too).
     pub insecure_registries: BTreeSet<String>,
     /// The most bytes of files one image may unpack to, all its layers
     /// together.

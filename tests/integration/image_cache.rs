@@ -58,7 +58,7 @@ fn images_are_listed_once_with_their_users_and_collected_when_no_live_job_needs_
     let d = TestDaemon::start_with(
         "image-cache",
         Opts {
-            extra_config: "[images]\nmax_size = \"1\"\n".into(),
+            extra_config: format!("[images]\nmax_size = \"1\"\n{}", registry.insecure_line()),
             ..Opts::default()
         },
     );

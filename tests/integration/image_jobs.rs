@@ -63,6 +63,7 @@ fn a_job_in_an_image_runs_as_its_owner_in_the_images_root_and_records_the_digest
         "image-job",
         crate::daemon::Opts {
             gpu_config: "cdi_spec_dirs = [\"/srv/ptrain-tests/no-cdi-specs\"]".into(),
+            extra_config: format!("[images]\n{}", registry.insecure_line()),
             ..Default::default()
         },
     );
@@ -171,7 +172,7 @@ fn a_pulling_job_holds_no_gpu_and_an_image_that_cannot_be_had_ends_it_with_the_r
     let image = TestImage::build();
     registry.push(&image, "v1");
     let cdi = CdiHost::new();
-    let d = TestDaemon::start_with("image-pull", cdi.opts());
+    let d = TestDaemon::start_with("image-pull", cdi.opts(&registry));
     let work = d.workdir(ALICE);
     // The registry stops answering: the pull waits, the job is `pulling`.
     registry.pause();
@@ -273,7 +274,7 @@ fn a_gpu_job_in_an_image_gets_its_gpus_cdi_nodes_and_driver_files_and_no_other_g
     let image = TestImage::build();
     let digest = registry.push(&image, "v1");
     let cdi = CdiHost::new();
-    let d = TestDaemon::start_with("image-gpu", cdi.opts());
+    let d = TestDaemon::start_with("image-gpu", cdi.opts(&registry));
     let work = d.workdir(ALICE);
     let script = "mine=$PTRAIN_GPUS; other=$((1 - mine)); \
         busybox cat /dev/nvidia$mine 2>&1; busybox cat /dev/nvidia$other 2>&1; \
@@ -343,9 +344,12 @@ impl CdiHost {
         CdiHost { dir }
     }
 
-    fn opts(&self) -> crate::daemon::Opts {
+    /// ptraind's options: these CDI specs, and `registry` trusted over
+    /// plain http.
+    fn opts(&self, registry: &Registry) -> crate::daemon::Opts {
         crate::daemon::Opts {
             gpu_config: format!("cdi_spec_dirs = [{:?}]", self.dir.join("cdi")),
+            extra_config: format!("[images]\n{}", registry.insecure_line()),
             ..Default::default()
         }
     }
@@ -370,7 +374,10 @@ fn registry_credentials_are_the_admins_root_only_file_or_the_owners_own_for_thei
     let d = TestDaemon::start_with(
         "image-auth",
         crate::daemon::Opts {
-            extra_config: format!("[images]\nauth_file = {admin_file:?}\n"),
+            extra_config: format!(
+                "[images]\nauth_file = {admin_file:?}\n{}",
+                registry.insecure_line()
+            ),
             ..Default::default()
         },
     );

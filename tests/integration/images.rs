@@ -188,6 +188,12 @@ impl Registry {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// ptraind's `[images]` line that lets it speak plain http to this
+    /// registry (a loopback one is not trusted unless listed).
+    pub(crate) fn insecure_line(&self) -> String {
+        format!("insecure_registries = [{:?}]\n", self.host())
+    }
+
     /// The reference of `REPO:tag` here.
     pub(crate) fn reference(&self, tag: &str) -> String {
         format!("{}/{REPO}:{tag}", self.host())
@@ -453,7 +459,12 @@ impl TestImage {
 /// report.
 fn pull(store: &ImageStore, reference: &str) -> (Result<Fetched, PullError>, Vec<PullProgress>) {
     let reference = ImageReference::parse(reference).unwrap();
-    let client = RegistryClient::new(RegistryOptions::default()).unwrap();
+    // The test's loopback registry speaks plain http: listed, as an admin would.
+    let client = RegistryClient::new(RegistryOptions {
+        insecure: [reference.registry.clone()].into(),
+        ..RegistryOptions::default()
+    })
+    .unwrap();
     let seen = Mutex::new(Vec::new());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
