@@ -1922,7 +1922,6 @@ impl Daemon {
             return;
         }
         crash_point("after-claim");
-        self.remove_spool_entry(name, &identity, false);
         if let Some(group) = &group {
             info!(group = %group, jobs = records.len(), file = name, "sweep accepted");
             self.groups.insert(
@@ -1943,6 +1942,10 @@ impl Daemon {
             self.queue(record);
             self.emit_changed(&id);
         }
+        // Only once every job of the file is on the board: `ptrain submit`
+        // takes the file's leaving the spool as the decision, and then asks
+        // after each member of a sweep.
+        self.remove_spool_entry(name, &identity, false);
     }
 
     /// A job into the queue; one whose image is not on disk yet starts
