@@ -917,10 +917,16 @@ mod tests {
             .unwrap_err();
         assert!(matches!(&err, PullError::Http { .. }), "{err}");
         let text = err.to_string();
-        assert!(text.contains(&format!("https://127.0.0.1:{port}/")), "{text}");
+        assert!(
+            text.contains(&format!("https://127.0.0.1:{port}/")),
+            "{text}"
+        );
         assert!(text.contains("[images] insecure_registries"), "{text}");
         let asked = log.lock().unwrap().clone();
-        assert!(!asked.is_empty(), "the https attempt never reached the server");
+        assert!(
+            !asked.is_empty(),
+            "the https attempt never reached the server"
+        );
         assert!(asked.iter().all(|p| p == "<tls handshake>"), "{asked:?}");
     }
 
