@@ -332,7 +332,9 @@ pub struct GpusView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageView {
     /// The source as jobs named it, normalized
-    /// (`docker.io/library/ubuntu:latest`, `oci-archive:/srv/app.tar:v1`).
+    /// (`docker.io/library/ubuntu:latest`, `oci-archive:/srv/app.tar:v1`);
+    /// empty for a user none of whose jobs used it (a reference can name
+    /// another user's project or archive path).
     pub reference: String,
     /// The image manifest's digest (`sha256:...`).
     pub digest: String,
@@ -353,9 +355,10 @@ pub struct ImageView {
 impl ImageView {
     /// `image` as `caller` sees it: `None` sees every user's name (root,
     /// or `[privacy] show_all_jobs`); a user sees their own name and how
-    /// many others there are.
+    /// many others there are, and the reference only of an image their
+    /// jobs used too (its digest and size tell what the store holds).
     pub fn seen_by(image: crate::images::ImageListing, caller: Option<&str>) -> ImageView {
-        let (users, other_users) = match caller {
+        let (users, other_users): (Vec<String>, usize) = match caller {
             None => (image.users, 0),
             Some(me) => {
                 let others = image.users.iter().filter(|u| *u != me).count();
@@ -363,8 +366,13 @@ impl ImageView {
                 (mine, others)
             }
         };
+        let others_only = users.is_empty() && other_users > 0;
         ImageView {
-            reference: image.reference,
+            reference: if others_only {
+                String::new()
+            } else {
+                image.reference
+            },
             digest: image.digest.to_string(),
             bytes: image.bytes,
             last_used: image.last_used,

@@ -105,23 +105,29 @@ fn images_are_listed_once_with_their_users_and_collected_when_no_live_job_needs_
     // Both jobs of A share its tree: one tree per image.
     assert_eq!(entries(&d, "trees/sha256").len(), 2);
 
-    // Bob sees every image, but of the users only himself.
+    // Bob sees every image, but of the users only himself, and the
+    // reference only of the image his job uses.
     let seen = images(&d, BOB);
     assert_eq!(seen.len(), 2, "{seen:#?}");
     let a_seen = find(&seen, &a);
     assert_eq!(a_seen["users"], serde_json::json!([BOB]), "{a_seen:#}");
     assert_eq!(a_seen["other_users"], 1);
-    let b_seen = find(&seen, &b);
+    let b_seen = seen
+        .iter()
+        .find(|i| i["digest"] == b_digest.as_str())
+        .unwrap_or_else(|| panic!("B is not listed: {seen:#?}"));
+    assert_eq!(b_seen["reference"], "", "{b_seen:#}");
     assert_eq!(b_seen["users"], serde_json::json!([]), "{b_seen:#}");
     assert_eq!(b_seen["other_users"], 1);
     let table = text(&d.ptrain(BOB, &["images"]));
     assert!(
         table.contains("REFERENCE")
             && table.contains(&a)
-            && table.contains(&format!("{BOB} +1 other")),
+            && table.contains(&format!("{BOB} +1 other"))
+            && table.contains("(other users')"),
         "{table}"
     );
-    assert!(!table.contains(ALICE), "{table}");
+    assert!(!table.contains(ALICE) && !table.contains(&b), "{table}");
     let table = text(&d.ptrain("root", &["images"]));
     assert!(
         table.contains(&format!("{ALICE}, {BOB}")) && table.contains(&a_digest[7..19]),

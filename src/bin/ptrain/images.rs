@@ -22,7 +22,7 @@ pub(crate) async fn images(json: bool) -> Result<u8, Failure> {
     let width = terminal_width();
     let reference_width = list
         .iter()
-        .map(|i| escape(&i.reference).chars().count())
+        .map(|i| reference(i).chars().count())
         .max()
         .unwrap_or(0)
         .clamp(9, 60);
@@ -38,7 +38,7 @@ pub(crate) async fn images(json: bool) -> Result<u8, Failure> {
         let used = reference_width + 1 + 12 + 1 + 10 + 1 + 14 + 1;
         outln!(
             "{:<reference_width$} {:<12} {:>10} {:<14} {}",
-            truncate(&escape(&image.reference), reference_width),
+            truncate(&reference(image), reference_width),
             short_digest(&image.digest),
             humansize(image.bytes),
             ago(now, image.last_used),
@@ -46,6 +46,15 @@ pub(crate) async fn images(json: bool) -> Result<u8, Failure> {
         );
     }
     Ok(0)
+}
+
+/// The reference as shown: ptraind withholds that of an image only other
+/// users' jobs used.
+fn reference(image: &ImageView) -> String {
+    match image.reference.is_empty() {
+        true => "(other users')".into(),
+        false => escape(&image.reference).into_owned(),
+    }
 }
 
 /// The digest's first 12 hex digits, as `docker images` shows an id.
@@ -125,5 +134,8 @@ mod tests {
         assert_eq!(users(&image), "+1 other");
         image.other_users = 0;
         assert_eq!(users(&image), "-");
+        assert_eq!(reference(&image), "r");
+        image.reference.clear();
+        assert_eq!(reference(&image), "(other users')");
     }
 }
