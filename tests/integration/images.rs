@@ -261,6 +261,12 @@ impl Registry {
         )
     }
 
+    /// Pushes `source` (a skopeo name, e.g. `oci:LAYOUT:tag`) as tag
+    /// `tag`; the manifest digest the registry then reports.
+    pub(crate) fn push_source(&self, source: &str, tag: &str) -> String {
+        self.push_as(source, tag, &[]).0
+    }
+
     /// Where the registry keeps a blob's bytes.
     pub(crate) fn blob_data(&self, digest: &Digest) -> PathBuf {
         let hex = digest.hex();

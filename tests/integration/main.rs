@@ -15,6 +15,7 @@ mod foundation;
 mod gpus;
 mod hostile;
 mod image_cache;
+mod image_hostile;
 mod image_jobs;
 mod images;
 mod lifecycle;
