@@ -550,10 +550,18 @@ impl Session<'_> {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        // A manifest asked for by tag is held to the digest the registry
+        // announces for it (as containerd does): bytes changed in its
+        // storage or on the way are refused, not stored under their own.
+        let announced = response
+            .headers()
+            .get("Docker-Content-Digest")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| Digest::parse(v.trim()).ok());
         let limit = self.client.options.limits.max_manifest_bytes;
         let mut writer = blobs.writer(
             format!("manifest of {what}"),
-            expected.cloned(),
+            expected.cloned().or(announced),
             None,
             limit,
         )?;
@@ -896,6 +904,44 @@ mod tests {
             .unwrap_err();
         assert!(matches!(&err, PullError::Auth { .. }), "{err}");
         assert!(err.to_string().contains("configure credentials"), "{err}");
+    }
+
+    /// A tag's manifest whose bytes are not those the registry announces
+    /// (its storage changed under it, or the bytes on the way) is refused
+    /// naming both digests, and nothing is stored.
+    #[tokio::test]
+    async fn a_tag_whose_manifest_is_not_the_announced_digest_is_refused() {
+        let image = test_image(&[layer()]);
+        let announced = image.manifest_digest.clone();
+        let mut changed = image.manifest.clone();
+        changed.extend_from_slice(b"\n");
+        let served = changed.clone();
+        let routes: Routes = Arc::new(move |req: &Request, _| match req.path.as_str() {
+            "/v2/test/img/manifests/v1" => Reply {
+                status: 200,
+                headers: vec![
+                    ("Content-Type".to_string(), OCI_MANIFEST.to_string()),
+                    ("Docker-Content-Digest".to_string(), announced.to_string()),
+                ],
+                body: served.clone(),
+            },
+            _ => reply(404, b""),
+        });
+        let (port, _) = serve(routes).await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(dir.path()).unwrap();
+        let reference = ImageReference::parse(&format!("127.0.0.1:{port}/test/img:v1")).unwrap();
+        let err = anonymous_client(port, FetchLimits::default())
+            .pull(&reference, store.blobs(), &|_| {})
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&image.manifest_digest.to_string())
+                && text.contains(&Digest::of(&changed).to_string()),
+            "{text}"
+        );
+        assert!(!store.blobs().contains(&Digest::of(&changed)));
     }
 
     /// A loopback port proves nothing about whose server answers: a
