@@ -287,6 +287,31 @@ impl EndOrder {
         })
     }
 
+    /// `STATE/end-order` as [`EndOrder::rebuild`] just wrote it (in
+    /// another process: `ptraind scan-records`), holding `len` ends.
+    pub fn open_rebuilt(state_dir: &Path, len: usize) -> Result<EndOrder, EndOrderError> {
+        let path = state_dir.join("end-order");
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .and_then(|file| Ok((file.metadata()?.len(), file)));
+        match opened {
+            Ok((back, file)) => Ok(EndOrder {
+                path,
+                file,
+                front: 0,
+                back,
+                len,
+            }),
+            Err(source) => Err(EndOrderError {
+                path,
+                action: "open",
+                source,
+            }),
+        }
+    }
+
     fn err(&self, action: &'static str) -> impl FnOnce(std::io::Error) -> EndOrderError + '_ {
         move |source| EndOrderError {
             path: self.path.clone(),

@@ -9,7 +9,9 @@
 //! jobs per throughput case, for profiling one change) or `smoke`.
 //! `BENCH_ONLY=throughput` or `history` runs one of the two harnesses
 //! (`gpu`: only the GPU bursts and their floors, for profiling them;
-//! `burst`: only the trivial bursts and the bystander's responsiveness);
+//! `burst`: only the trivial bursts and the bystander's responsiveness;
+//! `accounting`: accounting on against off; `images`: image jobs against
+//! host jobs, and an image's pull against skopeo's);
 //! `BENCH_SIZES=1000,10000` replaces the scale's throughput sizes.
 //! Needs root, like the integration tests.
 //!
@@ -22,6 +24,11 @@
 mod daemon;
 #[path = "../../tests/integration/harness.rs"]
 mod harness;
+// The loopback registry and the test image of issue 21's tests, for the
+// images part; its tests are not compiled here, so their helpers are unused.
+#[allow(dead_code, unused_imports)]
+#[path = "../../tests/integration/images.rs"]
+mod images;
 mod suite;
 
 use std::path::PathBuf;

@@ -36,6 +36,8 @@
 //! CI machine other work moves them by more than any target's margin.
 #![allow(dead_code)]
 
+#[path = "images.rs"]
+mod images_bench;
 #[path = "report.rs"]
 pub mod report;
 
@@ -98,7 +100,7 @@ const CPU_GROWTH_LIMIT: f64 = 1.25;
 const CPU_GROWTH_WHY: &str = "the issue's target, against a control ptraind without history probed in turn, job for job (the job #1 row compares two equal daemons); 0.93x to 1.09x over 15 marks in 3 runs on a loaded 2-core machine";
 /// Why the idle RSS with a long history against none is enforced at 1.3x
 /// rather than the 1.1x.
-const IDLE_VS_NONE_WHY: &str = "the issue's target is 1.1x and is not met yet: 1.18x measured (13.8 against 11.8 MiB), 2.1 MiB more heap after restoring 100,000 records, of which the 1,000 recent ends' summaries are about 0.5 MiB; 1.3x holds what scanning the records on a thread of their own won (it was 1.32x)";
+const IDLE_VS_NONE_WHY: &str = "the issue's target: 1.02x measured (15.0 against 14.7 MiB) since the start's read of every record runs in a child process (`ptraind scan-records`); it was 1.18x with the read in the daemon, whose heap it left fragmented";
 /// `Status` with a long history against the control: a guard against
 /// gross O(history) regressions, wide enough for a loaded machine's noise.
 const STATUS_GUARD: f64 = 2.0;
@@ -142,6 +144,13 @@ pub struct Scale {
     /// of a block.
     pub accounting_rounds: usize,
     pub accounting_jobs: usize,
+    /// Image jobs (and as many host jobs, in turn) dropped one at a time
+    /// for the image's drop-to-active, once the image is pulled.
+    pub image_jobs: usize,
+    /// Size of the random image pulled by ptrain and by skopeo (MiB, in
+    /// [`IMAGE_LAYERS`] gzip layers), and the runs of each.
+    pub image_pull_mib: u64,
+    pub image_pull_runs: usize,
 }
 
 impl Scale {
@@ -159,6 +168,9 @@ impl Scale {
             cli_runs: 5,
             accounting_rounds: 6,
             accounting_jobs: 30,
+            image_jobs: 200,
+            image_pull_mib: 1024,
+            image_pull_runs: 3,
         }
     }
 
@@ -180,6 +192,11 @@ impl Scale {
             cli_runs: 5,
             accounting_rounds: 6,
             accounting_jobs: 30,
+            image_jobs: 60,
+            // The 1 GiB: the whole images part took 89 s on the
+            // 2-core machine (the pulls, the image's build and push 45 s).
+            image_pull_mib: 1024,
+            image_pull_runs: 3,
         }
     }
 
@@ -198,6 +215,9 @@ impl Scale {
             cli_runs: 1,
             accounting_rounds: 1,
             accounting_jobs: 2,
+            image_jobs: 3,
+            image_pull_mib: 16,
+            image_pull_runs: 1,
         }
     }
 
@@ -269,6 +289,9 @@ pub fn run(scale: &Scale) -> Results {
     }
     if only.is_empty() || only == "accounting" {
         bench.accounting_on_vs_off();
+    }
+    if only.is_empty() || only == "images" {
+        bench.images();
     }
     results.wall_secs = started.elapsed().as_secs_f64();
     results.machine.load_end = load_average();
@@ -626,7 +649,20 @@ impl Bench<'_> {
         id: &str,
         extra: &str,
     ) -> Probe {
-        dropper.stage(id, &job_json(extra));
+        self.probe_json(tracker, quiet, ptraind, dropper, id, &job_json(extra))
+    }
+
+    /// [`Bench::probe`] of the job file `json`.
+    fn probe_json(
+        &mut self,
+        tracker: &Tracker,
+        quiet: &mut Quiescence,
+        ptraind: Option<u32>,
+        dropper: &Dropper,
+        id: &str,
+        json: &str,
+    ) -> Probe {
+        dropper.stage(id, json);
         // A job dropped on an idle host, as the bare floor loop starts its
         // units (see IDLE_GAP).
         std::thread::sleep(IDLE_GAP);
@@ -1475,7 +1511,7 @@ impl Bench<'_> {
             )
             .floor(mib(&none), "none")
             .target(Target::MaxRatio(1.10))
-            .enforce(Target::MaxRatio(1.30), IDLE_VS_NONE_WHY),
+            .enforce(Target::MaxRatio(1.10), IDLE_VS_NONE_WHY),
         );
     }
 

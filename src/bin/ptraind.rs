@@ -64,6 +64,26 @@ enum Sub {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Read every job record of STATE_DIR for ptraind's start and answer
+    /// on stdout (`ptrain::daemon::scan`): ptraind runs it as its own
+    /// child, as root, so that a long history's parses never fragment the
+    /// daemon's heap.
+    #[command(hide = true)]
+    ScanRecords { state_dir: PathBuf },
+}
+
+/// `ptraind scan-records STATE_DIR`: the child of
+/// [`ptrain::daemon::scan`]; its log lines go to ptraind's journal, its
+/// errors also to its exit status.
+fn scan_records(state_dir: &std::path::Path) -> ExitCode {
+    init_logging();
+    match ptrain::daemon::scan::run_child(state_dir, std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("ptraind {}: {e}", ptrain::daemon::scan::SUBCOMMAND);
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `ptraind accounting ARGS`: the child of [`ptrain::accounting::helper`];
@@ -224,6 +244,7 @@ fn main() -> ExitCode {
         Some(Sub::ExecJob { launch_file }) => return ptrain::runtime::exec_job(launch_file),
         Some(Sub::JobUsage { result_dir }) => return job_usage(result_dir),
         Some(Sub::Accounting { args }) => return accounting(args),
+        Some(Sub::ScanRecords { state_dir }) => return scan_records(state_dir),
         _ => {}
     }
     let config = match Config::load(&args.config) {

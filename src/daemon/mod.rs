@@ -15,6 +15,7 @@ mod images;
 mod lifecycle;
 mod live;
 mod planning;
+pub mod scan;
 
 use admission::Admission;
 
@@ -89,6 +90,8 @@ pub enum DaemonError {
     Metrics(#[from] crate::metrics::MetricsError),
     #[error(transparent)]
     EndOrder(#[from] crate::history::EndOrderError),
+    #[error("{0}")]
+    Scan(String),
 }
 
 /// Everything the state task reacts to.
@@ -699,17 +702,6 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     info!("ptraind stopping; running jobs keep running");
     daemon.shut_down().await;
     Ok(())
-}
-
-/// What [`Daemon::scan_records`] found.
-struct Scanned {
-    /// The records of jobs not ended, whole.
-    live: Vec<JobRecord>,
-    /// (submitted_at, member, sweep) of every sweep member.
-    members: Vec<(u64, JobId, JobId)>,
-    /// The newest ends' ids, oldest first.
-    newest: Vec<JobId>,
-    end_order: crate::history::EndOrder,
 }
 
 /// What admission knows of the jobs: the live map, the history, the
@@ -1413,69 +1405,29 @@ impl Daemon {
         };
     }
 
-    /// Every record, read on a thread of its own (so in its own heap
-    /// arena: glibc gives each thread one): the live ones whole, the
-    /// sweeps' members, the newest ends' ids and the end order of all
-    /// (written to `STATE/end-order` there). A long history's parses and
-    /// its 100,000 ids in order then never touch the state task's heap,
-    /// where what ptraind allocated after the scan landed in the holes
-    /// they left and kept their pages resident (0.5 MiB after a
-    /// 100,000-job restore); the scan's arena is all free once it is done.
-    fn scan_records(&self) -> Result<Scanned, DaemonError> {
-        let (store, notifier) = (&self.store, &self.notifier);
-        let state_dir = self.config.state_dir.as_path();
-        std::thread::scope(|scope| {
-            let scan = scope.spawn(move || -> Result<Scanned, DaemonError> {
-                let mut live = Vec::new();
-                let mut members = Vec::new();
-                let mut ends = Vec::new();
-                // The newest ends, to be summarised; the rest only ordered.
-                let mut newest = std::collections::BinaryHeap::new();
-                store.load_each(|record| {
-                    // Intents whose outbox status is not final go out
-                    // again, with their keys: nothing recorded is lost to
-                    // a crash.
-                    notifier.deliver(record.notifications.clone());
-                    if let Some(group) = &record.group {
-                        members.push((record.submitted_at, record.id.clone(), group.clone()));
-                    }
-                    if record.state == JobState::Ended {
-                        let end = crate::history::End {
-                            ended_at: record.ended_at.unwrap_or(0),
-                            id: record.id.clone(),
-                        };
-                        newest.push(std::cmp::Reverse(end.clone()));
-                        if newest.len() > crate::history::RECENT_ENDS {
-                            newest.pop();
-                        }
-                        ends.push(end);
-                    } else {
-                        live.push(record);
-                    }
-                })?;
-                let end_order = crate::history::EndOrder::rebuild(state_dir, ends)?;
-                let newest = newest
-                    .into_sorted_vec()
-                    .into_iter()
-                    .rev()
-                    .map(|e| e.0.id)
-                    .collect();
-                Ok(Scanned {
-                    live,
-                    members,
-                    newest,
-                    end_order,
-                })
-            });
-            scan.join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })
+    /// Every record, read by a child process ([`scan`]): the live ones
+    /// whole, the sweeps' members, the newest ends' ids and the end order
+    /// of all (`STATE/end-order`, written by the child). A long history's
+    /// parses then never touch ptraind's heap.
+    async fn scan_records(&self) -> Result<scan::Scanned, DaemonError> {
+        let notifier = &self.notifier;
+        // Intents whose outbox status is not final go out again, with
+        // their keys: nothing recorded is lost to a crash.
+        let mut deliver = |intents| notifier.deliver(intents);
+        scan::scan(&self.config.state_dir, &mut deliver)
+            .await
+            .map_err(|e| {
+                DaemonError::Scan(format!(
+                    "cannot read the job records in {}: {e}; fix what it names (the state \
+                     directory must be root's and readable), then restart ptraind",
+                    self.config.state_dir.join("jobs").display()
+                ))
+            })
     }
 
     /// The summaries of the newest ends (`ids`, oldest first), for the
-    /// board, from their records read again once the scan's heap is free:
-    /// made during the scan, they sat among its parses' churn and kept
-    /// its pages resident (1.5 MiB after a 100,000-job restore).
+    /// board, from their records (read by the daemon: the summaries are
+    /// its to keep).
     fn summarise_newest(&mut self, ids: Vec<JobId>) {
         let mut recent = self.board.recent_mut();
         for id in ids {
@@ -1491,17 +1443,18 @@ impl Daemon {
     /// Loads every record and re-attaches to units that were launched
     /// before a restart.
     async fn restore(&mut self) -> Result<(), DaemonError> {
-        // Streamed: a finished job's record is read, its end noted and the
-        // record dropped, so a long history never sits in memory whole.
-        let Scanned {
+        // Streamed, in a child: a finished job's record is read, its end
+        // noted and the record dropped, so a long history never sits in
+        // memory whole, nor leaves ptraind's heap in pieces.
+        let scan::Scanned {
             live,
             members,
             newest,
             end_order,
-        } = self.scan_records()?;
+        } = self.scan_records().await?;
         self.end_order = end_order;
         self.summarise_newest(newest);
-        // Every record was read and dropped: the blocks go back.
+        // The newest ends were read and dropped: the blocks go back.
         crate::memory::release_freed_memory();
         let per_user = self.config.retention.rejected_per_user;
         for (entry, uid) in self.store.rejected_entries()? {
