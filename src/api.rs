@@ -73,12 +73,11 @@ pub struct DaemonApi {
     /// The spool directory ptraind watches, for `ptrain submit` when the
     /// config is not readable to its user.
     pub spool_dir: std::path::PathBuf,
-    /// The state directory, whose accounting database
-    /// (`STATE/accounting.sqlite`) `History` and `Report` query.
-    pub state_dir: std::path::PathBuf,
-    /// `[accounting] enabled`: off, `History` and `Report` say so rather
-    /// than answer from a database nothing writes.
-    pub accounting: bool,
+    /// The accounting database's writer, which runs `History` and
+    /// `Report` once the runs ended before them are written; `None` with
+    /// `[accounting] enabled = false`, when they say so rather than answer
+    /// from a database nothing writes.
+    pub accounting: Option<crate::accounting::db::Writer>,
 }
 
 impl DaemonApi {
@@ -145,15 +144,16 @@ impl DaemonApi {
         query: &str,
         task: impl FnOnce(u32) -> crate::accounting::helper::Task,
     ) -> zbus::fdo::Result<String> {
-        if !self.accounting {
+        let Some(accounting) = &self.accounting else {
             return Err(zbus::fdo::Error::Failed(
                 crate::accounting::ACCOUNTING_OFF.into(),
             ));
-        }
+        };
         let caller = self.callers.uid(conn, header).await?;
         let query: Q = parse_query(query)?;
         let input = serde_json::to_vec(&query).expect("queries always serialise");
-        crate::accounting::helper::run(task(caller), &self.state_dir, input)
+        accounting
+            .query(task(caller), input)
             .await
             .map_err(zbus::fdo::Error::Failed)
     }

@@ -1581,8 +1581,17 @@ impl Bench<'_> {
                         self.probe(&tracker, &mut quiet, Some(pid), &dropper, &id, "")
                     })
                     .collect();
-                // The last job's row is written by a child after its end
-                // (counted whether it has exited or not).
+                // The block's rows are written by a child after their
+                // ends, in groups (counted whether it has exited or not):
+                // the block ends once all of them are in the database.
+                if on {
+                    let prefix = format!("a{round}-on-");
+                    wait_for(
+                        "the block's rows in the accounting database",
+                        Duration::from_secs(60),
+                        || (accounting_rows(&d.state, &prefix) >= k).then_some(()),
+                    );
+                }
                 settle();
                 let after = ProcSample::read(pid);
                 if let (Some(b), Some(a)) = (before, after) {
@@ -1617,9 +1626,6 @@ impl Bench<'_> {
                 median(&cpu[0]),
             )
             .floor(median(&cpu[1]), "off")
-            // Reported, not enforced: 1.06x in a run of this scenario
-            // alone, 1.70x in a full ci run (accounting-on blocks 6.5 to
-            // 17.5 ms, off 5.1 to 6.5 ms); the cause is not found yet.
             .target(Target::MaxRatio(1.10)),
         );
         self.push(
@@ -1723,9 +1729,11 @@ impl Bench<'_> {
             window.as_secs_f64()
         ));
         let pid = ptraind_pid(d);
-        // Past the accounting stream's pause, which ends the last burst's
-        // work: idle begins after it.
-        std::thread::sleep(ptrain::accounting::helper::STREAM_IDLE);
+        // Past the accounting writer's last group and its stream's pause,
+        // which end the last burst's work: idle begins after them.
+        std::thread::sleep(
+            ptrain::accounting::db::GROUP_COMMIT + ptrain::accounting::helper::STREAM_IDLE,
+        );
         settle();
         let a = ProcSample::read(pid);
         std::thread::sleep(window);
@@ -2700,6 +2708,23 @@ fn history_record(id: &str, owner: &Owner, at: u64, state: JobState) -> JobRecor
 
 /// Writes finished jobs `hist-N` for N in `range`, one second apart,
 /// ending well before now, as `STATE/jobs/ID.json`.
+/// How many runs of jobs whose id starts with `prefix` the accounting
+/// database of `state_dir` holds (0 while it cannot be read).
+fn accounting_rows(state_dir: &Path, prefix: &str) -> usize {
+    let path = ptrain::accounting::db::db_path(state_dir);
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return 0;
+    };
+    conn.query_row(
+        "SELECT count(*) FROM jobs WHERE substr(id, 1, length(?1)) = ?1",
+        [prefix],
+        |row| row.get::<_, i64>(0),
+    )
+    .map_or(0, |n| n as usize)
+}
+
 fn populate_history(state_dir: &Path, owner: &Owner, range: std::ops::Range<usize>) {
     ptrain::store::Store::open(state_dir).expect("the state dir opens");
     let jobs = state_dir.join("jobs");

@@ -344,21 +344,36 @@ pub fn window(
 }
 
 /// The writer: a task of ptraind that takes ended records from a channel
-/// and hands them to a short-lived `ptraind accounting write`
+/// and hands them to a `ptraind accounting stream` child
 /// ([`super::helper`]): SQLite never runs in ptraind itself, and the state
 /// task never waits on it. Sending never blocks.
+///
+/// Rows are committed in groups: a row waits up to [`GROUP_COMMIT`] for
+/// others, so a steady run of ends costs one transaction (and one wake-up
+/// of the child) per group, not per job. Nothing waits on the delay: every
+/// read (`ptrain history`, `report`, fair share's and the quotas' figures)
+/// goes through this task and is answered only after every row sent before
+/// it is written, and a row a crash loses in the delay is on disk in its
+/// job's record, which the next start's back-fill adds.
 #[derive(Clone)]
 pub struct Writer {
     tx: tokio::sync::mpsc::UnboundedSender<ToWriter>,
 }
 
+/// How long a row waits for more before they are written together.
+pub const GROUP_COMMIT: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// A group this large is written at once.
+const MAX_GROUP: usize = 1000;
+
 /// What the writer task is handed, in order.
 enum ToWriter {
     Row(Box<HistoryRow>),
-    /// A read-only task (fair share's figures, the quotas' window), run
-    /// once every row sent before is written; its answer as JSON.
+    /// A read-only task run once every row sent before is written, with
+    /// `input` as its child's stdin; its answer as JSON.
     Read {
         task: super::helper::Task,
+        input: Vec<u8>,
         reply: tokio::sync::oneshot::Sender<Result<String, String>>,
     },
 }
@@ -377,7 +392,7 @@ impl Writer {
     /// Starts the writer task (in the current tokio runtime): its first
     /// child back-fills every ended record of `STATE/jobs/` the database
     /// lacks (jobs that ended while ptraind was down, or whose row a crash
-    /// lost), then each child writes the rows that waited. Call it after
+    /// lost), then the stream writes the rows that waited. Call it after
     /// the state is restored.
     pub fn start(state_dir: &Path) -> Writer {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ToWriter>();
@@ -401,10 +416,13 @@ impl Writer {
         until_us: u64,
         half_life: std::time::Duration,
     ) -> impl std::future::Future<Output = Result<crate::fair_share::Usage, String>> {
-        answer(self.read(super::helper::Task::Usage {
-            until_us,
-            half_life_secs: half_life.as_secs().max(1),
-        }))
+        answer(self.read(
+            super::helper::Task::Usage {
+                until_us,
+                half_life_secs: half_life.as_secs().max(1),
+            },
+            Vec::new(),
+        ))
     }
 
     /// The quotas' sums of the runs that ended in `[from_us, until_us)`
@@ -415,19 +433,32 @@ impl Writer {
         until_us: u64,
         bucket_us: u64,
     ) -> impl std::future::Future<Output = Result<Vec<(u32, u64, f64)>, String>> {
-        answer(self.read(super::helper::Task::Window {
-            from_us,
-            until_us,
-            bucket_us,
-        }))
+        answer(self.read(
+            super::helper::Task::Window {
+                from_us,
+                until_us,
+                bucket_us,
+            },
+            Vec::new(),
+        ))
+    }
+
+    /// A caller's query (`History`, `Report`: `input` is the query as
+    /// JSON), answered as [`Writer::usage`] is: every run that ended
+    /// before the call is in it.
+    pub async fn query(&self, task: super::helper::Task, input: Vec<u8>) -> Result<String, String> {
+        self.read(task, input)
+            .await
+            .map_err(|_| "the accounting writer stopped".to_owned())?
     }
 
     fn read(
         &self,
         task: super::helper::Task,
+        input: Vec<u8>,
     ) -> tokio::sync::oneshot::Receiver<Result<String, String>> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let _ = self.tx.send(ToWriter::Read { task, reply });
+        let _ = self.tx.send(ToWriter::Read { task, input, reply });
         answer
     }
 }
@@ -445,42 +476,72 @@ async fn writer_task(state_dir: &Path, mut rx: tokio::sync::mpsc::UnboundedRecei
         }
     }
     // Rows go to one child kept while ends keep coming (a burst, a
-    // sweep), closed after a pause so that SQLite is out of memory between
-    // bursts; read tasks run in children of their own.
-    let mut stream: Option<super::helper::Stream> = None;
-    let mut next = rx.recv().await;
-    while let Some(message) = next.take() {
-        let first = match message {
-            ToWriter::Row(row) => row,
-            ToWriter::Read { task, reply } => {
-                let _ = reply.send(super::helper::run(task, state_dir, Vec::new()).await);
-                next = next_or_close(&mut rx, &mut stream).await;
-                continue;
-            }
+    // sweep, one job after another), closed after a pause so that SQLite
+    // is out of memory between them; reads run in children of their own,
+    // side by side, each once the rows before it are written.
+    let mut group = Group::default();
+    loop {
+        let waited = match (group.due, &group.stream) {
+            (Some(due), _) => tokio::time::timeout_at(due, rx.recv()).await,
+            (None, Some(_)) => tokio::time::timeout(super::helper::STREAM_IDLE, rx.recv()).await,
+            (None, None) => Ok(rx.recv().await),
         };
-        // Whatever rows else are waiting go in the same transaction; a
-        // usage query waits for them.
-        let mut rows = vec![*first];
-        loop {
-            match rx.try_recv() {
-                Ok(ToWriter::Row(row)) => rows.push(*row),
-                Ok(query) => {
-                    next = Some(query);
-                    break;
+        match waited {
+            Err(_elapsed) if group.due.is_some() => group.commit(state_dir).await,
+            Err(_elapsed) => {
+                if let Some(idle) = group.stream.take() {
+                    idle.close().await;
                 }
-                Err(_) => break,
             }
-        }
-        if let Err(e) = write_rows(state_dir, &mut stream, &rows).await {
-            // The records are on disk: the next start's back-fill adds them.
-            warn!(error = %e, path = %path.display(), rows = rows.len(), "cannot write to the accounting database; the rows are added at the next start");
-        }
-        if next.is_none() {
-            next = next_or_close(&mut rx, &mut stream).await;
+            Ok(None) => break,
+            Ok(Some(ToWriter::Row(row))) => {
+                group.add(*row);
+                if group.rows.len() >= MAX_GROUP {
+                    group.commit(state_dir).await;
+                }
+            }
+            Ok(Some(ToWriter::Read { task, input, reply })) => {
+                group.commit(state_dir).await;
+                let state_dir = state_dir.to_owned();
+                tokio::spawn(async move {
+                    let _ = reply.send(super::helper::run(task, &state_dir, input).await);
+                });
+            }
         }
     }
-    if let Some(stream) = stream {
+    group.commit(state_dir).await;
+    if let Some(stream) = group.stream {
         stream.close().await;
+    }
+}
+
+/// The rows waiting to be committed together, and the stream they go to.
+#[derive(Default)]
+struct Group {
+    rows: Vec<HistoryRow>,
+    /// When the oldest waiting row is to be written.
+    due: Option<tokio::time::Instant>,
+    stream: Option<super::helper::Stream>,
+}
+
+impl Group {
+    fn add(&mut self, row: HistoryRow) {
+        self.due
+            .get_or_insert_with(|| tokio::time::Instant::now() + GROUP_COMMIT);
+        self.rows.push(row);
+    }
+
+    /// Writes the waiting rows in one transaction, if any.
+    async fn commit(&mut self, state_dir: &Path) {
+        self.due = None;
+        if self.rows.is_empty() {
+            return;
+        }
+        let rows = std::mem::take(&mut self.rows);
+        if let Err(e) = write_rows(state_dir, &mut self.stream, &rows).await {
+            // The records are on disk: the next start's back-fill adds them.
+            warn!(error = %e, path = %db_path(state_dir).display(), rows = rows.len(), "cannot write to the accounting database; the rows are added at the next start");
+        }
     }
 }
 
@@ -506,23 +567,6 @@ async fn write_rows(
         }
     }
     Err(failed)
-}
-
-/// The next message; with a stream open, it is closed first if none comes
-/// within [`super::helper::STREAM_IDLE`].
-async fn next_or_close(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<ToWriter>,
-    stream: &mut Option<super::helper::Stream>,
-) -> Option<ToWriter> {
-    if stream.is_some() {
-        if let Ok(message) = tokio::time::timeout(super::helper::STREAM_IDLE, rx.recv()).await {
-            return message;
-        }
-        if let Some(idle) = stream.take() {
-            idle.close().await;
-        }
-    }
-    rx.recv().await
 }
 
 /// How many rows the back-fill inserts per transaction.

@@ -329,10 +329,11 @@ pub async fn run(task: Task, state_dir: &Path, input: Vec<u8>) -> Result<String,
 }
 
 /// A `ptraind accounting stream` child, kept while ends keep coming: a
-/// burst or a sweep of ends costs one process start and one database open,
-/// not one of each per end (about 5 ms of CPU each on a 2-core host, most
-/// of what accounting cost a job). The writer closes it once no row came
-/// for [`STREAM_IDLE`], so SQLite stays out of memory between bursts. Its
+/// burst, a sweep or a run of jobs one after another costs one process
+/// start and one database open, not one of each per end (about 5 ms of
+/// CPU each on a 2-core host, most of what accounting cost a job). The
+/// writer closes it once no row came for [`STREAM_IDLE`], so SQLite stays
+/// out of memory between bursts. Its
 /// stdin and stdout are pipes to ptraind alone; it dies with them (kill -9
 /// of ptraind included: its stdin ends), and is killed if dropped.
 #[cfg(not(test))]
@@ -342,8 +343,10 @@ pub struct Stream {
     stdout: tokio::io::BufReader<tokio::process::ChildStdout>,
 }
 
-/// How long a [`Stream`] waits for more rows before it is closed.
-pub const STREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a [`Stream`] waits for more rows before it is closed: longer
+/// than the gap between the ends of jobs run one after another on a busy
+/// host, for a child of about 3 MiB.
+pub const STREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[cfg(not(test))]
 impl Stream {

@@ -540,8 +540,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
                 privacy: daemon.config.privacy,
                 logs: daemon.logs.clone(),
                 spool_dir: daemon.config.spool_dir.clone(),
-                state_dir: daemon.config.state_dir.clone(),
-                accounting: daemon.config.accounting.enabled,
+                accounting: daemon.accounting.clone(),
             },
         )
         .await
@@ -1931,8 +1930,11 @@ impl Daemon {
         self.live.queue_job(record);
     }
 
-    /// A job's image is ready (recorded: every later attempt runs the
-    /// same digest), or it never will be: the job ends with the reason.
+    /// A job's image is ready, or it never will be: the job ends with the
+    /// reason. The ready image goes on disk with the launch's write-ahead
+    /// save ([`Self::launch`]), so every attempt after the first runs the
+    /// same digest; a restart before the launch pulls again (a warm pull),
+    /// which a job not yet started cannot tell from waiting longer.
     async fn on_image_ready(
         &mut self,
         id: &JobId,
@@ -1952,12 +1954,6 @@ impl Daemon {
                 info!(job = %id, PTRAIN_JOB = %id, image = %reference, digest = %ready.digest, rootfs = %ready.rootfs.display(), "the job's image is ready");
                 record.image = Some(ready);
                 record.image_pin = None;
-                if let Err(e) = self.store.save(&record) {
-                    // Not recorded: the job pulls again after a restart.
-                    error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the job's image");
-                    self.store_failed_at = Some(tokio::time::Instant::now());
-                    return;
-                }
                 self.live.update_queued(record);
                 self.emit_changed(id);
                 self.schedule_again = true;

@@ -20,6 +20,11 @@ pub struct LayerUse {
     pub blob_bytes: u64,
 }
 
+/// How far an image record's `last_used` on disk may lag behind its last
+/// use (µs): a collection's ages are hours or days, and so a warm job
+/// start, one after another, writes and fsyncs no record at all.
+pub const LAST_USED_GRAIN_US: u64 = 60_000_000;
+
 /// One image of the store, under one reference (`STORE/images/*.json`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageRecord {
@@ -51,6 +56,21 @@ impl ImageRecord {
             .into_iter()
             .chain(self.index.iter())
             .chain(self.layers.iter().map(|l| &l.blob))
+    }
+
+    /// Whether `self`, the record as it should now be, must be written
+    /// over `stored`, the one on disk: not when only its `last_used`
+    /// moved, by less than [`LAST_USED_GRAIN_US`].
+    pub fn needs_write_over(&self, stored: Option<&ImageRecord>) -> bool {
+        let Some(stored) = stored else {
+            return true;
+        };
+        let moved = self.last_used.saturating_sub(stored.last_used);
+        let same_but_use = ImageRecord {
+            last_used: self.last_used,
+            ..stored.clone()
+        };
+        same_but_use != *self || moved >= LAST_USED_GRAIN_US
     }
 
     /// What it costs alone: unpacked layers, their blobs, its metadata.

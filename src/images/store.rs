@@ -275,10 +275,15 @@ impl ImageStore {
                 .as_ref()
                 .filter(|p| p.manifest == *id)
                 .map_or(now, |p| p.prepared_at),
-            last_used: now,
-            users: previous.map(|p| p.users).unwrap_or_default(),
+            last_used: previous.as_ref().map_or(now, |p| p.last_used.max(now)),
+            users: previous
+                .as_ref()
+                .map(|p| p.users.clone())
+                .unwrap_or_default(),
         };
-        self.write_record(&record)?;
+        if record.needs_write_over(previous.as_ref()) {
+            self.write_record(&record)?;
+        }
         Ok(PreparedImage {
             record,
             config,
@@ -428,26 +433,33 @@ impl ImageStore {
     /// Notes that a job of `user` starts from the image `reference` now.
     pub fn note_use(&self, reference: &str, user: &str, now: u64) -> Result<(), StoreError> {
         let _records = self.lock_records();
-        let Some(mut record) = self.read_record(reference)? else {
+        let Some(stored) = self.read_record(reference)? else {
             return Ok(());
         };
+        let mut record = stored.clone();
         record.last_used = record.last_used.max(now);
         record.users.insert(user.to_string());
-        self.write_record(&record)
+        if record.needs_write_over(Some(&stored)) {
+            self.write_record(&record)?;
+        }
+        Ok(())
     }
 
     /// Notes that the image `reference` is still in use now (a job runs
     /// in it): its age for a collection counts from now.
     pub fn touch(&self, reference: &str, now: u64) -> Result<(), StoreError> {
         let _records = self.lock_records();
-        let Some(mut record) = self.read_record(reference)? else {
+        let Some(stored) = self.read_record(reference)? else {
             return Ok(());
         };
-        if record.last_used >= now {
-            return Ok(());
+        let record = ImageRecord {
+            last_used: stored.last_used.max(now),
+            ..stored.clone()
+        };
+        if record.needs_write_over(Some(&stored)) {
+            self.write_record(&record)?;
         }
-        record.last_used = now;
-        self.write_record(&record)
+        Ok(())
     }
 
     /// Removes the plan's images, then every tree, layer and blob no
@@ -549,7 +561,7 @@ pub struct GcReport {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::images::catalog::{plan_gc, GcPolicy};
+    use crate::images::catalog::{plan_gc, GcPolicy, LAST_USED_GRAIN_US};
     use crate::images::manifest::Descriptor;
     use crate::images::manifest::{ImageManifest, OCI_CONFIG, OCI_LAYER_TAR, OCI_MANIFEST};
     use crate::images::unpack::tests::{dir, file, gzip, hard, mode_of, raw_tar, symlink};
@@ -853,10 +865,41 @@ pub(super) mod tests {
         let record = &store.records().unwrap()[0];
         assert_eq!(record.users.len(), 8, "{record:?}");
         assert_eq!(record.last_used, 27);
+        // A use within the grain of the last one on disk writes nothing;
+        // one past it does; an older one changes nothing.
         store.touch("localhost:5000/app:1", 100).unwrap();
+        assert_eq!(store.records().unwrap()[0].last_used, 27);
+        let later = 27 + LAST_USED_GRAIN_US;
+        store.touch("localhost:5000/app:1", later).unwrap();
         store.touch("localhost:5000/app:1", 50).unwrap();
         store.touch("not-here", 50).unwrap();
-        assert_eq!(store.records().unwrap()[0].last_used, 100);
+        assert_eq!(store.records().unwrap()[0].last_used, later);
+        // A user new to the image is written at once.
+        store
+            .note_use("localhost:5000/app:1", "bob", later + 1)
+            .unwrap();
+        let record = &store.records().unwrap()[0];
+        assert!(record.users.contains("bob"));
+        assert_eq!(record.last_used, later + 1);
+    }
+
+    #[test]
+    fn a_warm_prepare_writes_no_record_until_its_use_is_a_grain_old() {
+        let root = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(&root.path().join("images")).unwrap();
+        let image = test_image(&[raw_tar(&[file("v", b"1", 0o644)])]);
+        let fetched = put(&store, &image, "localhost:5000/app:1");
+        store.prepare(&fetched, &LIMITS, 10).unwrap();
+        let path = store.record_path("localhost:5000/app:1");
+        let inode = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let first = inode(&path);
+        let again = store.prepare(&fetched, &LIMITS, 20).unwrap();
+        assert_eq!(again.record.last_used, 20, "the caller sees the use");
+        assert_eq!(inode(&path), first, "nothing was rewritten");
+        assert_eq!(store.records().unwrap()[0].last_used, 10);
+        let later = 10 + LAST_USED_GRAIN_US;
+        store.prepare(&fetched, &LIMITS, later).unwrap();
+        assert_eq!(store.records().unwrap()[0].last_used, later);
     }
 
     #[test]
