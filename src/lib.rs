@@ -96,9 +96,10 @@
 //!     record; GPU-seconds from its times and GPUs; utilization and memory
 //!     per GPU from NVML samples the state task adds to the running
 //!     record, [`accounting::gpu`]), one row per ended run in
-//!     `STATE/accounting.sqlite`, written by a task of its own and
-//!     back-filled from the records at start; `ptrain history` and `ptrain
-//!     report` query it ([`accounting::query`] builds the SQL, pure;
+//!     `STATE/accounting.sqlite`, committed in groups by a task of its own
+//!     and back-filled from the records at start; `ptrain history` and
+//!     `ptrain report` query it through that task, so that every run ended
+//!     before a query is in its answer ([`accounting::query`] builds the SQL, pure;
 //!     [`accounting::db`] is SQLite, which runs only in ptraind's
 //!     children, [`accounting::helper`]: one per query, and one stream
 //!     kept while ends keep coming). `[accounting] enabled = false` turns

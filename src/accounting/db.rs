@@ -353,8 +353,11 @@ pub fn window(
 /// of the child) per group, not per job. Nothing waits on the delay: every
 /// read (`ptrain history`, `report`, fair share's and the quotas' figures)
 /// goes through this task and is answered only after every row sent before
-/// it is written, and a row a crash loses in the delay is on disk in its
-/// job's record, which the next start's back-fill adds.
+/// it is written. A row a crash loses in the delay is on disk in its job's
+/// end record, which the next start's back-fill adds; a retried attempt's
+/// run, whose record becomes the next attempt's, has no such record, so
+/// its row is written at once; a stop of ptraind writes what waits
+/// ([`Writer::flush`]).
 #[derive(Clone)]
 pub struct Writer {
     tx: tokio::sync::mpsc::UnboundedSender<ToWriter>,
@@ -363,12 +366,20 @@ pub struct Writer {
 /// How long a row waits for more before they are written together.
 pub const GROUP_COMMIT: std::time::Duration = std::time::Duration::from_millis(1000);
 
+/// How long a group's write may take before its child is killed and the
+/// group tried once more on a new one: a hung child must not hold every
+/// query that waits behind it.
+const STREAM_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A group this large is written at once.
 const MAX_GROUP: usize = 1000;
 
 /// What the writer task is handed, in order.
 enum ToWriter {
-    Row(Box<HistoryRow>),
+    /// A row; `at_once`: written now, not grouped.
+    Row { row: Box<HistoryRow>, at_once: bool },
+    /// Every row sent before is written; then the sender is told.
+    Flush(tokio::sync::oneshot::Sender<()>),
     /// A read-only task run once every row sent before is written, with
     /// `input` as its child's stdin; its answer as JSON.
     Read {
@@ -401,10 +412,24 @@ impl Writer {
         Writer { tx }
     }
 
-    /// Hands an ended record's row to the writer.
-    pub fn record(&self, record: &JobRecord) {
+    /// Hands an ended run's row to the writer. `only_here`: no end record
+    /// on disk holds the run (a retried attempt, whose record is the next
+    /// attempt's now), so no back-fill could add a row a crash lost: it is
+    /// written at once.
+    pub fn record(&self, record: &JobRecord, only_here: bool) {
         if let Some(row) = HistoryRow::of(record) {
-            let _ = self.tx.send(ToWriter::Row(Box::new(row)));
+            let _ = self.tx.send(ToWriter::Row {
+                row: Box::new(row),
+                at_once: only_here,
+            });
+        }
+    }
+
+    /// Returns once every row sent before is written (or could not be).
+    pub async fn flush(&self) {
+        let (done, written) = tokio::sync::oneshot::channel();
+        if self.tx.send(ToWriter::Flush(done)).is_ok() {
+            let _ = written.await;
         }
     }
 
@@ -494,17 +519,32 @@ async fn writer_task(state_dir: &Path, mut rx: tokio::sync::mpsc::UnboundedRecei
                 }
             }
             Ok(None) => break,
-            Ok(Some(ToWriter::Row(row))) => {
+            Ok(Some(ToWriter::Row { row, at_once })) => {
                 group.add(*row);
-                if group.rows.len() >= MAX_GROUP {
+                if at_once || group.rows.len() >= MAX_GROUP {
                     group.commit(state_dir).await;
                 }
             }
-            Ok(Some(ToWriter::Read { task, input, reply })) => {
+            Ok(Some(ToWriter::Flush(done))) => {
+                group.commit(state_dir).await;
+                let _ = done.send(());
+            }
+            Ok(Some(ToWriter::Read {
+                task,
+                input,
+                mut reply,
+            })) => {
                 group.commit(state_dir).await;
                 let state_dir = state_dir.to_owned();
                 tokio::spawn(async move {
-                    let _ = reply.send(super::helper::run(task, &state_dir, input).await);
+                    // A caller gone (a D-Bus call given up) kills the
+                    // child: the run is dropped.
+                    tokio::select! {
+                        answer = super::helper::run(task, &state_dir, input) => {
+                            let _ = reply.send(answer);
+                        }
+                        () = reply.closed() => {}
+                    }
                 });
             }
         }
@@ -558,13 +598,17 @@ async fn write_rows(
             Some(open) => open,
             None => stream.insert(super::helper::Stream::start(state_dir)?),
         };
-        match open.write(rows).await {
-            Ok(_) => return Ok(()),
-            Err(e) => {
-                failed = e;
-                *stream = None;
+        match tokio::time::timeout(STREAM_WRITE_TIMEOUT, open.write(rows)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => failed = e,
+            Err(_) => {
+                failed = format!(
+                    "`ptraind accounting stream` did not answer in {STREAM_WRITE_TIMEOUT:?}; killed"
+                )
             }
         }
+        // Dropped: killed.
+        *stream = None;
     }
     Err(failed)
 }
@@ -944,8 +988,9 @@ pub(crate) mod tests {
                 device: format!("/dev/nvidia{index}").into(),
             })
             .collect();
-        writer.record(&gpu_job);
-        writer.record(&job("cpu", true));
+        // Grouped: the query itself has the group written first.
+        writer.record(&gpu_job, false);
+        writer.record(&job("cpu", true), false);
         let day = std::time::Duration::from_secs(24 * 3600);
         // One day after the end (4 s): half of 2 GPUs × 3 s.
         let usage = writer
@@ -973,11 +1018,19 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let _store = crate::store::Store::open(dir.path()).unwrap();
         let writer = Writer::start(dir.path());
-        writer.record(&job("w", true));
         let path = db_path(dir.path());
+        // A flush (a stop of ptraind) writes the group that waits.
+        writer.record(&job("w", true), false);
+        writer.flush().await;
+        assert_eq!(
+            history(&path, &HistoryQuery::default(), 0).unwrap().len(),
+            1
+        );
+        // A retried attempt's row is written without a flush or a query.
+        writer.record(&job("again", true), true);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            if history(&path, &HistoryQuery::default(), 0).is_ok_and(|r| r.len() == 1) {
+            if history(&path, &HistoryQuery::default(), 0).is_ok_and(|r| r.len() == 2) {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "the row never came");

@@ -258,6 +258,11 @@ pub struct Daemon {
     job_signals: mpsc::UnboundedSender<(String, String)>,
     /// Owners whose workdir's file system did not answer, and since when.
     slow_workdirs: HashMap<u32, tokio::time::Instant>,
+    /// Jobs whose image became ready since the last plan: recorded after
+    /// it unless the plan launched them (the launch's write-ahead save
+    /// records the image), so a warm image job's start waits on one
+    /// durable write, not two.
+    images_unrecorded: Vec<JobId>,
     /// The accounting database's writer thread (issue 23): each recorded
     /// end is sent there, never written from this task.
     accounting: Option<crate::accounting::db::Writer>,
@@ -495,6 +500,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         freezing: HashSet::new(),
         strays: Default::default(),
         slow_workdirs: HashMap::new(),
+        images_unrecorded: Vec::new(),
         requests: api_rx,
         spool_events: spool_rx,
         signals_lost: signals_lost.clone(),
@@ -824,11 +830,22 @@ impl Daemon {
             tasks,
             job_signals,
             requests,
+            accounting,
             ..
         } = self;
         // Callers that need the state task are told at once that it is
         // gone, not after the drain.
         drop(requests);
+        // The rows waiting for their group, written (those of retried
+        // attempts have no end record for the next start to back-fill).
+        if let Some(accounting) = accounting {
+            if tokio::time::timeout_at(deadline, accounting.flush())
+                .await
+                .is_err()
+            {
+                warn!("the accounting rows waiting to be written were not; the next start back-fills those of ended jobs");
+            }
+        }
         // The emitter ends once it has sent what the channel holds.
         drop(job_signals);
         tasks.close();
@@ -1050,10 +1067,11 @@ impl Daemon {
         self.refresh_queued(theirs.iter());
     }
 
-    /// An ended run, to the accounting database, fair share and quotas.
-    fn account(&mut self, record: &JobRecord) {
+    /// An ended run, to the accounting database, fair share and quotas;
+    /// `only_here`: see [`crate::accounting::db::Writer::record`].
+    fn account(&mut self, record: &JobRecord, only_here: bool) {
         if let Some(accounting) = &self.accounting {
-            accounting.record(record);
+            accounting.record(record, only_here);
         }
         if let (Some(ledger), Some(ended_at)) = (&mut self.fair_share, record.ended_at) {
             let account = crate::fair_share::Account {
@@ -1932,9 +1950,10 @@ impl Daemon {
 
     /// A job's image is ready, or it never will be: the job ends with the
     /// reason. The ready image goes on disk with the launch's write-ahead
-    /// save ([`Self::launch`]), so every attempt after the first runs the
-    /// same digest; a restart before the launch pulls again (a warm pull),
-    /// which a job not yet started cannot tell from waiting longer.
+    /// save ([`Self::launch`]) when the next plan launches the job, or
+    /// after that plan ([`Self::record_ready_images`]): every attempt runs
+    /// the same digest. A kill -9 in between pulls again, for a job that
+    /// has not started.
     async fn on_image_ready(
         &mut self,
         id: &JobId,
@@ -1954,6 +1973,7 @@ impl Daemon {
                 info!(job = %id, PTRAIN_JOB = %id, image = %reference, digest = %ready.digest, rootfs = %ready.rootfs.display(), "the job's image is ready");
                 record.image = Some(ready);
                 record.image_pin = None;
+                self.images_unrecorded.push(id.clone());
                 self.live.update_queued(record);
                 self.emit_changed(id);
                 self.schedule_again = true;
@@ -2166,7 +2186,29 @@ impl Daemon {
     /// through events.
     async fn schedule(&mut self) {
         self.plan().await;
+        self.record_ready_images();
         self.watch_held_gpus();
+    }
+
+    /// Records the ready image of each job the plan left queued (held,
+    /// waiting for GPUs, a dependency, its `begin`): every attempt runs
+    /// the digest `ptrain status` shows, across restarts too.
+    fn record_ready_images(&mut self) {
+        for id in std::mem::take(&mut self.images_unrecorded) {
+            let Some(record) = self
+                .live
+                .get(&id)
+                .filter(|r| r.state == JobState::Queued && r.image.is_some())
+            else {
+                continue;
+            };
+            if let Err(e) = self.store.save(record) {
+                // In memory still: the launch's save records it, and a
+                // restart before it pulls again.
+                error!(job = %id, PTRAIN_JOB = %id, error = %e, "cannot record the job's image");
+                self.store_failed_at = Some(tokio::time::Instant::now());
+            }
+        }
     }
 
     /// GPU health changes without any event ptraind could wait on, and
@@ -2968,7 +3010,7 @@ impl Daemon {
         {
             // Each attempt is a run of its own in the accounting (its own
             // invocation); feeding it twice adds nothing.
-            self.account(&ended.record);
+            self.account(&ended.record, true);
             self.run_again(next, told);
             return;
         }
@@ -2996,7 +3038,7 @@ impl Daemon {
             cpu_ns as f64 / 1e9,
         );
         self.notifier.deliver(intents);
-        self.account(&record);
+        self.account(&record, false);
         self.live.ended(id);
         if record.spec.image.is_some() {
             // Its image may be unused now: `[images]` decides.

@@ -187,6 +187,26 @@ fn wait_history(d: &TestDaemon, want: &[&str]) -> Vec<Value> {
     })
 }
 
+/// A run is in `ptrain history` as soon as its end shows: the writer
+/// commits rows in groups (up to a second apart), and a query is answered
+/// only once the rows of every run that ended before it are written.
+#[test]
+fn a_run_is_in_history_as_soon_as_its_end_shows() {
+    let d = TestDaemon::start("acct-at-once");
+    for n in 0..3 {
+        let name = format!("quick{n}");
+        let spec = job(&d, ALICE, serde_json::json!({"command": ["/bin/true"]}));
+        d.drop_job(ALICE, &format!("{name}.json"), &spec.to_string());
+        let status = d.wait_ended(&name);
+        assert_eq!(status["status"], "succeeded", "{status}");
+        let rows = history(&d, ALICE, &["--limit", "0"]);
+        assert!(
+            ids(&rows).contains(&name.as_str()),
+            "{name} ended but is not in its owner's history: {rows:?}"
+        );
+    }
+}
+
 #[test]
 fn history_shows_each_user_their_own_runs_and_root_all_and_report_sums_them() {
     let d = TestDaemon::start_with(
