@@ -1626,6 +1626,10 @@ impl Bench<'_> {
                 median(&cpu[0]),
             )
             .floor(median(&cpu[1]), "off")
+            // Reported, not enforced: 1.07x and 1.11x in runs of this
+            // scenario alone, with rows committed in groups. The part
+            // above 1.0x goes with the unit's `ExecStopPost=` (`ptraind
+            // job-usage`): with it left out, accounting on measured 0.99x.
             .target(Target::MaxRatio(1.10)),
         );
         self.push(
