@@ -31,9 +31,10 @@
 #                               (BENCH_ENFORCE=1): fails when CPU per job grows
 #                               with history, `ptrain status` slows with it, idle
 #                               RSS (also after `ptrain list --all`) tops 20 MiB, or
-#                               idle ptraind wakes up; then the 10,000-job burst
-#                               with another user's responsiveness (8 minutes);
-#                               .ci/run runs it
+#                               idle ptraind wakes up, or a 500-job burst costs a
+#                               restart or systemd's bus; .ci/run runs it (the
+#                               10,000-job burst: make bench, or BENCH_ONLY=burst
+#                               BENCH_SIZES=10000)
 #   make clean
 
 CARGO   ?= cargo
@@ -96,9 +97,6 @@ bench:
 bench-ci:
 	@[ "$$(id -u)" = 0 ] || { echo "make bench-ci: must run as root: it boots a real systemd (tests/harness/boot.sh)" >&2; exit 1; }
 	BENCH_SCALE=ci BENCH_ENFORCE=1 $(CARGO) bench --bench ptrain
-	@# Issue 17's burst at its own size: another user's Status and claim
-	@# while 10,000 jobs land at once (its restarts and bus cuts enforced).
-	BENCH_SCALE=ci BENCH_ENFORCE=1 BENCH_ONLY=burst BENCH_SIZES=10000 $(CARGO) bench --bench ptrain
 
 gpu-check:
 	packaging/gpu-check.sh
