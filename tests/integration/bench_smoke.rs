@@ -40,6 +40,7 @@ fn every_benchmark_scenario_runs_and_reports() {
         "history.rss_per_job",
         "idle.rss_vs_none",
         "accounting.cpu_vs_off",
+        "accounting.host_cpu_vs_off",
         "accounting.latency_vs_off",
         "images.drop_to_active_vs_host",
         "images.drop_to_active_vs_host.p99",
