@@ -128,6 +128,7 @@ install: docs
 	$(INSTALL) -D -m 0644 $(GENDIR)/completions/ptrain.fish $(DESTDIR)$(FISHCOMPDIR)/ptrain.fish
 	$(INSTALL) -D -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
 	$(INSTALL) -D -m 0644 packaging/grafana-dashboard.json $(DESTDIR)$(DOCDIR)/grafana-dashboard.json
+	$(INSTALL) -D -m 0644 packaging/schema/ptrain-cloudevent.schema.json $(DESTDIR)$(DOCDIR)/ptrain-cloudevent.schema.json
 	$(INSTALL) -d $(DESTDIR)$(DOCDIR)/examples/pipeline
 	$(INSTALL) -m 0644 spool-examples/*.json spool-examples/README.md $(DESTDIR)$(DOCDIR)/examples/
 	$(INSTALL) -m 0644 spool-examples/pipeline/*.json $(DESTDIR)$(DOCDIR)/examples/pipeline/

@@ -997,7 +997,7 @@ impl Bench<'_> {
             _ => None,
         };
         let cpu_claim = match (before, after) {
-            (Some(b), Some(a)) => Some((a.cpu_ns - b.cpu_ns) as f64 / 1e6 / q as f64),
+            (Some(b), Some(a)) => Some(a.cpu_ns.saturating_sub(b.cpu_ns) as f64 / 1e6 / q as f64),
             _ => None,
         };
         self.push(
@@ -1182,7 +1182,9 @@ impl Bench<'_> {
                 .then(|| percentile(&control_job_cpu_ms, 0.5))
                 .flatten();
             let cpu_mean = match (before, after) {
-                (Some(b), Some(a)) => Some((a.cpu_ns - b.cpu_ns) as f64 / 1e6 / k as f64),
+                (Some(b), Some(a)) => {
+                    Some(a.cpu_ns.saturating_sub(b.cpu_ns) as f64 / 1e6 / k as f64)
+                }
                 _ => None,
             };
             if mark == self.scale.idle_mark {
@@ -1518,8 +1520,9 @@ impl Bench<'_> {
     // -----------------------------------------------------------------
     // Accounting on against off (issue 23).
 
-    /// What accounting costs per job: ptraind's CPU time (its threads and
-    /// the accounting children it reaped) and drop-to-active with
+    /// What accounting costs per job: ptraind.service's CPU time (by its
+    /// cgroup: ptraind, its helpers, threads that exited), the whole
+    /// harness's, and drop-to-active with
     /// `[accounting] enabled = true`, against the same daemon restarted
     /// with it false. The two alternate in blocks of jobs on one harness,
     /// each block first every other round, so that both see the machine
@@ -1803,7 +1806,7 @@ impl Bench<'_> {
             "idle.cpu",
             &format!("  ptraind CPU in {secs:.0} s idle"),
             "ms",
-            Some((b.cpu_ns - a.cpu_ns) as f64 / 1e6),
+            Some(b.cpu_ns.saturating_sub(a.cpu_ns) as f64 / 1e6),
         ));
         self.detail(
             "idle",

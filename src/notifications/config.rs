@@ -28,6 +28,7 @@
 //! secret_file = "/etc/ptrain/hook.secret"   # X-Ptrain-Signature: sha256=HMAC
 //! token_file = "/etc/ptrain/hook.token"     # Authorization: Bearer
 //! ca_file = "/etc/ptrain/internal-ca.pem"
+//! format = "cloudevents"                    # or "ptrain" (the default)
 //!
 //! [channels.owner-mail]
 //! kind = "email"
@@ -145,6 +146,18 @@ pub struct WebhookConfig {
     pub secret_file: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
+    pub format: WebhookFormat,
+}
+
+/// What a webhook's body is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WebhookFormat {
+    /// ptrain's own JSON (`ptrain.notification/1`).
+    #[default]
+    Ptrain,
+    /// A CloudEvents 1.0 event in structured mode, the same JSON as its
+    /// `data` (`render::cloudevent`).
+    CloudEvents,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,6 +217,7 @@ impl std::fmt::Debug for WebhookConfig {
             .field("secret_file", &self.secret_file)
             .field("token_file", &self.token_file)
             .field("ca_file", &self.ca_file)
+            .field("format", &self.format)
             .finish()
     }
 }
@@ -445,7 +459,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
         ("to_owner", raw.to_owner.is_some()),
     ];
     let allowed: &[&str] = match kind {
-        "webhook" => &["url", "secret_file", "token_file"],
+        "webhook" => &["url", "secret_file", "token_file", "format"],
         "wecom" => &["url", "key_file", "format", "per_minute"],
         "email" => &[
             "smtp_host",
@@ -480,6 +494,18 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
             secret_file: absolute(&key("secret_file"), raw.secret_file)?,
             token_file: absolute(&key("token_file"), raw.token_file)?,
             ca_file,
+            format: match raw.format.as_deref() {
+                None | Some("ptrain") => WebhookFormat::Ptrain,
+                Some("cloudevents") => WebhookFormat::CloudEvents,
+                Some(other) => {
+                    return Err(InvalidSetting::new(
+                        key("format"),
+                        format!(
+                            "{other:?} is not a webhook format; use \"ptrain\" (ptrain's own JSON) or \"cloudevents\" (CloudEvents 1.0)"
+                        ),
+                    ))
+                }
+            },
         }),
         "wecom" => {
             let url = parse_url(
@@ -712,6 +738,7 @@ mod tests {
             ("[channels.x]\nkind = \"webhook\"\nurl = \"ftp://h/\"", "channels.x.url", "http"),
             ("[channels.x]\nkind = \"webhook\"\nurl = \"https://h/\"\nsmtp_host = \"h\"", "channels.x.smtp_host", "remove it"),
             ("[channels.x]\nkind = \"webhook\"\nurl = \"https://h/\"\nsecret_file = \"s\"", "channels.x.secret_file", "absolute"),
+            ("[channels.x]\nkind = \"webhook\"\nurl = \"https://h/\"\nformat = \"xml\"", "channels.x.format", "\"cloudevents\""),
             ("[channels.x]\nkind = \"wecom\"\nurl = \"https://h/send\"", "channels.x.key_file", "root-only file"),
             ("[channels.x]\nkind = \"wecom\"\nurl = \"https://h/send?key=k\"\nkey_file = \"/k\"", "channels.x.key_file", "one place"),
             ("[channels.x]\nkind = \"wecom\"\nurl = \"https://h/send?key=k\"\nper_minute = 30", "channels.x.per_minute", "1 to 20"),

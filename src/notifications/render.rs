@@ -335,6 +335,55 @@ pub fn webhook_body(intent: &Intent) -> Vec<u8> {
     serde_json::to_vec(&webhook_payload(intent)).expect("payloads always serialise")
 }
 
+/// The CloudEvents spec version of [`cloudevent`].
+pub const CLOUDEVENTS_VERSION: &str = "1.0";
+/// The prefix of every event's `type`: `org.ptrain.job.succeeded`.
+pub const CLOUDEVENT_TYPE_PREFIX: &str = "org.ptrain.job.";
+/// The media type of an event in structured mode.
+pub const CLOUDEVENTS_CONTENT_TYPE: &str = "application/cloudevents+json; charset=utf-8";
+
+/// A notification as a CloudEvents 1.0 event (structured mode): `id` is
+/// the idempotency key, so a consumer that drops ids it has seen sees each
+/// event once however often it is sent; `source` names the host,
+/// `subject` the job, `time` when the state change was recorded, and
+/// `data` is the webhook payload ([`webhook_payload`]). Described by
+/// `packaging/schema/ptrain-cloudevent.schema.json`.
+#[derive(Debug, Serialize)]
+pub struct CloudEvent<'a> {
+    pub specversion: &'static str,
+    pub id: &'a str,
+    pub source: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub subject: &'a str,
+    pub time: String,
+    pub datacontenttype: &'static str,
+    pub data: WebhookPayload<'a>,
+}
+
+pub fn cloudevent(intent: &Intent) -> CloudEvent<'_> {
+    let n = &intent.notice;
+    CloudEvent {
+        specversion: CLOUDEVENTS_VERSION,
+        id: &intent.key,
+        source: format!("ptrain://{}", n.host),
+        kind: format!("{CLOUDEVENT_TYPE_PREFIX}{}", n.event.as_str()),
+        subject: &n.job_id,
+        time: humantime::format_rfc3339_micros(
+            UNIX_EPOCH + Duration::from_micros(intent.created_at),
+        )
+        .to_string(),
+        datacontenttype: "application/json",
+        data: webhook_payload(intent),
+    }
+}
+
+/// [`cloudevent`] as compact JSON: the body a `format = "cloudevents"`
+/// webhook posts and signs.
+pub fn cloudevent_body(intent: &Intent) -> Vec<u8> {
+    serde_json::to_vec(&cloudevent(intent)).expect("events always serialise")
+}
+
 /// The email's Message-ID: the key when it is a valid dot-atom (job ids
 /// may hold "..", which is not), else its hex; either way deterministic,
 /// so a message re-sent after a crash carries the same id.
@@ -577,6 +626,113 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&webhook_body(&with_tail)).unwrap();
         assert_eq!(v["output_tail"], serde_json::json!(["epoch 9", "done"]));
         assert!(v.get("invocation_id").is_none(), "{v}");
+    }
+
+    /// The checks of the shipped schema that ptrain's events must pass:
+    /// required keys, `const`, `enum`, JSON types, nested `$ref`s and
+    /// array items (what the schema uses; no validator crate for that).
+    fn conforms(
+        schema: &serde_json::Value,
+        root: &serde_json::Value,
+        v: &serde_json::Value,
+        at: &str,
+    ) {
+        use serde_json::Value;
+        if let Some(r) = schema["$ref"].as_str() {
+            let name = r.strip_prefix("#/$defs/").expect("local $ref");
+            return conforms(&root["$defs"][name], root, v, at);
+        }
+        if let Some(c) = schema.get("const") {
+            assert_eq!(v, c, "{at}");
+        }
+        if let Some(e) = schema["enum"].as_array() {
+            assert!(e.contains(v), "{at}: {v} not in {e:?}");
+        }
+        let types: Vec<&str> = match &schema["type"] {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => vec![],
+        };
+        if !types.is_empty() {
+            let ok = types.iter().any(|t| match *t {
+                "null" => v.is_null(),
+                "string" => v.is_string(),
+                "integer" => v.is_i64() || v.is_u64(),
+                "array" => v.is_array(),
+                "object" => v.is_object(),
+                other => panic!("{at}: type {other} unchecked"),
+            });
+            assert!(ok, "{at}: {v} is not {types:?}");
+        }
+        if let Some(required) = schema["required"].as_array() {
+            for key in required {
+                let key = key.as_str().unwrap();
+                assert!(v.get(key).is_some(), "{at}: {key} missing in {v}");
+            }
+        }
+        if let (Some(props), Some(obj)) = (schema["properties"].as_object(), v.as_object()) {
+            for (key, sub) in props {
+                if let Some(value) = obj.get(key) {
+                    conforms(sub, root, value, &format!("{at}.{key}"));
+                }
+            }
+            for key in obj.keys() {
+                assert!(props.contains_key(key), "{at}.{key} is not in the schema");
+            }
+        }
+        if let (Some(items), Some(array)) = (schema.get("items"), v.as_array()) {
+            for (i, item) in array.iter().enumerate() {
+                conforms(items, root, item, &format!("{at}[{i}]"));
+            }
+        }
+    }
+
+    #[test]
+    fn every_event_as_a_cloudevent_conforms_to_the_shipped_schema() {
+        let schema: serde_json::Value = serde_json::from_str(include_str!(
+            "../../packaging/schema/ptrain-cloudevent.schema.json"
+        ))
+        .expect("the schema is JSON");
+        // Every event ptrain tells is in the schema's list, and nothing else.
+        let types: Vec<String> = NotifyEvent::ALL
+            .iter()
+            .map(|e| format!("{CLOUDEVENT_TYPE_PREFIX}{}", e.as_str()))
+            .collect();
+        let listed: Vec<String> = schema["properties"]["type"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(listed, types);
+        for event in NotifyEvent::ALL {
+            let mut intent = Intent {
+                key: format!("resnet-lr01.{}.hook", event.as_str()),
+                channel: "hook".into(),
+                created_at: 1_700_000_000_123_456,
+                notice: notice(event),
+            };
+            intent.notice.output_tail = Some(vec!["epoch 9".into()]);
+            let v: serde_json::Value = serde_json::from_slice(&cloudevent_body(&intent)).unwrap();
+            conforms(&schema, &schema, &v, "event");
+            assert_eq!(v["id"], intent.key);
+            assert_eq!(v["type"], format!("org.ptrain.job.{}", event.as_str()));
+            assert_eq!(v["subject"], "resnet-lr01");
+            assert_eq!(v["source"], "ptrain://gpu01");
+            assert_eq!(v["time"], "2023-11-14T22:13:20.123456Z");
+            // The data is the ptrain webhook's payload, byte for byte.
+            let payload: serde_json::Value =
+                serde_json::from_slice(&webhook_body(&intent)).unwrap();
+            assert_eq!(v["data"], payload);
+            conforms(
+                &schema["$defs"]["notification"],
+                &schema,
+                &payload,
+                "payload",
+            );
+            // Sent again after a crash: the same bytes, so the same id.
+            assert_eq!(cloudevent_body(&intent), cloudevent_body(&intent.clone()));
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ use sha2::Sha256;
 
 use super::config::{
     ChannelConfig, ChannelKind, EmailConfig, SmtpTls, WeComConfig, WeComFormat, WebhookConfig,
+    WebhookFormat,
 };
 use super::render;
 use super::retry::{classify_http, classify_smtp, classify_wecom, Verdict};
@@ -260,6 +261,7 @@ fn http_client(
 struct Webhook {
     client: reqwest::Client,
     url: reqwest::Url,
+    format: WebhookFormat,
     secret: Option<Secret>,
     token: Option<Secret>,
     redact: Redactor,
@@ -286,6 +288,7 @@ impl Webhook {
             client: http_client(attempt_timeout, cfg.ca_file.as_deref())
                 .map_err(|e| format!("channels.{name}.{e}"))?,
             url: cfg.url.clone(),
+            format: cfg.format,
             secret,
             token,
             redact,
@@ -298,11 +301,17 @@ impl Transport for Webhook {
         let Some(intent) = batch.into_iter().next() else {
             return Box::pin(async { Verdict::Delivered });
         };
-        let body = render::webhook_body(&intent);
+        let (body, content_type) = match self.format {
+            WebhookFormat::Ptrain => (render::webhook_body(&intent), "application/json"),
+            WebhookFormat::CloudEvents => (
+                render::cloudevent_body(&intent),
+                render::CLOUDEVENTS_CONTENT_TYPE,
+            ),
+        };
         let mut req = self
             .client
             .post(self.url.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::CONTENT_TYPE, content_type)
             .header("Idempotency-Key", &intent.key)
             .header("X-Ptrain-Event", intent.notice.event.as_str());
         if let Some(secret) = &self.secret {
@@ -779,6 +788,7 @@ mod tests {
                 secret_file: None,
                 token_file: None,
                 ca_file,
+                format: Default::default(),
             };
             Webhook::new("hook", &cfg, Duration::from_secs(5)).unwrap()
         };

@@ -85,6 +85,8 @@ fn every_benchmark_scenario_runs_and_reports() {
         "api.status",
         "idle.wakeups",
         "idle.rss",
+        "throughput.20.restarts",
+        "throughput.20.systemd_cut_off",
     ] {
         let f = results.figure(key).unwrap();
         let e = f

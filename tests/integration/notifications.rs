@@ -467,6 +467,51 @@ fn webhook_503_five_times_then_200_is_delivered_once_within_backoff_bounds() {
 }
 
 #[test]
+fn a_cloudevents_webhook_posts_each_event_once_as_a_signed_cloudevent() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = secret_file(dir.path(), "hook.secret", "hmac-key-1");
+    // One refusal first: the retry must carry the same event, id and all.
+    let server = HttpServer::start(
+        vec![Reply::Status(503, "{\"error\":\"maintenance\"}")],
+        Reply::Status(200, "{}"),
+    );
+    let toml = webhook_toml(&server.url("/events"), "", &secret) + "format = \"cloudevents\"\n";
+    let sender = Sender::start(&toml);
+    let i = intent("train-7", NotifyEvent::Failed, "hook");
+    sender.deliver(vec![i.clone()]);
+    sender.wait_state(&i.key, DeliveryState::Delivered, Duration::from_secs(30));
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2, "one refusal, then delivered once");
+    for r in &requests {
+        assert_eq!(r.path, "/events");
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/cloudevents+json; charset=utf-8")
+        );
+        assert_eq!(r.header("idempotency-key"), Some(i.key.as_str()));
+        assert_eq!(r.body, requests[0].body);
+        assert_eq!(
+            r.header("x-ptrain-signature"),
+            Some(signature(b"hmac-key-1", &r.body).as_str())
+        );
+    }
+    let event = requests[0].json();
+    assert_eq!(event["specversion"], "1.0");
+    assert_eq!(event["id"], i.key.as_str());
+    assert_eq!(event["type"], "org.ptrain.job.failed");
+    assert_eq!(event["subject"], "train-7");
+    assert!(
+        event["source"].as_str().unwrap().starts_with("ptrain://"),
+        "{event}"
+    );
+    assert_eq!(event["datacontenttype"], "application/json");
+    assert!(event["time"].as_str().unwrap().ends_with('Z'), "{event}");
+    assert_eq!(event["data"]["schema"], "ptrain.notification/1");
+    assert_eq!(event["data"]["job_id"], "train-7");
+    assert_eq!(event["data"]["exit_code"], 3);
+}
+
+#[test]
 fn webhook_400_is_a_dead_letter_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let secret = secret_file(dir.path(), "hook.secret", "k");

@@ -318,6 +318,7 @@ fn debian_package_installs_runs_every_example_and_purges_cleanly() {
         "./usr/share/fish/vendor_completions.d/ptrain.fish",
         "./usr/share/doc/ptrain/copyright",
         "./usr/share/doc/ptrain/grafana-dashboard.json",
+        "./usr/share/doc/ptrain/ptrain-cloudevent.schema.json",
     ] {
         assert!(
             listing.lines().any(|l| l.ends_with(&format!(" {path}"))),
