@@ -477,7 +477,6 @@ impl<'a> From<&'a Config> for crate::unit::UnitSettings<'a> {
             stop_grace: c.stop_grace,
             max_stop_grace: c.max_stop_grace,
             read_write_paths: &c.read_write_paths,
-            measure_usage: c.accounting.enabled,
         }
     }
 }
@@ -551,7 +550,6 @@ mod tests {
         assert!(load("").unwrap().accounting.enabled);
         let off = load("[accounting]\nenabled = false\n").unwrap();
         assert!(!off.accounting.enabled);
-        assert!(!crate::unit::UnitSettings::from(&off).measure_usage);
         for (text, key) in [
             (
                 "[accounting]\nenabled = false\n[policy]\nfair_share = { half_life = \"7d\" }\n",

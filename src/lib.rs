@@ -91,9 +91,9 @@
 //!     memory ([`history::Recent`]), so memory and per-job cost stay flat
 //!     over a long history; `[retention]` compacts the oldest into
 //!     `STATE/history.jsonl`.
-//! 11. [`accounting`]: what each run used (its cgroup's counters, read by
-//!     the unit's `ExecStopPost=` as the job's user and kept in the end
-//!     record; GPU-seconds from its times and GPUs; utilization and memory
+//! 11. [`accounting`]: what each run used (its cgroup's counters, read at
+//!     the command's end by the watcher `exec-job` forked, as the job's
+//!     user, and kept in the end record; GPU-seconds from its times and GPUs; utilization and memory
 //!     per GPU from NVML samples the state task adds to the running
 //!     record, [`accounting::gpu`]), one row per ended run in
 //!     `STATE/accounting.sqlite`, committed in groups by a task of its own

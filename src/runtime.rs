@@ -51,6 +51,12 @@ pub const EXEC_FAILED: u8 = 203;
 pub struct LaunchFile {
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
+    /// `[accounting] enabled`: the job's result directory, where the
+    /// watcher `exec-job` leaves behind writes what the run used
+    /// ([`crate::accounting::usage::start_watcher`]). Absent in launch
+    /// files of older releases, whose units read it in `ExecStopPost=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_dir: Option<PathBuf>,
 }
 
 /// What the unit needs from a prepared launch.
@@ -307,8 +313,9 @@ impl JobRuntime {
         fsutil::read_user_json(&self.result_file(id), owner.uid, owner.gid, &owner.groups)
     }
 
-    /// What the job used, as its unit's `ptraind job-usage` wrote it into
-    /// its result directory (read as its owner: the directory is theirs).
+    /// What the job used, as the usage watcher (or, in a unit an older
+    /// release started, `ptraind job-usage`) wrote it into its result
+    /// directory (read as its owner: the directory is theirs).
     /// `Ok(None)`: none was written (the unit never ran).
     pub fn read_usage(
         &self,
@@ -406,6 +413,12 @@ pub fn exec_job(path: &Path) -> std::process::ExitCode {
     let Some((program, args)) = launch.argv.split_first() else {
         return fail("the job's launch file has an empty command".into());
     };
+    if let Some(dir) = &launch.usage_dir {
+        if let Err(e) = crate::accounting::usage::start_watcher(dir) {
+            // The job runs all the same; its journal says what is missing.
+            eprintln!("ptrain: cannot watch the job's usage ({e}); it is not recorded");
+        }
+    }
     let mut command = std::process::Command::new(program);
     command.args(args).envs(&launch.env);
     let error = command.exec();
@@ -473,6 +486,7 @@ mod tests {
         let launch = LaunchFile {
             argv: vec!["python3".into(), "$HOME %h".into()],
             env: BTreeMap::from([("A".into(), "x $y".into())]),
+            usage_dir: Some("/run/ptrain/results/j1".into()),
         };
         let secrets = BTreeMap::from([("wandb".to_string(), secret)]);
         let prepared = rt.prepare(&id, &owner(), &launch, &secrets).unwrap();
@@ -480,6 +494,7 @@ mod tests {
             serde_json::from_slice(&std::fs::read(&prepared.launch_file).unwrap()).unwrap();
         assert_eq!(back.argv, launch.argv);
         assert_eq!(back.env["A"], "x $y");
+        assert_eq!(back.usage_dir, launch.usage_dir);
         let dir = rt.launch_dir(&id);
         assert_eq!(back.env["CREDENTIALS_DIRECTORY"], dir.display().to_string());
         assert_eq!(std::fs::read(dir.join("wandb")).unwrap(), b"s3cret");
@@ -508,6 +523,7 @@ mod tests {
         let launch = LaunchFile {
             argv: vec!["true".into()],
             env: BTreeMap::new(),
+            usage_dir: None,
         };
         let secrets = BTreeMap::from([("key".to_string(), tmp.path().join("nope"))]);
         let err = rt

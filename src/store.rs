@@ -214,8 +214,9 @@ pub struct Attempt {
 }
 
 /// A job's resource use over its run, read from its unit's cgroup when the
-/// job's processes are gone (`ptraind job-usage`, the unit's
-/// `ExecStopPost=`): CPU time (`cpu.stat`), the peak of its memory
+/// job's command ended (the watcher of `ptraind exec-job`,
+/// [`crate::accounting::usage::start_watcher`]; `ptraind job-usage`, the
+/// `ExecStopPost=` of units an older release started): CPU time (`cpu.stat`), the peak of its memory
 /// (`memory.peak`) and the bytes it read and wrote (`io.stat`). Each is
 /// absent when the kernel did not count it. Wall time and GPU-seconds are
 /// not here: they follow from the record's start, end and GPUs

@@ -128,7 +128,11 @@ pub fn launch_file(record: &JobRecord, parent_results: Option<&str>) -> LaunchFi
     if let Some(results) = parent_results {
         env.insert("PTRAIN_PARENT_RESULTS".into(), results.to_owned());
     }
-    LaunchFile { argv, env }
+    LaunchFile {
+        argv,
+        env,
+        usage_dir: None,
+    }
 }
 
 /// What a job's unit takes of the config: its own settings only
@@ -144,9 +148,6 @@ pub struct UnitSettings<'a> {
     pub max_stop_grace: std::time::Duration,
     /// The admin's data paths every job may write (`ReadWritePaths=`).
     pub read_write_paths: &'a [PathBuf],
-    /// `[accounting] enabled`: the unit's `ExecStopPost=` reads what the
-    /// run used.
-    pub measure_usage: bool,
 }
 
 /// What a launch needs besides the record and the settings.
@@ -363,18 +364,6 @@ pub fn job_unit_properties(
             PropValue::U64(stop_grace(record, settings).as_micros() as u64),
         ),
     ];
-    // What the job used, read from its cgroup once its processes are gone
-    // and before systemd removes the cgroup (systemd 252 keeps only the
-    // CPU time after that): as the job's user, into its result directory,
-    // where ptraind reads it with the end. "-": a failure here never
-    // changes how the job ended. Not with `[accounting] enabled = false`.
-    if settings.measure_usage {
-        let (path, argv) = ptraind_command(vec![
-            "job-usage".into(),
-            ctx.prepared.result_dir.display().to_string(),
-        ]);
-        props.push(("ExecStopPost", PropValue::Exec(vec![(path, argv, true)])));
-    }
     if let Some(image) = &record.image {
         props.extend(image_properties(image, ctx));
     }
@@ -682,33 +671,20 @@ mod tests {
     }
 
     #[test]
-    fn the_unit_counts_its_usage_and_reads_it_at_its_end_as_the_job_user() {
-        let config = crate::config::Config::from_toml(Path::new("t"), "").unwrap();
-        let r = record(r#"{"version":1,"command":["true"]}"#);
-        let props = props(&r, &config, true);
-        for key in ["CPUAccounting", "MemoryAccounting", "IOAccounting"] {
-            assert_eq!(get(&props, key), &PropValue::Bool(true), "{key}");
+    fn the_unit_counts_its_usage_and_runs_no_second_command_to_read_it() {
+        // The figures are read by the watcher `exec-job` leaves behind:
+        // an `ExecStopPost=` would set the sandbox up a second time.
+        for text in ["", "[accounting]\nenabled = false\n"] {
+            let config = crate::config::Config::from_toml(Path::new("t"), text).unwrap();
+            let r = record(r#"{"version":1,"command":["true"]}"#);
+            let props = props(&r, &config, true);
+            for key in ["CPUAccounting", "MemoryAccounting", "IOAccounting"] {
+                assert_eq!(get(&props, key), &PropValue::Bool(true), "{key}");
+            }
+            assert!(props.iter().all(|(k, _)| *k != "ExecStopPost"), "{text}");
         }
-        let PropValue::Exec(cmds) = get(&props, "ExecStopPost") else {
-            panic!()
-        };
-        let (path, argv, ignore_failure) = &cmds[0];
-        assert_eq!(argv[0], *path);
-        assert_eq!(&argv[1..], ["job-usage", "/run/ptrain/results/job1"]);
-        // Its failure must never turn a success into a failure.
-        assert!(*ignore_failure);
-        // No "+": it runs as the unit's User=, never privileged.
-        assert!(!path.starts_with('+'));
-    }
-
-    #[test]
-    fn with_accounting_off_the_unit_reads_no_usage() {
-        let config =
-            crate::config::Config::from_toml(Path::new("t"), "[accounting]\nenabled = false\n")
-                .unwrap();
         let r = record(r#"{"version":1,"command":["true"]}"#);
-        let props = props(&r, &config, true);
-        assert!(props.iter().all(|(k, _)| *k != "ExecStopPost"));
+        assert_eq!(launch_file(&r, None).usage_dir, None);
     }
 
     #[test]

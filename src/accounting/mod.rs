@@ -1,8 +1,8 @@
 //! Accounting: what each ended job used, and the history queries over it.
 //!
 //! The figures are taken at the job's end ([`usage`]: the unit's cgroup
-//! counters, read by its `ExecStopPost=` and kept in the job's end
-//! record). The end records feed a SQLite database, `STATE/accounting.sqlite`
+//! counters, read by the watcher `ptraind exec-job` leaves beside the
+//! job's command, and kept in the job's end record). The end records feed a SQLite database, `STATE/accounting.sqlite`
 //! (root-only, WAL), one row per ended run, from a writer task of its own
 //! ([`db`]), never from the state task; `ptrain history` and `ptrain
 //! report` query it ([`query`] builds their SQL, pure, with every value a
@@ -30,8 +30,8 @@ pub struct RawAccounting {
     gpu_sample_interval: Option<String>,
 }
 
-/// `[accounting]`: whether each run's usage is measured (the unit's
-/// `ExecStopPost=`) and kept in the accounting database. On by default;
+/// `[accounting]`: whether each run's usage is measured (the watcher
+/// beside the job's command, [`usage::start_watcher`]) and kept in the accounting database. On by default;
 /// off, `ptrain history` and `ptrain report` say so, and fair share and
 /// quotas, which are computed from that database, cannot be configured.
 #[derive(Clone, Debug, PartialEq, Eq)]

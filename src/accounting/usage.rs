@@ -1,6 +1,16 @@
 //! What a job used, read from its unit's cgroup v2 files at its end. The
 //! parsers are pure; [`collect`] reads the files of the calling process's
-//! own cgroup (it runs as the unit's `ExecStopPost=`, `ptraind job-usage`).
+//! own cgroup. It runs in the job's unit, as the job's user: in the
+//! watcher that `ptraind exec-job` leaves behind before it becomes the
+//! job's command ([`start_watcher`]), or, for units an older ptraind
+//! started, as their `ExecStopPost=` (`ptraind job-usage`).
+//!
+//! Why a watcher and not `ExecStopPost=`: systemd sets up the job's
+//! sandbox again for each command of a unit, and that mount namespace
+//! cost the host about 50 ms of CPU per job (`make bench`, accounting on
+//! against off: 1.48x the host's CPU per job), more than everything else
+//! a short job costs. The watcher is forked inside the sandbox the
+//! command runs in, so it costs a fork, not a second sandbox.
 
 use std::path::{Path, PathBuf};
 
@@ -145,6 +155,108 @@ pub fn collect(cgroup_root: &Path) -> Result<Usage, String> {
         peak.as_deref(),
         read("io.stat").as_deref(),
     ))
+}
+
+/// Leaves a process behind that waits for this one's end (this process
+/// then execs the job's command, and stays the unit's main process), reads
+/// the unit's cgroup files while the cgroup is still there, and writes
+/// them into `result_dir`. Call it single-threaded (`exec-job` is): the
+/// watcher runs Rust after `fork`. An error leaves no watcher; the job
+/// runs all the same, with no usage on record.
+///
+/// The watcher is the child of a child that exits at once, so it is no
+/// child of the job's command: a command that waits for all its children
+/// (a shell's `wait`, an init-like loop) never waits for it.
+pub fn start_watcher(result_dir: &Path) -> std::io::Result<()> {
+    use std::io::Error;
+    // SAFETY: getpid cannot fail; pidfd_open takes a pid and no flags and
+    // returns a new fd (close-on-exec: the job's command does not get it).
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+    if pidfd < 0 {
+        return Err(Error::last_os_error());
+    }
+    let pidfd = pidfd as libc::c_int;
+    // SAFETY: this process has one thread (see above), so the children may
+    // run anything; each child ends in `_exit`, never returning here.
+    unsafe {
+        match libc::fork() {
+            -1 => {
+                let e = Error::last_os_error();
+                libc::close(pidfd);
+                Err(e)
+            }
+            0 => {
+                if libc::fork() == 0 {
+                    watch(pidfd, result_dir)
+                }
+                libc::_exit(0)
+            }
+            first => {
+                libc::close(pidfd);
+                let mut status = 0;
+                while libc::waitpid(first, &mut status, 0) < 0
+                    && Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+                {}
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The watcher: until the job's main process ends, then its usage.
+fn watch(pidfd: libc::c_int, result_dir: &Path) -> ! {
+    // SAFETY: plain syscalls on this process's own state and fds.
+    unsafe {
+        // systemd's stop signals every process of the unit; the watcher
+        // stays until the command's end, which comes after it.
+        for signal in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGPIPE,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        libc::prctl(
+            libc::PR_SET_NAME,
+            c"ptrain-usage".as_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        // Its own session: the job's terminal signals, were there any,
+        // are not its. stdin and stdout are not its either; stderr stays,
+        // the job's journal, for why no usage was kept.
+        libc::setsid();
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            libc::close(null);
+        }
+        let mut end = libc::pollfd {
+            fd: pidfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        while libc::poll(&mut end, 1, -1) < 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
+    }
+    let written = collect(Path::new("/sys/fs/cgroup")).and_then(|usage| write(result_dir, &usage));
+    let code = match written {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ptrain: {e}; the job's usage is not recorded");
+            1
+        }
+    };
+    // SAFETY: ends this process without running the parent's atexit
+    // handlers or flushing buffers it shares with it.
+    unsafe { libc::_exit(code) }
 }
 
 /// Writes the usage into the job's result directory (`DIR/usage.json`),

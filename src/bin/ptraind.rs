@@ -51,8 +51,9 @@ enum Sub {
     #[command(hide = true)]
     ExecJob { launch_file: PathBuf },
     /// Write what the job used (its cgroup's CPU time, memory peak and
-    /// I/O bytes) into its result directory DIR: the job unit's
-    /// ExecStopPost=, as the job's user, once its processes are gone.
+    /// I/O bytes) into its result directory DIR: the ExecStopPost= of job
+    /// units that a release before the usage watcher started (kept so
+    /// that their runs are measured across an upgrade).
     #[command(hide = true)]
     JobUsage { result_dir: PathBuf },
     /// The accounting database's side (writing the rows of ended jobs,

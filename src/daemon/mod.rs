@@ -2472,6 +2472,11 @@ impl Daemon {
         };
         let unit = record.unit.clone();
         let mut launch = unit::launch_file(record, self.parent_results(record).as_deref());
+        // `exec-job` leaves a watcher behind that reads what the run used
+        // at its end (not with `[accounting] enabled = false`).
+        if self.config.accounting.enabled {
+            launch.usage_dir = Some(self.runtime.result_dir(id));
+        }
         // An image job's GPUs: as the host's CDI specs put them in a
         // container (nodes, driver files, variables, links in its root).
         let devices = match (&record.image, record.gpus.is_empty()) {

@@ -103,6 +103,77 @@ fn a_jobs_cpu_time_and_peak_memory_are_recorded_at_its_end() {
     assert!(bobs.get("usage").is_none(), "{bobs}");
 }
 
+/// Reaps every child it has until there are none, as an init-like loop or
+/// a shell's `wait` does: it would never end if the usage watcher that
+/// `exec-job` leaves behind were one of its children.
+const REAP_ALL: &str = r#"
+import os
+if os.fork() == 0:
+    os._exit(0)
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"#;
+
+#[test]
+fn the_usage_watcher_holds_up_no_end_and_changes_no_outcome() {
+    let d = TestDaemon::start("acct-watch");
+    for (id, command) in [
+        (
+            "reap",
+            serde_json::json!(["/usr/bin/python3", "-c", REAP_ALL]),
+        ),
+        ("exit3", serde_json::json!(["sh", "-c", "exit 3"])),
+        ("long", serde_json::json!(["sleep", "300"])),
+    ] {
+        let spec = job(&d, ALICE, serde_json::json!({"command": command}));
+        d.drop_job(ALICE, &format!("{id}.json"), &spec.to_string());
+    }
+    d.wait_running("long");
+    // The unit runs its command alone (no second, sandboxed command reads
+    // the figures), and the watcher beside it, as the job's user.
+    let unit = "ptrain-job@long.service";
+    assert_eq!(d.unit_property(unit, "LoadState"), "loaded");
+    assert_eq!(d.unit_property(unit, "ExecStopPost"), "");
+    let cgroup = d.unit_property(unit, "ControlGroup");
+    let listed = d
+        .harness
+        .command("sh")
+        .args([
+            "-c",
+            &format!("for p in $(cat /sys/fs/cgroup{cgroup}/cgroup.procs); do echo $(cat /proc/$p/comm) $(stat -c %U /proc/$p); done"),
+        ])
+        .output()
+        .unwrap();
+    let listed = text(&listed);
+    assert!(
+        listed.lines().any(|l| l == format!("ptrain-usage {ALICE}")),
+        "{listed}"
+    );
+    let out = d.ptrain(ALICE, &["stop", "long"]);
+    assert!(out.status.success(), "{}", text(&out));
+    for (id, status, exit_code) in [
+        ("reap", "succeeded", Some(0)),
+        ("exit3", "failed", Some(3)),
+        ("long", "stopped", None),
+    ] {
+        let got = d.wait_ended(id);
+        assert_eq!(got["status"], status, "{id}: {got}");
+        if let Some(code) = exit_code {
+            assert_eq!(got["exit_code"], code, "{id}: {got}");
+        }
+        // Read by the watcher once the command ended, SIGTERM and all.
+        assert!(
+            got["usage"]["cpu_secs"].is_f64(),
+            "{id}: {got}\n{}",
+            d.harness
+                .journal(&["-u", &format!("ptrain-job@{id}.service")])
+        );
+    }
+}
+
 #[test]
 fn a_two_gpu_job_of_three_seconds_used_six_gpu_seconds() {
     let d = TestDaemon::start_with(
