@@ -477,6 +477,7 @@ impl<'a> From<&'a Config> for crate::unit::UnitSettings<'a> {
             stop_grace: c.stop_grace,
             max_stop_grace: c.max_stop_grace,
             read_write_paths: &c.read_write_paths,
+            usage_watcher: c.accounting.enabled,
         }
     }
 }

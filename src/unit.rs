@@ -148,6 +148,9 @@ pub struct UnitSettings<'a> {
     pub max_stop_grace: std::time::Duration,
     /// The admin's data paths every job may write (`ReadWritePaths=`).
     pub read_write_paths: &'a [PathBuf],
+    /// `[accounting] enabled`: `exec-job` leaves a usage watcher beside
+    /// the command, one more task than the job's own.
+    pub usage_watcher: bool,
 }
 
 /// What a launch needs besides the record and the settings.
@@ -372,7 +375,9 @@ pub fn job_unit_properties(
         props.push(("MemoryMax", PropValue::U64(bytes)));
     }
     if let Some(tasks) = limits.tasks {
-        props.push(("TasksMax", PropValue::U64(tasks)));
+        // The job's own tasks, and the usage watcher beside them.
+        let watcher = u64::from(settings.usage_watcher);
+        props.push(("TasksMax", PropValue::U64(tasks.saturating_add(watcher))));
     }
     if let Some(millicpus) = limits.millicpus {
         props.push(("CPUQuotaPerSecUSec", PropValue::U64(millicpus * 1000)));

@@ -124,21 +124,7 @@ pub fn parse_usage_file(bytes: &[u8]) -> Result<Usage, String> {
 /// Reads this process's cgroup's counters: `cgroup_root` is where cgroup2
 /// is mounted (`/sys/fs/cgroup`).
 pub fn collect(cgroup_root: &Path) -> Result<Usage, String> {
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
-    let Some(path) = own_cgroup(&own) else {
-        return Err(
-            "/proc/self/cgroup names no cgroup v2 path; accounting needs the unified hierarchy"
-                .into(),
-        );
-    };
-    // A hybrid host mounts the unified hierarchy under `unified/`.
-    let unified = cgroup_root.join("unified");
-    let v2_root = match unified.join("cgroup.procs").exists() {
-        true => unified.as_path(),
-        false => cgroup_root,
-    };
-    let dir: PathBuf = v2_root.join(path.trim_start_matches('/'));
+    let (own, dir) = own_cgroup_dir(cgroup_root)?;
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
     // memory.peak needs the v2 memory controller (kernel 5.19); a hybrid
     // host counts memory in its v1 hierarchy instead.
@@ -166,7 +152,9 @@ pub fn collect(cgroup_root: &Path) -> Result<Usage, String> {
 ///
 /// The watcher is the child of a child that exits at once, so it is no
 /// child of the job's command: a command that waits for all its children
-/// (a shell's `wait`, an init-like loop) never waits for it.
+/// (a shell's `wait`, an init-like loop) never waits for it. Signals are
+/// blocked from before the fork until the watcher has its own handlers,
+/// so a stop that comes at once cannot kill it first.
 pub fn start_watcher(result_dir: &Path) -> std::io::Result<()> {
     use std::io::Error;
     // SAFETY: getpid cannot fail; pidfd_open takes a pid and no flags and
@@ -176,41 +164,68 @@ pub fn start_watcher(result_dir: &Path) -> std::io::Result<()> {
         return Err(Error::last_os_error());
     }
     let pidfd = pidfd as libc::c_int;
-    // SAFETY: this process has one thread (see above), so the children may
-    // run anything; each child ends in `_exit`, never returning here.
+    // SAFETY: sigset and mask calls on local values; this process has one
+    // thread (see above), so the children may run anything; each child
+    // ends in `_exit`, never returning here. The old mask is back before
+    // this returns, and so before the command's exec.
     unsafe {
-        match libc::fork() {
-            -1 => {
-                let e = Error::last_os_error();
-                libc::close(pidfd);
-                Err(e)
-            }
-            0 => {
-                if libc::fork() == 0 {
-                    watch(pidfd, result_dir)
-                }
-                libc::_exit(0)
-            }
+        let (mut all, mut old) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigfillset(&mut all);
+        libc::sigprocmask(libc::SIG_BLOCK, &all, &mut old);
+        let result = match libc::fork() {
+            -1 => Err(Error::last_os_error()),
+            0 => match libc::fork() {
+                0 => watch(pidfd, result_dir, &old),
+                -1 => libc::_exit(1),
+                _ => libc::_exit(0),
+            },
             first => {
-                libc::close(pidfd);
                 let mut status = 0;
                 while libc::waitpid(first, &mut status, 0) < 0
                     && Error::last_os_error().raw_os_error() == Some(libc::EINTR)
                 {}
-                Ok(())
+                match libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                    true => Ok(()),
+                    false => Err(Error::other("the watcher could not be forked")),
+                }
             }
-        }
+        };
+        libc::close(pidfd);
+        libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        result
     }
 }
 
-/// The watcher: until the job's main process ends, then its usage.
-fn watch(pidfd: libc::c_int, result_dir: &Path) -> ! {
-    // SAFETY: plain syscalls on this process's own state and fds.
+/// Set by the watcher's SIGTERM handler: a stop began.
+static STOP_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn note_stop(_: libc::c_int) {
+    STOP_SEEN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The watcher: until the job's main process ends, then its usage; again
+/// once what the command left behind is gone.
+fn watch(pidfd: libc::c_int, result_dir: &Path, mask: &libc::sigset_t) -> ! {
+    let snapshot = || {
+        let written =
+            collect(Path::new("/sys/fs/cgroup")).and_then(|usage| write(result_dir, &usage));
+        if let Err(e) = &written {
+            eprintln!("ptrain: {e}; the job's usage is not recorded");
+        }
+        written.is_ok()
+    };
+    // SAFETY: plain syscalls on this process's own state and fds; the
+    // handler only stores to an atomic.
     unsafe {
         // systemd's stop signals every process of the unit; the watcher
-        // stays until the command's end, which comes after it.
+        // stays until the command's end, which comes after it. A SIGTERM
+        // (a stop, which may end in SIGKILL for all) takes the figures so
+        // far first, interrupting the wait (no SA_RESTART).
+        let mut term: libc::sigaction = std::mem::zeroed();
+        term.sa_sigaction = note_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut term.sa_mask);
+        libc::sigaction(libc::SIGTERM, &term, std::ptr::null_mut());
         for signal in [
-            libc::SIGTERM,
             libc::SIGINT,
             libc::SIGHUP,
             libc::SIGQUIT,
@@ -220,6 +235,7 @@ fn watch(pidfd: libc::c_int, result_dir: &Path) -> ! {
         ] {
             libc::signal(signal, libc::SIG_IGN);
         }
+        libc::sigprocmask(libc::SIG_SETMASK, mask, std::ptr::null_mut());
         libc::prctl(
             libc::PR_SET_NAME,
             c"ptrain-usage".as_ptr() as libc::c_ulong,
@@ -242,21 +258,70 @@ fn watch(pidfd: libc::c_int, result_dir: &Path) -> ! {
             events: libc::POLLIN,
             revents: 0,
         };
-        while libc::poll(&mut end, 1, -1) < 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-        {}
-    }
-    let written = collect(Path::new("/sys/fs/cgroup")).and_then(|usage| write(result_dir, &usage));
-    let code = match written {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("ptrain: {e}; the job's usage is not recorded");
-            1
+        loop {
+            if libc::poll(&mut end, 1, -1) > 0 {
+                break;
+            }
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                // Figures taken now would be the start's, not the end's.
+                eprintln!("ptrain: cannot wait for the job's end; its usage is not recorded");
+                libc::_exit(1);
+            }
+            if STOP_SEEN.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                snapshot();
+            }
         }
-    };
+    }
+    let mut ok = snapshot();
+    // What the command left behind still runs until the stop has it gone
+    // (within the job's stop grace): the figures again once only the
+    // watcher is left. A job without such processes does not wait here.
+    let mut left_behind = false;
+    while others_in_own_cgroup() {
+        left_behind = true;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if left_behind {
+        ok = snapshot();
+    }
     // SAFETY: ends this process without running the parent's atexit
     // handlers or flushing buffers it shares with it.
-    unsafe { libc::_exit(code) }
+    unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+}
+
+/// Whether a process other than this one is in this process's cgroup
+/// (false when that cannot be read: nothing to wait for then).
+fn others_in_own_cgroup() -> bool {
+    let Ok((_, dir)) = own_cgroup_dir(Path::new("/sys/fs/cgroup")) else {
+        return false;
+    };
+    let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+        return false;
+    };
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() }.to_string();
+    procs.lines().any(|p| p.trim() != me)
+}
+
+/// This process's `/proc/self/cgroup` and its cgroup v2 directory under
+/// `cgroup_root` (a hybrid host mounts the unified hierarchy under
+/// `unified/`).
+fn own_cgroup_dir(cgroup_root: &Path) -> Result<(String, PathBuf), String> {
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let Some(path) = own_cgroup(&own) else {
+        return Err(
+            "/proc/self/cgroup names no cgroup v2 path; accounting needs the unified hierarchy"
+                .into(),
+        );
+    };
+    let unified = cgroup_root.join("unified");
+    let v2_root = match unified.join("cgroup.procs").exists() {
+        true => unified.as_path(),
+        false => cgroup_root,
+    };
+    let dir = v2_root.join(path.trim_start_matches('/'));
+    Ok((own, dir))
 }
 
 /// Writes the usage into the job's result directory (`DIR/usage.json`),

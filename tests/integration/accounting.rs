@@ -103,6 +103,21 @@ fn a_jobs_cpu_time_and_peak_memory_are_recorded_at_its_end() {
     assert!(bobs.get("usage").is_none(), "{bobs}");
 }
 
+/// "COMM USER" of each process in a unit's cgroup, one a line.
+fn unit_processes(d: &TestDaemon, unit: &str) -> String {
+    let cgroup = d.unit_property(unit, "ControlGroup");
+    let listed = d
+        .harness
+        .command("sh")
+        .args([
+            "-c",
+            &format!("for p in $(cat /sys/fs/cgroup{cgroup}/cgroup.procs); do echo $(cat /proc/$p/comm) $(stat -c %U /proc/$p); done"),
+        ])
+        .output()
+        .unwrap();
+    text(&listed)
+}
+
 /// Reaps every child it has until there are none, as an init-like loop or
 /// a shell's `wait` does: it would never end if the usage watcher that
 /// `exec-job` leaves behind were one of its children.
@@ -137,21 +152,13 @@ fn the_usage_watcher_holds_up_no_end_and_changes_no_outcome() {
     let unit = "ptrain-job@long.service";
     assert_eq!(d.unit_property(unit, "LoadState"), "loaded");
     assert_eq!(d.unit_property(unit, "ExecStopPost"), "");
-    let cgroup = d.unit_property(unit, "ControlGroup");
-    let listed = d
-        .harness
-        .command("sh")
-        .args([
-            "-c",
-            &format!("for p in $(cat /sys/fs/cgroup{cgroup}/cgroup.procs); do echo $(cat /proc/$p/comm) $(stat -c %U /proc/$p); done"),
-        ])
-        .output()
-        .unwrap();
-    let listed = text(&listed);
-    assert!(
-        listed.lines().any(|l| l == format!("ptrain-usage {ALICE}")),
-        "{listed}"
-    );
+    // "Running" may come before exec-job has forked it and exec'd.
+    wait_for("the watcher beside sleep", WAIT, || {
+        let listed = unit_processes(&d, unit);
+        (listed.lines().any(|l| l == format!("ptrain-usage {ALICE}"))
+            && listed.lines().any(|l| l == format!("sleep {ALICE}")))
+        .then_some(())
+    });
     let out = d.ptrain(ALICE, &["stop", "long"]);
     assert!(out.status.success(), "{}", text(&out));
     for (id, status, exit_code) in [
@@ -214,12 +221,22 @@ fn with_accounting_off_no_run_is_measured_or_kept_and_history_says_so() {
     d.drop_job(ALICE, "quiet.json", &spec.to_string());
     let status = d.wait_ended("quiet");
     assert_eq!(status["status"], "succeeded", "{status}");
-    // No ExecStopPost read the cgroup: the record keeps only what its
-    // times and GPUs say.
+    // Nothing read the cgroup: the record keeps only what its times and
+    // GPUs say.
     let usage = &status["usage"];
     assert!(usage["cpu_secs"].is_null(), "{usage}");
-    let unit = d.unit_property("ptrain-job@quiet.service", "ExecStopPost");
-    assert!(!unit.contains("job-usage"), "{unit}");
+    // No watcher beside a running command, and no task of its counted.
+    let spec = job(&d, ALICE, serde_json::json!({"command": ["sleep", "300"]}));
+    d.drop_job(ALICE, "idle.json", &spec.to_string());
+    d.wait_running("idle");
+    let listed = wait_for("the job's command", WAIT, || {
+        let listed = unit_processes(&d, "ptrain-job@idle.service");
+        listed.contains("sleep").then_some(listed)
+    });
+    assert!(!listed.contains("ptrain-usage"), "{listed}");
+    let out = d.ptrain(ALICE, &["stop", "idle"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(d.wait_ended("idle")["status"], "stopped");
     for (user, args) in [
         (ALICE, vec!["history"]),
         ("root", vec!["report", "--since", "7d"]),

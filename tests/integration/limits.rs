@@ -24,7 +24,8 @@ fn resource_requests_are_capped_per_user_and_land_on_the_unit() {
         (1536u64 << 20).to_string()
     );
     assert_eq!(d.unit_property(unit, "CPUQuotaPerSecUSec"), "1.500000s");
-    assert_eq!(d.unit_property(unit, "TasksMax"), "64");
+    // The job's 64 and the usage watcher beside them (accounting is on).
+    assert_eq!(d.unit_property(unit, "TasksMax"), "65");
     // Asking nothing gets the caps.
     d.drop_job(
         BOB,
