@@ -286,6 +286,16 @@ impl NotifyEvent {
         }
     }
 
+    /// Where the event falls in an attempt's life, to order events
+    /// recorded at the same instant (a start ptraind learns of with its end).
+    pub fn lifecycle_rank(self) -> u8 {
+        match self {
+            NotifyEvent::Started => 0,
+            NotifyEvent::GpuLost => 1,
+            _ => 2,
+        }
+    }
+
     pub fn parse(s: &str) -> Option<NotifyEvent> {
         NotifyEvent::ALL.into_iter().find(|e| e.as_str() == s)
     }

@@ -217,6 +217,7 @@ fn check_secret_files(config: &Config, findings: &mut Vec<Finding>) {
                 &w.ca_file,
             ),
             ChannelKind::Email(e) => (vec![("password_file", &e.password_file)], &e.ca_file),
+            ChannelKind::Amqp(a) => (vec![("password_file", &a.password_file)], &a.ca_file),
         };
         for (field, path) in secrets {
             let Some(path) = path else { continue };

@@ -82,11 +82,9 @@ pub(super) fn running(
     record.started_at = Some(state.exec_main_start).filter(|t| *t > 0).or(Some(now));
     record.main_pid = Some(state.main_pid).filter(|p| *p > 0);
     record.invocation_id = state.invocation_id.clone();
-    // A job is told started once, by its first attempt.
-    let intents = match record.attempt {
-        1 => intents_for(notifications, record, NotifyEvent::Started, now),
-        _ => Vec::new(),
-    };
+    // Channels a job names hear of its first attempt's start only;
+    // streams hear of each (intents_for).
+    let intents = intents_for(notifications, record, NotifyEvent::Started, now);
     record.notifications.extend(intents.iter().cloned());
     Some(intents)
 }
@@ -184,8 +182,7 @@ pub(super) fn ended(
     // Before the intents: their notices are made from the ended record.
     record.outcome = Some(outcome.clone());
     let mut intents = Vec::new();
-    let ran_unseen =
-        current.state == JobState::Launching && record.started_at.is_some() && current.attempt == 1;
+    let ran_unseen = current.state == JobState::Launching && record.started_at.is_some();
     if ran_unseen {
         intents.extend(intents_for(
             notifications,

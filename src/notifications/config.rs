@@ -39,6 +39,14 @@
 //! from = "ptrain <ptrain@example.com>"
 //! to_owner = true                           # via [notify] owner_email
 //! to = ["ml-ops@example.com"]
+//!
+//! [channels.bus]                            # every job's events, as CloudEvents
+//! kind = "amqp"
+//! url = "amqps://rabbit.example.com:5671/%2f"   # no credentials in it
+//! username = "ptrain"
+//! password_file = "/etc/ptrain/rabbit.password"
+//! exchange = "ptrain.events"                # routing key ptrain.EVENT.OWNER
+//! events = ["started", "succeeded", "failed"]   # all events when unset
 //! ```
 
 use std::collections::BTreeMap;
@@ -49,7 +57,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::retry::RetryPolicy;
-use super::{is_valid_channel_name, MAX_CHANNEL_NAME};
+use super::{is_valid_channel_name, NotifyEvent, MAX_CHANNEL_NAME};
 use crate::setting::InvalidSetting;
 
 /// `[notify]`: retry timing, default channels, the owner address map.
@@ -63,6 +71,7 @@ pub struct RawNotify {
     default_channels: Option<Vec<String>>,
     host: Option<String>,
     owner_email: Option<BTreeMap<String, String>>,
+    max_backlog: Option<usize>,
 }
 
 /// `[channels.NAME]`, every key of every kind; which apply is checked per kind.
@@ -85,6 +94,8 @@ pub struct RawChannel {
     from: Option<String>,
     to: Option<Vec<String>>,
     to_owner: Option<bool>,
+    exchange: Option<String>,
+    events: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for RawChannel {
@@ -104,6 +115,10 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// A WeCom group robot takes 20 messages a minute.
 pub const WECOM_PER_MINUTE: u32 = 20;
+/// Undelivered notifications a channel may hold before new ones are
+/// dead letters at once: what bounds ptraind's memory while a receiver is
+/// down (each waiting one is kept in memory, about 2 KiB).
+pub const DEFAULT_MAX_BACKLOG: usize = 20_000;
 
 /// The validated notification settings.
 #[derive(Clone, Debug)]
@@ -117,6 +132,8 @@ pub struct NotificationsConfig {
     /// User name → the address their jobs' mail goes to.
     pub owner_email: BTreeMap<String, String>,
     pub channels: BTreeMap<String, ChannelConfig>,
+    /// Undelivered notifications one channel may hold (`notify.max_backlog`).
+    pub max_backlog: usize,
     /// The config file: a secret may sit in it only if it is root-only.
     pub config_path: PathBuf,
 }
@@ -138,6 +155,31 @@ pub enum ChannelKind {
     Email(EmailConfig),
     WeCom(WeComConfig),
     Webhook(WebhookConfig),
+    Amqp(AmqpConfig),
+}
+
+/// An AMQP 0-9-1 exchange (RabbitMQ) that hears every job's events.
+#[derive(Clone)]
+pub struct AmqpConfig {
+    /// `amqp://` or `amqps://` host, port and vhost, without credentials.
+    pub url: String,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub exchange: String,
+    pub ca_file: Option<PathBuf>,
+    /// The events it is sent: every one when the admin names none.
+    pub events: Vec<NotifyEvent>,
+}
+
+impl std::fmt::Debug for AmqpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("url", &self.url)
+            .field("username", &self.username)
+            .field("exchange", &self.exchange)
+            .field("events", &self.events)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone)]
@@ -239,7 +281,24 @@ impl ChannelConfig {
             ChannelKind::Email(_) => "email",
             ChannelKind::WeCom(_) => "wecom",
             ChannelKind::Webhook(_) => "webhook",
+            ChannelKind::Amqp(_) => "amqp",
         }
+    }
+
+    /// The events a stream channel (a message bus) is sent for every job,
+    /// whatever the job's own `notify`; `None` for a channel that jobs
+    /// name themselves.
+    pub fn streamed_events(&self) -> Option<&[NotifyEvent]> {
+        match &self.kind {
+            ChannelKind::Amqp(cfg) => Some(&cfg.events),
+            _ => None,
+        }
+    }
+
+    /// Whether one job's events must reach it in the order they happened
+    /// (a stream's consumers replay them): one failing holds back the rest.
+    pub fn ordered(&self) -> bool {
+        self.streamed_events().is_some()
     }
 
     /// The addresses a job of `owner` is mailed at (empty for other kinds).
@@ -344,6 +403,14 @@ impl NotificationsConfig {
             }
         }
 
+        let max_backlog = notify.max_backlog.unwrap_or(DEFAULT_MAX_BACKLOG);
+        if max_backlog == 0 {
+            return Err(InvalidSetting::new(
+                "notify.max_backlog".into(),
+                "must be at least 1; it is how many undelivered notifications a channel may hold"
+                    .into(),
+            ));
+        }
         let mut parsed = BTreeMap::new();
         for (name, raw) in channels.unwrap_or_default() {
             if !is_valid_channel_name(&name) {
@@ -375,6 +442,7 @@ impl NotificationsConfig {
             host: notify.host,
             owner_email,
             channels: parsed,
+            max_backlog,
             config_path: config_path.to_owned(),
         })
     }
@@ -438,7 +506,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
     let kind = raw.kind.as_deref().ok_or_else(|| {
         InvalidSetting::new(
             key("kind"),
-            "is missing; add kind = \"email\", \"wecom\" or \"webhook\"".to_owned(),
+            "is missing; add kind = \"email\", \"wecom\", \"webhook\" or \"amqp\"".to_owned(),
         )
     })?;
     // Keys that belong to another kind are mistakes, not silently ignored.
@@ -457,10 +525,13 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
         ("from", raw.from.is_some()),
         ("to", raw.to.is_some()),
         ("to_owner", raw.to_owner.is_some()),
+        ("exchange", raw.exchange.is_some()),
+        ("events", raw.events.is_some()),
     ];
     let allowed: &[&str] = match kind {
         "webhook" => &["url", "secret_file", "token_file", "format"],
         "wecom" => &["url", "key_file", "format", "per_minute"],
+        "amqp" => &["url", "username", "password_file", "exchange", "events"],
         "email" => &[
             "smtp_host",
             "smtp_port",
@@ -474,7 +545,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
         other => {
             return Err(InvalidSetting::new(
                 key("kind"),
-                format!("{other:?} is not a channel kind; use \"email\", \"wecom\" or \"webhook\""),
+                format!("{other:?} is not a channel kind; use \"email\", \"wecom\", \"webhook\" or \"amqp\""),
             ))
         }
     };
@@ -487,8 +558,9 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
             ),
         ));
     }
-    let ca_file = absolute(&key("ca_file"), raw.ca_file)?;
+    let ca_file = absolute(&key("ca_file"), raw.ca_file.clone())?;
     let kind = match kind {
+        "amqp" => ChannelKind::Amqp(parse_amqp(&key, raw, ca_file)?),
         "webhook" => ChannelKind::Webhook(WebhookConfig {
             url: parse_url(&key("url"), raw.url, "https://hooks.example.com/ptrain")?,
             secret_file: absolute(&key("secret_file"), raw.secret_file)?,
@@ -635,6 +707,95 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
     Ok(ChannelConfig {
         name: name.to_owned(),
         kind,
+    })
+}
+
+/// Longest AMQP exchange name (a short string).
+const MAX_EXCHANGE: usize = 127;
+
+fn parse_amqp(
+    key: &dyn Fn(&str) -> String,
+    raw: RawChannel,
+    ca_file: Option<PathBuf>,
+) -> Result<AmqpConfig, InvalidSetting> {
+    const EXAMPLE: &str = "amqps://rabbit.example.com:5671/%2f";
+    let text = raw.url.ok_or_else(|| {
+        InvalidSetting::new(key("url"), format!("is missing; add e.g. url = {EXAMPLE:?}"))
+    })?;
+    let uri: lapin::uri::AMQPUri = text.parse().map_err(|e| {
+        InvalidSetting::new(
+            key("url"),
+            format!("is not an AMQP URL ({e}); write e.g. {EXAMPLE:?}"),
+        )
+    })?;
+    // The parser fills in guest:guest when the URL names no user.
+    let names_user = text
+        .split_once("://")
+        .is_some_and(|(_, rest)| rest.split('/').next().unwrap_or("").contains('@'));
+    if names_user {
+        return Err(InvalidSetting::new(
+            key("url"),
+            "holds credentials; move the user to username and the password to a root-only password_file".into(),
+        ));
+    }
+    if uri.authority.host.is_empty() {
+        return Err(InvalidSetting::new(
+            key("url"),
+            format!("names no host; write e.g. {EXAMPLE:?}"),
+        ));
+    }
+    if raw.password_file.is_some() != raw.username.is_some() {
+        return Err(InvalidSetting::new(
+            key("password_file"),
+            "and username go together: set both (the broker's user and a root-only file holding its password), or neither for guest on localhost".into(),
+        ));
+    }
+    let exchange = raw.exchange.unwrap_or_default();
+    let exchange_ok = !exchange.is_empty()
+        && exchange.len() <= MAX_EXCHANGE
+        && exchange
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+    if !exchange_ok {
+        return Err(InvalidSetting::new(
+            key("exchange"),
+            format!("must name the exchange: 1 to {MAX_EXCHANGE} of A-Z a-z 0-9 - _ . : (the default exchange cannot route ptrain.EVENT.OWNER); e.g. exchange = \"ptrain.events\""),
+        ));
+    }
+    let events = match raw.events {
+        None => NotifyEvent::ALL.to_vec(),
+        Some(words) if words.is_empty() => {
+            return Err(InvalidSetting::new(
+                key("events"),
+                "is empty, so the channel would get nothing; list events or remove the key for all".into(),
+            ))
+        }
+        Some(words) => {
+            let mut events = Vec::new();
+            for (i, word) in words.iter().enumerate() {
+                let event = NotifyEvent::parse(word).ok_or_else(|| {
+                    InvalidSetting::new(
+                        format!("{}[{i}]", key("events")),
+                        format!(
+                            "{word:?} is not an event; use {}",
+                            NotifyEvent::ALL.map(|e| format!("{:?}", e.as_str())).join(", ")
+                        ),
+                    )
+                })?;
+                if !events.contains(&event) {
+                    events.push(event);
+                }
+            }
+            events
+        }
+    };
+    Ok(AmqpConfig {
+        url: text,
+        username: raw.username,
+        password_file: absolute(&key("password_file"), raw.password_file)?,
+        exchange,
+        ca_file,
+        events,
     })
 }
 

@@ -29,6 +29,7 @@
 //! Message rendering ([`render`]), retry timing, response classification
 //! and pacing are pure and unit-tested without I/O.
 
+pub mod amqp;
 pub mod config;
 pub mod outbox;
 pub mod pacing;
@@ -130,30 +131,22 @@ fn wants(record: &JobRecord, event: NotifyEvent) -> bool {
 /// The intents to record with a job's transition to `event`, skipping keys
 /// the record already holds (a save that failed and is tried again must
 /// not add them twice). Pure.
+///
+/// The channels a job names (or the defaults) hear of the events it wants,
+/// its start only once; every stream channel (a message bus) hears of
+/// every job's events the admin chose for it, each attempt's start too.
 pub fn intents_for(
     config: &NotificationsConfig,
     record: &JobRecord,
     event: NotifyEvent,
     now: u64,
 ) -> Vec<Intent> {
-    if !wants(record, event) {
-        return Vec::new();
-    }
     let host = config.host();
     let mut out = Vec::new();
-    for channel in channels_of(config, record) {
-        let Some(cfg) = config.channels.get(channel) else {
-            // Checked at ingestion; the admin removed it since.
-            tracing::warn!(job = %record.id, PTRAIN_JOB = %record.id, channel, "job names a channel that is no longer configured; not notifying it");
-            continue;
-        };
-        if !cfg.reaches(&config.owner_email, &record.owner.name) {
-            tracing::warn!(job = %record.id, PTRAIN_JOB = %record.id, channel, owner = %record.owner.name, "no email address for the job's owner; not notifying this channel");
-            continue;
-        }
+    let mut add = |channel: &String| {
         let key = key_of(record.id.as_str(), record.attempt, event, channel);
         if record.notifications.iter().any(|i| i.key == key) {
-            continue;
+            return;
         }
         out.push(Intent {
             key,
@@ -161,6 +154,29 @@ pub fn intents_for(
             created_at: now,
             notice: Notice::of(record, event, &host),
         });
+    };
+    let told_once = event != NotifyEvent::Started || record.attempt <= 1;
+    if told_once && wants(record, event) {
+        for channel in channels_of(config, record) {
+            let Some(cfg) = config.channels.get(channel) else {
+                // Checked at ingestion; the admin removed it since.
+                tracing::warn!(job = %record.id, PTRAIN_JOB = %record.id, channel, "job names a channel that is no longer configured; not notifying it");
+                continue;
+            };
+            if cfg.streamed_events().is_some() {
+                continue; // told below, with every other job's
+            }
+            if !cfg.reaches(&config.owner_email, &record.owner.name) {
+                tracing::warn!(job = %record.id, PTRAIN_JOB = %record.id, channel, owner = %record.owner.name, "no email address for the job's owner; not notifying this channel");
+                continue;
+            }
+            add(channel);
+        }
+    }
+    for (name, cfg) in &config.channels {
+        if cfg.streamed_events().is_some_and(|events| events.contains(&event)) {
+            add(name);
+        }
     }
     out
 }
@@ -419,5 +435,86 @@ mod tests {
             key_of("run.1", 1, NotifyEvent::IdleTimeout, "hook"),
             "run.1.idle-timeout.hook"
         );
+    }
+
+    fn with_bus(events: &str) -> NotificationsConfig {
+        let text = format!(
+            r#"
+            [notify]
+            default_channels = ["ops"]
+            [channels.ops]
+            kind = "webhook"
+            url = "https://hooks.example.com/ops"
+            [channels.bus]
+            kind = "amqp"
+            url = "amqp://rabbit.example.com/%2f"
+            exchange = "ptrain.events"
+            {events}
+        "#
+        );
+        crate::config::Config::from_toml(std::path::Path::new("/etc/ptrain/ptrain.toml"), &text)
+            .unwrap()
+            .notifications
+    }
+
+    #[test]
+    fn a_stream_hears_every_jobs_chosen_events_whatever_the_job_asked() {
+        let c = with_bus("");
+        // A job that wants no notification at all still reaches the bus.
+        let mut r = record(r#"{"version":1,"command":["true"],"notify":[]}"#, "bob");
+        assert_eq!(
+            keys(&intents_for(&c, &r, NotifyEvent::Started, 1)),
+            ["job1.started.bus"]
+        );
+        // Each attempt's start, where a job's own channels hear of the first.
+        r.attempt = 2;
+        assert_eq!(
+            keys(&intents_for(&c, &r, NotifyEvent::Started, 2)),
+            ["job1.started-2.bus"]
+        );
+        assert_eq!(
+            keys(&intents_for(&c, &r, NotifyEvent::Retry, 2)),
+            ["job1.retry-2.bus"]
+        );
+        // Defaults and the bus together; a job naming the bus is told once.
+        let r = record(r#"{"version":1,"command":["true"],"notify":["bus","ops"]}"#, "bob");
+        assert_eq!(
+            keys(&intents_for(&c, &r, NotifyEvent::Failed, 3)),
+            ["job1.failed.ops", "job1.failed.bus"]
+        );
+        // The admin's choice of events.
+        let c = with_bus(r#"events = ["failed"]"#);
+        assert!(intents_for(&c, &r, NotifyEvent::Started, 4).is_empty());
+        assert_eq!(
+            keys(&intents_for(&c, &r, NotifyEvent::Failed, 4)),
+            ["job1.failed.ops", "job1.failed.bus"]
+        );
+    }
+
+    #[test]
+    fn an_amqp_channel_is_checked_with_the_fix() {
+        let bad = |extra: &str| {
+            let text = format!("[channels.bus]\nkind = \"amqp\"\n{extra}\n");
+            crate::config::Config::from_toml(std::path::Path::new("/etc/ptrain/ptrain.toml"), &text)
+                .unwrap_err()
+                .to_string()
+        };
+        let url = "url = \"amqp://rabbit/%2f\"";
+        for (extra, says) in [
+            ("exchange = \"x\"", "url"),
+            (&format!("{url}\n"), "must name the exchange"),
+            (&format!("url = \"http://rabbit/\"\nexchange = \"x\""), "not an AMQP URL"),
+            (
+                &format!("url = \"amqp://u:p@rabbit/%2f\"\nexchange = \"x\""),
+                "password_file",
+            ),
+            (&format!("{url}\nexchange = \"x\"\nusername = \"u\""), "go together"),
+            (&format!("{url}\nexchange = \"x\"\nevents = [\"ended\"]"), "\"succeeded\""),
+            (&format!("{url}\nexchange = \"x\"\nevents = []"), "would get nothing"),
+            (&format!("{url}\nexchange = \"x\"\nformat = \"ptrain\""), "does not apply"),
+        ] {
+            let e = bad(extra);
+            assert!(e.contains(says), "{extra}: {e}");
+        }
     }
 }

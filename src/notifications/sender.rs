@@ -127,11 +127,17 @@ impl Notifier {
                     busy: false,
                     pacer: t.per_minute().map(Pacer::per_minute),
                     max_batch: t.max_batch().max(1),
+                    ordered: config.channels.get(name).is_some_and(|c| c.ordered()),
+                    held_until: None,
+                    backlog: 0,
                 },
             );
         }
         let sender = Sender {
             policy: config.retry,
+            origin: Instant::now(),
+            next_seq: 0,
+            max_backlog: config.max_backlog,
             attempt_timeout: config.attempt_timeout,
             outbox,
             transports,
@@ -206,27 +212,60 @@ fn stopped() -> DeliveriesError {
 }
 
 struct ChannelQueue {
-    /// (when due, key) of entries waiting for this channel.
-    due: BTreeSet<(Instant, String)>,
+    /// (when due, admission order, key) of entries waiting for this
+    /// channel. On an ordered channel every entry is due at the sender's
+    /// start, so they go strictly in admission order.
+    due: BTreeSet<(Instant, u64, String)>,
     /// An attempt is in flight: one at a time per channel.
     busy: bool,
     pacer: Option<Pacer>,
     max_batch: usize,
+    /// One job's events go in the order they happened: a retry holds back
+    /// the whole channel ([`ChannelQueue::held_until`]) instead of only
+    /// the event that failed.
+    ordered: bool,
+    held_until: Option<Instant>,
+    /// Undelivered notifications on this channel, in memory (waiting,
+    /// reading their output, or in flight); bounded by `max_backlog`.
+    backlog: usize,
+}
+
+impl ChannelQueue {
+    /// When this channel can next start an attempt, if it has anything due.
+    fn next_start(&self) -> Option<Instant> {
+        let (at, _, _) = self.due.first()?;
+        let mut at = *at;
+        if let Some(held) = self.held_until {
+            at = at.max(held);
+        }
+        Some(match &self.pacer {
+            Some(p) => p.next_slot(at).max(at),
+            None => at,
+        })
+    }
 }
 
 struct Entry {
     delivery: Delivery,
     deadline: Instant,
+    /// Admission order: ties on the due time go first come, first served.
+    seq: u64,
 }
 
 struct Attempt {
     channel: String,
     keys: Vec<String>,
-    verdict: Verdict,
+    /// One per key, in order.
+    verdicts: Vec<Verdict>,
 }
 
 struct Sender {
     policy: RetryPolicy,
+    /// When the sender started: the due time of every entry on an ordered
+    /// channel.
+    origin: Instant,
+    next_seq: u64,
+    max_backlog: usize,
     attempt_timeout: Duration,
     outbox: Outbox,
     transports: HashMap<String, Arc<dyn Transport>>,
@@ -362,7 +401,21 @@ impl Sender {
     fn resume_outbox(&mut self) {
         match self.outbox.list() {
             Ok(all) => {
-                for d in all.into_iter().filter(|d| !d.state.is_final()) {
+                let mut unfinished: Vec<Delivery> =
+                    all.into_iter().filter(|d| !d.state.is_final()).collect();
+                // In the order they happened, so an ordered channel sends
+                // one job's events as before the restart.
+                unfinished.sort_by(|a, b| {
+                    let order = |d: &Delivery| {
+                        (
+                            d.intent.created_at,
+                            d.intent.notice.event.lifecycle_rank(),
+                            d.intent.key.clone(),
+                        )
+                    };
+                    order(a).cmp(&order(b))
+                });
+                for d in unfinished {
                     self.admit(d);
                 }
             }
@@ -420,11 +473,33 @@ impl Sender {
             self.bury(delivery, why);
             return;
         };
+        if queue.backlog >= self.max_backlog {
+            // The bound on memory while a receiver is down: the
+            // notification stays on disk, as a dead letter root can re-send.
+            let why = format!(
+                "channel {channel} already holds {} undelivered notifications (notify.max_backlog); once its receiver is back, `ptrain notifications retry --all-dead`",
+                queue.backlog
+            );
+            self.bury(delivery, why);
+            return;
+        }
+        queue.backlog += 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
         let lifetime_end = delivery
             .lifetime_from
             .saturating_add(self.policy.lifetime.as_micros() as u64);
         let deadline = instant_of(lifetime_end, now, now_wall);
         let due = match (delivery.state, delivery.next_attempt_at) {
+            (_, _) if queue.ordered => {
+                if let (DeliveryState::Retrying, Some(at)) =
+                    (delivery.state, delivery.next_attempt_at)
+                {
+                    let at = instant_of(at, now, now_wall);
+                    queue.held_until = Some(queue.held_until.map_or(at, |h| h.max(at)));
+                }
+                self.origin
+            }
             (DeliveryState::Retrying, Some(at)) => instant_of(at, now, now_wall).max(now),
             _ => now,
         };
@@ -434,9 +509,16 @@ impl Sender {
             self.unread
                 .push((key.clone(), delivery.intent.notice.clone()));
         } else {
-            queue.due.insert((due, key.clone()));
+            queue.due.insert((due, seq, key.clone()));
         }
-        self.entries.insert(key, Entry { delivery, deadline });
+        self.entries.insert(
+            key,
+            Entry {
+                delivery,
+                deadline,
+                seq,
+            },
+        );
     }
 
     /// Reads the output lines of everything admitted since the last look,
@@ -484,9 +566,11 @@ impl Sender {
             };
             entry.delivery.intent.notice.output_tail = Some(lines);
             let channel = entry.delivery.intent.channel.clone();
+            let seq = entry.seq;
             self.persist(&self.entries[&key].delivery);
             if let Some(queue) = self.channels.get_mut(&channel) {
-                queue.due.insert((now, key));
+                let due = if queue.ordered { self.origin } else { now };
+                queue.due.insert((due, seq, key));
             }
         }
     }
@@ -508,30 +592,21 @@ impl Sender {
     /// Starts an attempt on every idle channel with something due.
     fn dispatch(&mut self, now: Instant) {
         for (name, queue) in self.channels.iter_mut() {
-            if queue.busy {
+            if queue.busy || queue.next_start().is_none_or(|at| at > now) {
                 continue;
             }
-            match queue.due.first() {
-                Some((at, _)) if *at <= now => {}
-                _ => continue,
-            }
-            if let Some(pacer) = &queue.pacer {
-                if pacer.next_slot(now) > now {
-                    continue;
-                }
-            }
-            let waiting = queue.due.iter().take_while(|(at, _)| *at <= now).count();
+            queue.held_until = None;
+            let waiting = queue.due.iter().take_while(|(at, _, _)| *at <= now).count();
             let take = pacing::batch_len(waiting).min(queue.max_batch);
             let mut keys = Vec::with_capacity(take);
+            let mut batch = Vec::with_capacity(take);
             for _ in 0..take {
-                let (_, key) = queue.due.pop_first().expect("counted above");
-                keys.push(key);
+                let (_, _, key) = queue.due.pop_first().expect("counted above");
+                if let Some(entry) = self.entries.get(&key) {
+                    batch.push(entry.delivery.intent.clone());
+                    keys.push(key);
+                }
             }
-            let batch: Vec<Intent> = keys
-                .iter()
-                .filter_map(|k| self.entries.get(k))
-                .map(|e| e.delivery.intent.clone())
-                .collect();
             queue.busy = true;
             if let Some(pacer) = &mut queue.pacer {
                 pacer.record(now);
@@ -540,19 +615,33 @@ impl Sender {
             let timeout = self.attempt_timeout;
             let channel = name.clone();
             self.attempts.spawn(async move {
+                let n = batch.len();
                 let attempt =
-                    AssertUnwindSafe(tokio::time::timeout(timeout, transport.send(batch)));
-                let verdict = match attempt.catch_unwind().await {
-                    Ok(Ok(verdict)) => verdict,
-                    Ok(Err(_)) => {
-                        Verdict::Retry(format!("no answer within {}", fmt_duration(timeout)))
+                    AssertUnwindSafe(tokio::time::timeout(timeout, transport.send_each(batch)));
+                let verdicts = match attempt.catch_unwind().await {
+                    Ok(Ok(verdicts)) if verdicts.len() == n => verdicts,
+                    Ok(Ok(_)) => vec![
+                        Verdict::Retry(
+                            "the transport answered for too few or too many (a bug in ptraind)"
+                                .into()
+                        );
+                        n
+                    ],
+                    Ok(Err(_)) => vec![
+                        Verdict::Retry(format!(
+                            "no answer within {}",
+                            fmt_duration(timeout)
+                        ));
+                        n
+                    ],
+                    Err(_) => {
+                        vec![Verdict::Retry("the attempt panicked (a bug in ptraind)".into()); n]
                     }
-                    Err(_) => Verdict::Retry("the attempt panicked (a bug in ptraind)".into()),
                 };
                 Attempt {
                     channel,
                     keys,
-                    verdict,
+                    verdicts,
                 }
             });
         }
@@ -564,13 +653,7 @@ impl Sender {
         self.channels
             .values()
             .filter(|q| !q.busy)
-            .filter_map(|q| {
-                let (at, _) = q.due.first()?;
-                Some(match &q.pacer {
-                    Some(p) => p.next_slot(*at).max(*at),
-                    None => *at,
-                })
-            })
+            .filter_map(ChannelQueue::next_start)
             .min()
     }
 
@@ -579,14 +662,23 @@ impl Sender {
         if let Some(queue) = self.channels.get_mut(&attempt.channel) {
             queue.busy = false;
         }
-        for key in attempt.keys {
+        for (key, verdict) in attempt.keys.into_iter().zip(attempt.verdicts) {
             let Some(mut entry) = self.entries.remove(&key) else {
                 continue;
             };
             let d = &mut entry.delivery;
             d.attempts += 1;
             d.last_attempt_at = Some(now_wall);
-            match &attempt.verdict {
+            let queue = self.channels.get_mut(&attempt.channel);
+            match &verdict {
+                Verdict::Retry(_) => {}
+                _ => {
+                    if let Some(queue) = queue {
+                        queue.backlog = queue.backlog.saturating_sub(1);
+                    }
+                }
+            }
+            match &verdict {
                 Verdict::Delivered => {
                     d.state = DeliveryState::Delivered;
                     d.delivered_at = Some(now_wall);
@@ -621,11 +713,21 @@ impl Sender {
                             );
                             self.persist(d);
                             if let Some(queue) = self.channels.get_mut(&attempt.channel) {
-                                queue.due.insert((at, key.clone()));
+                                if queue.ordered {
+                                    // Its job's later events wait behind it.
+                                    queue.held_until =
+                                        Some(queue.held_until.map_or(at, |h| h.max(at)));
+                                    queue.due.insert((self.origin, entry.seq, key.clone()));
+                                } else {
+                                    queue.due.insert((at, entry.seq, key.clone()));
+                                }
                             }
                             self.entries.insert(key, entry);
                         }
                         None => {
+                            if let Some(queue) = self.channels.get_mut(&attempt.channel) {
+                                queue.backlog = queue.backlog.saturating_sub(1);
+                            }
                             let why = format!(
                                 "still failing after {} (notify.lifetime): {why}",
                                 fmt_duration(self.policy.lifetime)
@@ -652,9 +754,14 @@ impl Sender {
                 if let Some(entry) = self.entries.get(&key) {
                     let channel = entry.delivery.intent.channel.clone();
                     if let Some(queue) = self.channels.get_mut(&channel) {
-                        if let Some(item) = queue.due.iter().find(|(_, k)| *k == key).cloned() {
+                        if queue.ordered {
+                            // It keeps its place; the hold is what made it wait.
+                            queue.held_until = None;
+                        } else if let Some(item) =
+                            queue.due.iter().find(|(_, _, k)| *k == key).cloned()
+                        {
                             queue.due.remove(&item);
-                            queue.due.insert((now, key.clone()));
+                            queue.due.insert((now, item.1, key.clone()));
                         }
                     }
                     return Ok(format!(
@@ -1169,6 +1276,137 @@ pub(crate) mod tests {
             "events were not merged: {} messages",
             log.len()
         );
+    }
+
+    /// A config whose channel `ch` is a stream (ordered) or a webhook.
+    fn config_with(kind: &str, extra: &str) -> NotificationsConfig {
+        let channel = match kind {
+            "amqp" => "kind = \"amqp\"\nurl = \"amqp://127.0.0.1:5672/%2f\"\nexchange = \"x\"",
+            _ => "kind = \"webhook\"\nurl = \"http://127.0.0.1:9/hook\"",
+        };
+        let text = format!(
+            "[notify]\ninitial_backoff = \"2s\"\nmax_backoff = \"20s\"\n{extra}\n[channels.ch]\n{channel}\n"
+        );
+        crate::config::Config::from_toml(Path::new("/etc/ptrain/ptrain.toml"), &text)
+            .unwrap()
+            .notifications
+    }
+
+    fn sent_keys(fake: &Fake) -> Vec<String> {
+        let log = fake.log.lock().unwrap();
+        log.iter().flat_map(|(_, keys)| keys.clone()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_holds_a_jobs_later_events_behind_one_that_failed() {
+        for (kind, in_order) in [("amqp", true), ("webhook", false)] {
+            let dir = tempfile::tempdir().unwrap();
+            let fake = scripted([Verdict::Retry("broker down".into())]);
+            let n = start(&config_with(kind, ""), dir.path(), &fake);
+            let started = intent("a", NotifyEvent::Started, "ch");
+            n.deliver(vec![started.clone()]);
+            wait_state(&n, &started.key, DeliveryState::Retrying).await;
+            // While the start waits for its retry, the job ends and
+            // another job starts.
+            let ended = intent("a", NotifyEvent::Succeeded, "ch");
+            let other = intent("b", NotifyEvent::Started, "ch");
+            n.deliver(vec![ended.clone(), other.clone()]);
+            wait_state(&n, &ended.key, DeliveryState::Delivered).await;
+            wait_state(&n, &other.key, DeliveryState::Delivered).await;
+            wait_state(&n, &started.key, DeliveryState::Delivered).await;
+            let sent = sent_keys(&fake);
+            assert_eq!(sent.len(), 4, "{kind}: {sent:?}");
+            if in_order {
+                assert_eq!(
+                    sent,
+                    [&started.key, &started.key, &ended.key, &other.key].map(String::clone),
+                    "{kind}"
+                );
+            } else {
+                // A webhook is one receiver: the others do not wait.
+                assert_eq!(sent[3], started.key, "{kind}: {sent:?}");
+            }
+        }
+    }
+
+    /// A transport that refuses one key outright and delivers the rest:
+    /// a broker's confirm per message.
+    struct PerKey(String, Arc<Fake>);
+
+    impl Transport for PerKey {
+        fn send(&self, _batch: Vec<Intent>) -> BoxFuture<'static, Verdict> {
+            unreachable!("the sender asks for each intent's verdict")
+        }
+        fn send_each(&self, batch: Vec<Intent>) -> BoxFuture<'static, Vec<Verdict>> {
+            self.1.log.lock().unwrap().push((
+                Instant::now(),
+                batch.iter().map(|i| i.key.clone()).collect(),
+            ));
+            let verdicts = batch
+                .iter()
+                .map(|i| match i.key == self.0 {
+                    true => Verdict::Dead("NO_ROUTE".into()),
+                    false => Verdict::Delivered,
+                })
+                .collect();
+            Box::pin(async move { verdicts })
+        }
+        fn max_batch(&self) -> usize {
+            64
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_event_of_a_batch_gets_its_own_verdict() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(Fake::default());
+        let all: Vec<Intent> = (0..5)
+            .map(|k| intent(&format!("j{k}"), NotifyEvent::Started, "ch"))
+            .collect();
+        let mut t: HashMap<String, Arc<dyn Transport>> = HashMap::new();
+        t.insert("ch".into(), Arc::new(PerKey(all[2].key.clone(), log.clone())));
+        let n = Notifier::with_transports(
+            &config_with("amqp", ""),
+            Outbox::open(dir.path()).unwrap(),
+            t,
+            Arc::new(|_| async { Vec::new() }.boxed()),
+        );
+        n.deliver(all.clone());
+        for (k, i) in all.iter().enumerate() {
+            let want = if k == 2 { DeliveryState::Dead } else { DeliveryState::Delivered };
+            let d = wait_state(&n, &i.key, want).await;
+            assert_eq!(d.attempts, 1, "{}", i.key);
+        }
+        // One attempt carried them all, in the order they were handed over.
+        let log = log.log.lock().unwrap().clone();
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].1, all.iter().map(|i| i.key.clone()).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_channel_at_its_backlog_bound_dead_letters_what_comes_next_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Arc::new(Fake {
+            hang: true,
+            ..Fake::default()
+        });
+        let n = start(&config_with("amqp", "max_backlog = 2"), dir.path(), &fake);
+        let all: Vec<Intent> = (0..3)
+            .map(|k| intent(&format!("j{k}"), NotifyEvent::Started, "ch"))
+            .collect();
+        n.deliver(all.clone());
+        let dead = wait_state(&n, &all[2].key, DeliveryState::Dead).await;
+        let why = dead.last_error.unwrap();
+        assert!(
+            why.contains("max_backlog") && why.contains("retry --all-dead"),
+            "{why}"
+        );
+        // The first two wait (the receiver hangs); the third is kept on
+        // disk, whole, for root to re-send.
+        let listed = n.deliveries().await.unwrap();
+        assert_eq!(listed.len(), 3);
+        let stored = Outbox::open(dir.path()).unwrap().load(&all[2].key).unwrap().unwrap();
+        assert_eq!(stored.intent, all[2]);
     }
 
     #[test]

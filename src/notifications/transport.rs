@@ -1,6 +1,6 @@
 //! The I/O edge of notifications: one [`Transport`] per configured channel
 //! (webhook and WeCom over reqwest, email over lettre, both on rustls with
-//! the ring provider). Each call makes one attempt and classifies the
+//! the ring provider; AMQP in [`super::amqp`]). Each call makes one attempt and classifies the
 //! answer; retrying and pacing belong to the sender.
 //!
 //! Secrets are read here, once, when ptraind starts: only from files owned
@@ -39,7 +39,17 @@ pub trait Transport: Send + Sync {
     /// into a digest where [`Transport::max_batch`] allows).
     fn send(&self, batch: Vec<Intent>) -> BoxFuture<'static, Verdict>;
 
-    /// Most intents one message may carry.
+    /// Makes one attempt at `batch` and says how each intent fared, in
+    /// order. A transport that sends each intent as its own message (a
+    /// broker's publishes, each confirmed) tells them apart; the others
+    /// give the one message's verdict to all.
+    fn send_each(&self, batch: Vec<Intent>) -> BoxFuture<'static, Vec<Verdict>> {
+        let n = batch.len();
+        let sent = self.send(batch);
+        Box::pin(async move { vec![sent.await; n] })
+    }
+
+    /// Most intents one attempt may carry.
     fn max_batch(&self) -> usize {
         1
     }
@@ -68,16 +78,16 @@ impl std::fmt::Debug for Secret {
 
 /// Replaces every secret in a text before it is logged or stored.
 #[derive(Clone, Default)]
-struct Redactor(Vec<Secret>);
+pub(super) struct Redactor(Vec<Secret>);
 
 impl Redactor {
-    fn add(&mut self, s: &Secret) {
+    pub(super) fn add(&mut self, s: &Secret) {
         if !s.expose().is_empty() {
             self.0.push(s.clone());
         }
     }
 
-    fn clean(&self, text: &str) -> String {
+    pub(super) fn clean(&self, text: &str) -> String {
         let mut out = text.to_owned();
         for s in &self.0 {
             out = out.replace(s.expose(), "[redacted]");
@@ -599,6 +609,8 @@ pub fn build_all(config: &NotificationsConfig) -> HashMap<String, Arc<dyn Transp
                     .map(|t| Arc::new(t) as _)
             }
             ChannelKind::Email(cfg) => Email::new(channel, cfg, config).map(|t| Arc::new(t) as _),
+            ChannelKind::Amqp(cfg) => super::amqp::Amqp::new(name, cfg, config.attempt_timeout)
+                .map(|t| Arc::new(t) as _),
         };
         let transport = built.unwrap_or_else(|why| {
             tracing::error!(channel = %name, "notification channel unusable: {why}");
