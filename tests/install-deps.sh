@@ -19,8 +19,10 @@ set -euo pipefail
 # (tests/integration/images.rs) builds a real image with umoci from the
 # static busybox (it runs chrooted in the unpacked tree), pushes it with
 # skopeo to a real registry on loopback and writes its archives;
-# apache2-utils: htpasswd, for a registry that asks for credentials.
-PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck docker-registry skopeo umoci busybox-static apache2-utils)
+# apache2-utils: htpasswd, for a registry that asks for credentials;
+# rabbitmq-server: the AMQP broker the event-stream test
+# (tests/integration/brokers.rs) starts on loopback ports of its own.
+PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck docker-registry skopeo umoci busybox-static apache2-utils rabbitmq-server)
 
 die() { echo "tests/install-deps.sh: $*" >&2; exit 1; }
 

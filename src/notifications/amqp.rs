@@ -277,10 +277,11 @@ mod tests {
     fn refusals_the_broker_would_repeat_are_dead_and_the_rest_retried() {
         let redact = Redactor::default();
         let refused = lapin::Error::from(ErrorKind::ProtocolError(
-            lapin::protocol::AMQPError::from_id(404, "NOT_FOUND - no exchange 'x'".into())
-                .unwrap(),
+            lapin::protocol::AMQPError::from_id(404, "NOT_FOUND - no exchange 'x'".into()).unwrap(),
         ));
-        assert!(matches!(verdict_of(&refused, &redact), Verdict::Dead(why) if why.contains("no exchange 'x'")));
+        assert!(
+            matches!(verdict_of(&refused, &redact), Verdict::Dead(why) if why.contains("no exchange 'x'"))
+        );
         let busy = lapin::Error::from(ErrorKind::ProtocolError(
             lapin::protocol::AMQPError::from_id(320, "CONNECTION_FORCED - shutdown".into())
                 .unwrap(),

@@ -720,7 +720,10 @@ fn parse_amqp(
 ) -> Result<AmqpConfig, InvalidSetting> {
     const EXAMPLE: &str = "amqps://rabbit.example.com:5671/%2f";
     let text = raw.url.ok_or_else(|| {
-        InvalidSetting::new(key("url"), format!("is missing; add e.g. url = {EXAMPLE:?}"))
+        InvalidSetting::new(
+            key("url"),
+            format!("is missing; add e.g. url = {EXAMPLE:?}"),
+        )
     })?;
     let uri: lapin::uri::AMQPUri = text.parse().map_err(|e| {
         InvalidSetting::new(
@@ -762,33 +765,35 @@ fn parse_amqp(
             format!("must name the exchange: 1 to {MAX_EXCHANGE} of A-Z a-z 0-9 - _ . : (the default exchange cannot route ptrain.EVENT.OWNER); e.g. exchange = \"ptrain.events\""),
         ));
     }
-    let events = match raw.events {
-        None => NotifyEvent::ALL.to_vec(),
-        Some(words) if words.is_empty() => {
-            return Err(InvalidSetting::new(
+    let events =
+        match raw.events {
+            None => NotifyEvent::ALL.to_vec(),
+            Some(words) if words.is_empty() => return Err(InvalidSetting::new(
                 key("events"),
-                "is empty, so the channel would get nothing; list events or remove the key for all".into(),
-            ))
-        }
-        Some(words) => {
-            let mut events = Vec::new();
-            for (i, word) in words.iter().enumerate() {
-                let event = NotifyEvent::parse(word).ok_or_else(|| {
-                    InvalidSetting::new(
-                        format!("{}[{i}]", key("events")),
-                        format!(
-                            "{word:?} is not an event; use {}",
-                            NotifyEvent::ALL.map(|e| format!("{:?}", e.as_str())).join(", ")
-                        ),
-                    )
-                })?;
-                if !events.contains(&event) {
-                    events.push(event);
+                "is empty, so the channel would get nothing; list events or remove the key for all"
+                    .into(),
+            )),
+            Some(words) => {
+                let mut events = Vec::new();
+                for (i, word) in words.iter().enumerate() {
+                    let event = NotifyEvent::parse(word).ok_or_else(|| {
+                        InvalidSetting::new(
+                            format!("{}[{i}]", key("events")),
+                            format!(
+                                "{word:?} is not an event; use {}",
+                                NotifyEvent::ALL
+                                    .map(|e| format!("{:?}", e.as_str()))
+                                    .join(", ")
+                            ),
+                        )
+                    })?;
+                    if !events.contains(&event) {
+                        events.push(event);
+                    }
                 }
+                events
             }
-            events
-        }
-    };
+        };
     Ok(AmqpConfig {
         url: text,
         username: raw.username,

@@ -44,7 +44,7 @@ use crate::store::JobRecord;
 pub use crate::store::{Intent, Notice, NoticeGpu};
 
 pub use config::{ChannelKind, NotificationsConfig};
-pub use outbox::{Delivery, DeliveryState, DeliveryView};
+pub use outbox::{Backlog, Delivery, DeliveryState, DeliveryView};
 pub use sender::{DeliveriesError, Notifier, NotifyError, RetryTarget};
 
 pub use crate::spec::notify::{is_valid_channel_name, MAX_CHANNEL_NAME, MAX_JOB_CHANNELS};
@@ -174,7 +174,10 @@ pub fn intents_for(
         }
     }
     for (name, cfg) in &config.channels {
-        if cfg.streamed_events().is_some_and(|events| events.contains(&event)) {
+        if cfg
+            .streamed_events()
+            .is_some_and(|events| events.contains(&event))
+        {
             add(name);
         }
     }
@@ -477,7 +480,10 @@ mod tests {
             ["job1.retry-2.bus"]
         );
         // Defaults and the bus together; a job naming the bus is told once.
-        let r = record(r#"{"version":1,"command":["true"],"notify":["bus","ops"]}"#, "bob");
+        let r = record(
+            r#"{"version":1,"command":["true"],"notify":["bus","ops"]}"#,
+            "bob",
+        );
         assert_eq!(
             keys(&intents_for(&c, &r, NotifyEvent::Failed, 3)),
             ["job1.failed.ops", "job1.failed.bus"]
@@ -501,19 +507,34 @@ mod tests {
         };
         let url = "url = \"amqp://rabbit/%2f\"";
         for (extra, says) in [
-            ("exchange = \"x\"", "url"),
-            (&format!("{url}\n"), "must name the exchange"),
-            (&format!("url = \"http://rabbit/\"\nexchange = \"x\""), "not an AMQP URL"),
+            ("exchange = \"x\"".to_owned(), "url"),
+            (format!("{url}\n"), "must name the exchange"),
             (
-                &format!("url = \"amqp://u:p@rabbit/%2f\"\nexchange = \"x\""),
+                "url = \"http://rabbit/\"\nexchange = \"x\"".to_owned(),
+                "not an AMQP URL",
+            ),
+            (
+                "url = \"amqp://u:p@rabbit/%2f\"\nexchange = \"x\"".to_owned(),
                 "password_file",
             ),
-            (&format!("{url}\nexchange = \"x\"\nusername = \"u\""), "go together"),
-            (&format!("{url}\nexchange = \"x\"\nevents = [\"ended\"]"), "\"succeeded\""),
-            (&format!("{url}\nexchange = \"x\"\nevents = []"), "would get nothing"),
-            (&format!("{url}\nexchange = \"x\"\nformat = \"ptrain\""), "does not apply"),
+            (
+                format!("{url}\nexchange = \"x\"\nusername = \"u\""),
+                "go together",
+            ),
+            (
+                format!("{url}\nexchange = \"x\"\nevents = [\"ended\"]"),
+                "\"succeeded\"",
+            ),
+            (
+                format!("{url}\nexchange = \"x\"\nevents = []"),
+                "would get nothing",
+            ),
+            (
+                format!("{url}\nexchange = \"x\"\nformat = \"ptrain\""),
+                "does not apply",
+            ),
         ] {
-            let e = bad(extra);
+            let e = bad(&extra);
             assert!(e.contains(says), "{extra}: {e}");
         }
     }

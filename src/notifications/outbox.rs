@@ -110,6 +110,49 @@ impl DeliveryView {
     }
 }
 
+/// One channel's backlog, as `ptrain notifications` heads its list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Backlog {
+    pub channel: String,
+    /// Not yet delivered: pending or retrying.
+    pub waiting: usize,
+    pub retrying: usize,
+    pub dead: usize,
+    pub delivered: usize,
+    /// When the oldest waiting one was recorded.
+    pub oldest_waiting: Option<u64>,
+}
+
+impl Backlog {
+    /// Per channel, in name order. Pure.
+    pub fn of(list: &[DeliveryView]) -> Vec<Backlog> {
+        let mut by_channel: std::collections::BTreeMap<&str, Backlog> = Default::default();
+        for d in list {
+            let b = by_channel
+                .entry(d.channel.as_str())
+                .or_insert_with(|| Backlog {
+                    channel: d.channel.clone(),
+                    ..Backlog::default()
+                });
+            match d.state {
+                DeliveryState::Pending | DeliveryState::Retrying => {
+                    b.waiting += 1;
+                    if d.state == DeliveryState::Retrying {
+                        b.retrying += 1;
+                    }
+                    b.oldest_waiting = Some(
+                        b.oldest_waiting
+                            .map_or(d.created_at, |t| t.min(d.created_at)),
+                    );
+                }
+                DeliveryState::Dead => b.dead += 1,
+                DeliveryState::Delivered => b.delivered += 1,
+            }
+        }
+        by_channel.into_values().collect()
+    }
+}
+
 pub struct Outbox {
     files: SpareDir,
 }
@@ -210,6 +253,48 @@ fn forget_own_spares(dir: &Path) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_backlog_counts_each_channels_waiting_and_its_oldest() {
+        let view = |channel: &str, state: DeliveryState, created_at: u64| DeliveryView {
+            key: format!("j{created_at}.started.{channel}"),
+            job_id: format!("j{created_at}"),
+            event: NotifyEvent::Started,
+            channel: channel.into(),
+            state,
+            attempts: 0,
+            created_at,
+            last_attempt_at: None,
+            next_attempt_at: None,
+            delivered_at: None,
+            last_error: None,
+        };
+        let list = [
+            view("bus", DeliveryState::Retrying, 30),
+            view("bus", DeliveryState::Pending, 20),
+            view("bus", DeliveryState::Delivered, 10),
+            view("hook", DeliveryState::Dead, 5),
+        ];
+        let b = Backlog::of(&list);
+        assert_eq!(
+            b,
+            [
+                Backlog {
+                    channel: "bus".into(),
+                    waiting: 2,
+                    retrying: 1,
+                    dead: 0,
+                    delivered: 1,
+                    oldest_waiting: Some(20),
+                },
+                Backlog {
+                    channel: "hook".into(),
+                    dead: 1,
+                    ..Backlog::default()
+                },
+            ]
+        );
+    }
 
     #[test]
     fn save_load_list_root_only() {

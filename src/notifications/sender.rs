@@ -627,13 +627,12 @@ impl Sender {
                         );
                         n
                     ],
-                    Ok(Err(_)) => vec![
-                        Verdict::Retry(format!(
-                            "no answer within {}",
-                            fmt_duration(timeout)
-                        ));
-                        n
-                    ],
+                    Ok(Err(_)) => {
+                        vec![
+                            Verdict::Retry(format!("no answer within {}", fmt_duration(timeout)));
+                            n
+                        ]
+                    }
                     Err(_) => {
                         vec![Verdict::Retry("the attempt panicked (a bug in ptraind)".into()); n]
                     }
@@ -1364,7 +1363,10 @@ pub(crate) mod tests {
             .map(|k| intent(&format!("j{k}"), NotifyEvent::Started, "ch"))
             .collect();
         let mut t: HashMap<String, Arc<dyn Transport>> = HashMap::new();
-        t.insert("ch".into(), Arc::new(PerKey(all[2].key.clone(), log.clone())));
+        t.insert(
+            "ch".into(),
+            Arc::new(PerKey(all[2].key.clone(), log.clone())),
+        );
         let n = Notifier::with_transports(
             &config_with("amqp", ""),
             Outbox::open(dir.path()).unwrap(),
@@ -1373,14 +1375,21 @@ pub(crate) mod tests {
         );
         n.deliver(all.clone());
         for (k, i) in all.iter().enumerate() {
-            let want = if k == 2 { DeliveryState::Dead } else { DeliveryState::Delivered };
+            let want = if k == 2 {
+                DeliveryState::Dead
+            } else {
+                DeliveryState::Delivered
+            };
             let d = wait_state(&n, &i.key, want).await;
             assert_eq!(d.attempts, 1, "{}", i.key);
         }
         // One attempt carried them all, in the order they were handed over.
         let log = log.log.lock().unwrap().clone();
         assert_eq!(log.len(), 1);
-        assert_eq!(log[0].1, all.iter().map(|i| i.key.clone()).collect::<Vec<_>>());
+        assert_eq!(
+            log[0].1,
+            all.iter().map(|i| i.key.clone()).collect::<Vec<_>>()
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1405,7 +1414,11 @@ pub(crate) mod tests {
         // disk, whole, for root to re-send.
         let listed = n.deliveries().await.unwrap();
         assert_eq!(listed.len(), 3);
-        let stored = Outbox::open(dir.path()).unwrap().load(&all[2].key).unwrap().unwrap();
+        let stored = Outbox::open(dir.path())
+            .unwrap()
+            .load(&all[2].key)
+            .unwrap()
+            .unwrap();
         assert_eq!(stored.intent, all[2]);
     }
 

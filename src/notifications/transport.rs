@@ -609,8 +609,9 @@ pub fn build_all(config: &NotificationsConfig) -> HashMap<String, Arc<dyn Transp
                     .map(|t| Arc::new(t) as _)
             }
             ChannelKind::Email(cfg) => Email::new(channel, cfg, config).map(|t| Arc::new(t) as _),
-            ChannelKind::Amqp(cfg) => super::amqp::Amqp::new(name, cfg, config.attempt_timeout)
-                .map(|t| Arc::new(t) as _),
+            ChannelKind::Amqp(cfg) => {
+                super::amqp::Amqp::new(name, cfg, config.attempt_timeout).map(|t| Arc::new(t) as _)
+            }
         };
         let transport = built.unwrap_or_else(|why| {
             tracing::error!(channel = %name, "notification channel unusable: {why}");

@@ -6,6 +6,7 @@ mod harness;
 
 mod accounting;
 mod bench_smoke;
+mod brokers;
 mod chains;
 mod check_config;
 mod cli_promises;

@@ -740,12 +740,12 @@ fn root_can_resend_a_dead_letter_in_process() {
 // Through the real ptraind.
 
 /// Root-only secret files outside /tmp (ptraind has a private /tmp).
-struct Secrets {
+pub(crate) struct Secrets {
     dir: PathBuf,
 }
 
 impl Secrets {
-    fn new(test: &str) -> Secrets {
+    pub(crate) fn new(test: &str) -> Secrets {
         let dir = PathBuf::from(format!(
             "/srv/ptrain-tests/{test}-secrets-{}",
             std::process::id()
@@ -756,7 +756,7 @@ impl Secrets {
         Secrets { dir }
     }
 
-    fn file(&self, name: &str, text: &str) -> PathBuf {
+    pub(crate) fn file(&self, name: &str, text: &str) -> PathBuf {
         secret_file(&self.dir, name, text)
     }
 }
@@ -767,7 +767,7 @@ impl Drop for Secrets {
     }
 }
 
-fn deliveries(d: &TestDaemon) -> Vec<Value> {
+pub(crate) fn deliveries(d: &TestDaemon) -> Vec<Value> {
     let out = d.ptrain("root", &["notifications", "--json"]);
     assert!(out.status.success(), "{}", text(&out));
     serde_json::from_slice(&out.stdout).unwrap()

@@ -28,6 +28,29 @@ pub(crate) async fn notifications(
         outln!("no notifications");
         return Ok(0);
     }
+    // The backlog first: what each channel still owes, and for how long.
+    outln!(
+        "{:<24} {:>8} {:>8} {:>6} {:>9}  OLDEST WAITING",
+        "CHANNEL",
+        "WAITING",
+        "RETRYING",
+        "DEAD",
+        "DELIVERED"
+    );
+    for b in ptrain::notifications::Backlog::of(&list) {
+        outln!(
+            "{:<24} {:>8} {:>8} {:>6} {:>9}  {}",
+            escape(&b.channel),
+            b.waiting,
+            b.retrying,
+            b.dead,
+            b.delivered,
+            b.oldest_waiting
+                .map(format_time)
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    outln!();
     outln!(
         "{:<40} {:<10} {:>8} {:<20} {:<20} LAST ERROR",
         "KEY",
