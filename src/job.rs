@@ -227,6 +227,9 @@ pub fn explain_exit_status(status: i32) -> Option<&'static str> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NotifyEvent {
+    /// Accepted from the spool into the queue (recorded with the claim):
+    /// told only to streams and to jobs whose `notify_on` names it.
+    Submitted,
     Started,
     Succeeded,
     Failed,
@@ -247,7 +250,8 @@ pub enum NotifyEvent {
 }
 
 impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 10] = [
+    pub const ALL: [NotifyEvent; 11] = [
+        NotifyEvent::Submitted,
         NotifyEvent::Started,
         NotifyEvent::Succeeded,
         NotifyEvent::Failed,
@@ -273,6 +277,7 @@ impl NotifyEvent {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            NotifyEvent::Submitted => "submitted",
             NotifyEvent::Started => "started",
             NotifyEvent::Succeeded => "succeeded",
             NotifyEvent::Failed => "failed",
@@ -290,9 +295,10 @@ impl NotifyEvent {
     /// recorded at the same instant (a start ptraind learns of with its end).
     pub fn lifecycle_rank(self) -> u8 {
         match self {
-            NotifyEvent::Started => 0,
-            NotifyEvent::GpuLost => 1,
-            _ => 2,
+            NotifyEvent::Submitted => 0,
+            NotifyEvent::Started => 1,
+            NotifyEvent::GpuLost => 2,
+            _ => 3,
         }
     }
 

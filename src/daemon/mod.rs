@@ -1850,7 +1850,13 @@ impl Daemon {
             bytes: &bytes,
             source,
         };
-        let (records, group) = match admission::admit(&file, &owner, &rules, &*self, now_micros()) {
+        let (mut records, group) = match admission::admit(
+            &file,
+            &owner,
+            &rules,
+            &*self,
+            now_micros(),
+        ) {
             Admission::Accept { records, group } => (records, group),
             Admission::ClaimedBefore(id) => {
                 info!(job = %id, PTRAIN_JOB = %id, file = name, "spool file was already claimed; removing it");
@@ -1876,6 +1882,20 @@ impl Daemon {
                 return reject(self, reason);
             }
         }
+        // Told "submitted" in the claim's own write: a crash cannot keep
+        // the job and lose the event, or the reverse.
+        let now = now_micros();
+        let mut told = Vec::new();
+        for record in &mut records {
+            let intents = crate::notifications::intents_for(
+                &self.config.notifications,
+                record,
+                crate::notifications::NotifyEvent::Submitted,
+                now,
+            );
+            record.notifications.extend(intents.iter().cloned());
+            told.extend(intents);
+        }
         let claimed = match &group {
             Some(group) => self.store.claim_group(group, &records, &bytes),
             None => self.store.claim(&records[0], &bytes),
@@ -1892,6 +1912,7 @@ impl Daemon {
             return;
         }
         crash_point("after-claim");
+        self.notifier.deliver(told);
         if let Some(group) = &group {
             info!(group = %group, jobs = records.len(), file = name, "sweep accepted");
             self.groups.insert(

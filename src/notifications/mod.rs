@@ -96,9 +96,12 @@ impl Notice {
                 .collect(),
             host: host.to_owned(),
             unit: view.unit,
-            results: (!matches!(event, NotifyEvent::Started | NotifyEvent::GpuLost))
-                .then(|| record.result.clone())
-                .flatten(),
+            results: (!matches!(
+                event,
+                NotifyEvent::Submitted | NotifyEvent::Started | NotifyEvent::GpuLost
+            ))
+            .then(|| record.result.clone())
+            .flatten(),
             invocation_id: record.invocation_id.clone(),
             output_tail: None,
         }
@@ -468,6 +471,21 @@ mod tests {
         assert_eq!(
             keys(&intents_for(&c, &r, NotifyEvent::Started, 1)),
             ["job1.started.bus"]
+        );
+        // Its submission too, which the job's own channels hear of only
+        // when its notify_on names it.
+        let told = record(r#"{"version":1,"command":["true"]}"#, "bob");
+        assert_eq!(
+            keys(&intents_for(&c, &told, NotifyEvent::Submitted, 1)),
+            ["job1.submitted.bus"]
+        );
+        let asked = record(
+            r#"{"version":1,"command":["true"],"notify_on":["submitted"]}"#,
+            "bob",
+        );
+        assert_eq!(
+            keys(&intents_for(&c, &asked, NotifyEvent::Submitted, 1)),
+            ["job1.submitted.ops", "job1.submitted.bus"]
         );
         // Each attempt's start, where a job's own channels hear of the first.
         r.attempt = 2;

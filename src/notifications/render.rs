@@ -49,6 +49,7 @@ pub(crate) fn clip(s: &str, max: usize) -> String {
 /// The outcome in a few words: "succeeded", "failed (exit code 3)".
 pub fn outcome_words(n: &Notice) -> String {
     match n.event {
+        NotifyEvent::Submitted => "was submitted".into(),
         NotifyEvent::Started => "started".into(),
         NotifyEvent::Succeeded => "succeeded".into(),
         NotifyEvent::Timeout => "timed out".into(),
@@ -72,7 +73,9 @@ pub fn outcome_words(n: &Notice) -> String {
 pub fn title(n: &Notice) -> String {
     let mut t = format!("job {} {}", n.job_id, outcome_words(n));
     match (n.event, n.duration_micros()) {
-        (NotifyEvent::Started | NotifyEvent::GpuLost, _) => t.push_str(&format!(" on {}", n.host)),
+        (NotifyEvent::Submitted | NotifyEvent::Started | NotifyEvent::GpuLost, _) => {
+            t.push_str(&format!(" on {}", n.host))
+        }
         (_, Some(d)) => t.push_str(&format!(" after {}", duration(d))),
         _ => {}
     }
@@ -172,7 +175,7 @@ fn md_safe(s: &str) -> String {
 
 fn md_color(n: &Notice) -> &'static str {
     match n.event {
-        NotifyEvent::Succeeded | NotifyEvent::Started => "info",
+        NotifyEvent::Succeeded | NotifyEvent::Started | NotifyEvent::Submitted => "info",
         NotifyEvent::Stopped | NotifyEvent::NotNeeded => "comment",
         _ => "warning",
     }

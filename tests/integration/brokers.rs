@@ -437,7 +437,7 @@ fn a_consumer_reads_every_event_once_in_order_through_a_broker_outage_and_a_kill
 
     let expected: HashSet<String> = jobs
         .iter()
-        .flat_map(|j| [format!("{j}.started.bus"), format!("{j}.succeeded.bus")])
+        .flat_map(|j| ["submitted", "started", "succeeded"].map(|e| format!("{j}.{e}.bus")))
         .collect();
     wait_for(
         "every event delivered to the bus",
@@ -474,7 +474,11 @@ fn a_consumer_reads_every_event_once_in_order_through_a_broker_outage_and_a_kill
         "each event once after dedup, and nothing else"
     );
     for j in jobs {
-        assert_eq!(per_job[j], ["started", "succeeded"], "{j}: out of order");
+        assert_eq!(
+            per_job[j],
+            ["submitted", "started", "succeeded"],
+            "{j}: out of order"
+        );
     }
     let prep_end = received
         .iter()
