@@ -77,8 +77,9 @@
 //!    state task through [`requests`] (each request carries its reply
 //!    channel; [`requests::ApiError`]) and answers with [`views`], the
 //!    JSON shapes `--json` prints (pure).
-//! 8. [`notifications`]: a job's start and end are announced to the
-//!    admin's channels (email, WeCom robot, webhook) from an outbox written
+//! 8. [`notifications`]: a job's submission, start and end are announced
+//!    to the admin's channels (email, WeCom robot, webhook; every job's
+//!    events to an AMQP stream, in order per job) from an outbox written
 //!    with the state change, by a sender task that retries and never holds
 //!    up the state task.
 //! 9. [`logs`]: a job's output, read from the journal (in-process through
