@@ -11,7 +11,8 @@
 //! (`gpu`: only the GPU bursts and their floors, for profiling them;
 //! `burst`: only the trivial bursts and the bystander's responsiveness;
 //! `accounting`: accounting on against off; `images`: image jobs against
-//! host jobs, and an image's pull against skopeo's);
+//! host jobs, and an image's pull against skopeo's; `events`: an AMQP
+//! event stream on against off);
 //! `BENCH_SIZES=1000,10000` replaces the scale's throughput sizes.
 //! Needs root, like the integration tests.
 //!
@@ -29,6 +30,10 @@ mod harness;
 #[allow(dead_code, unused_imports)]
 #[path = "../../tests/integration/images.rs"]
 mod images;
+// The RabbitMQ of issue 25's test, for the events part.
+#[allow(dead_code)]
+#[path = "../../tests/integration/rabbit.rs"]
+mod rabbit;
 mod suite;
 
 use std::path::PathBuf;

@@ -36,6 +36,8 @@
 //! CI machine other work moves them by more than any target's margin.
 #![allow(dead_code)]
 
+#[path = "events.rs"]
+mod events_bench;
 #[path = "images.rs"]
 mod images_bench;
 #[path = "report.rs"]
@@ -151,6 +153,10 @@ pub struct Scale {
     /// [`IMAGE_LAYERS`] gzip layers), and the runs of each.
     pub image_pull_mib: u64,
     pub image_pull_runs: usize,
+    /// The event stream on against off: rounds of one burst each way, and
+    /// the jobs of a burst.
+    pub events_rounds: usize,
+    pub events_jobs: usize,
 }
 
 impl Scale {
@@ -171,6 +177,8 @@ impl Scale {
             image_jobs: 200,
             image_pull_mib: 1024,
             image_pull_runs: 3,
+            events_rounds: 2,
+            events_jobs: 5000,
         }
     }
 
@@ -197,6 +205,8 @@ impl Scale {
             // 2-core machine (the pulls, the image's build and push 45 s).
             image_pull_mib: 1024,
             image_pull_runs: 3,
+            events_rounds: 2,
+            events_jobs: 100,
         }
     }
 
@@ -218,6 +228,8 @@ impl Scale {
             image_jobs: 3,
             image_pull_mib: 16,
             image_pull_runs: 1,
+            events_rounds: 1,
+            events_jobs: 3,
         }
     }
 
@@ -292,6 +304,9 @@ pub fn run(scale: &Scale) -> Results {
     }
     if only.is_empty() || only == "images" {
         bench.images();
+    }
+    if only.is_empty() || only == "events" {
+        bench.events_on_vs_off();
     }
     results.wall_secs = started.elapsed().as_secs_f64();
     results.machine.load_end = load_average();

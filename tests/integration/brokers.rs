@@ -8,216 +8,18 @@
 //! letters with the broker's words and hold nothing else up.
 
 use std::collections::{BTreeMap, HashSet};
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::options::BasicGetOptions;
 use serde_json::{json, Value};
 
 use crate::daemon::{text, Opts, TestDaemon, ALICE};
 use crate::harness::wait_for;
 use crate::notifications::{deliveries, Secrets};
+use crate::rabbit::{block_on, Rabbit};
 
-const RABBITMQ_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 const EXCHANGE: &str = "ptrain.events";
 const QUEUE: &str = "ptrain-test-events";
-/// RabbitMQ takes a few seconds to boot (more on a loaded 2-core host).
-const BOOT: Duration = Duration::from_secs(90);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One RabbitMQ node, its data kept in `dir` across a stop and a start.
-pub(crate) struct Rabbit {
-    dir: PathBuf,
-    pub(crate) port: u16,
-    dist_port: u16,
-    node: String,
-    pub(crate) password: String,
-    child: Option<Child>,
-}
-
-impl Rabbit {
-    pub(crate) fn start(test: &str) -> Rabbit {
-        assert!(
-            std::path::Path::new(RABBITMQ_SERVER).exists(),
-            "{RABBITMQ_SERVER} is missing: apt-get install rabbitmq-server (tests/install-deps.sh does)"
-        );
-        let dir = PathBuf::from(format!(
-            "/srv/ptrain-tests/{test}-rabbit-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let port = free_port();
-        let password = format!("pw-{}-{}", std::process::id(), port);
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!(
-                "listeners.tcp.default = 127.0.0.1:{port}\ndefault_user = ptrain\ndefault_pass = {password}\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
-        let mut rabbit = Rabbit {
-            dir,
-            port,
-            dist_port: free_port(),
-            node: format!("ptrain-{test}-{}@localhost", std::process::id()),
-            password,
-            child: None,
-        };
-        rabbit.boot();
-        rabbit
-    }
-
-    /// Starts the node and returns once it takes logins.
-    pub(crate) fn boot(&mut self) {
-        assert!(self.child.is_none(), "already running");
-        let dir = &self.dir;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("server.log"))
-            .unwrap();
-        let child = Command::new(RABBITMQ_SERVER)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("HOME", dir)
-            .env("RABBITMQ_NODENAME", &self.node)
-            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
-            .env("RABBITMQ_NODE_PORT", self.port.to_string())
-            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
-            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
-            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", dir.join("log"))
-            .env("RABBITMQ_LOGS", "-")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            // Its own process group: a stop reaches the Erlang VM too.
-            .process_group(0)
-            .spawn()
-            .expect("start rabbitmq-server");
-        self.child = Some(child);
-        let url = self.url("ptrain", &self.password.clone());
-        wait_for("RabbitMQ to take logins", BOOT, || {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("rabbitmq-server exited: {status}\n{}", self.log());
-                }
-            }
-            block_on(Connection::connect(&url, ConnectionProperties::default()))
-                .ok()
-                .map(|_| ())
-        });
-    }
-
-    /// Stops the node (SIGTERM to its process group) and waits for it.
-    pub(crate) fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        // SAFETY: kill has no memory preconditions; the group is the child's.
-        unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                // SAFETY: as above.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // The VM may outlive the script by a moment: wait for the port.
-        wait_for("RabbitMQ's port to close", Duration::from_secs(60), || {
-            std::net::TcpStream::connect(("127.0.0.1", self.port))
-                .is_err()
-                .then_some(())
-        });
-    }
-
-    pub(crate) fn url(&self, user: &str, password: &str) -> String {
-        format!("amqp://{user}:{password}@127.0.0.1:{}/%2f", self.port)
-    }
-
-    /// A channel on a connection of the test's own, as ptrain's user.
-    async fn channel(&self) -> (Connection, lapin::Channel) {
-        let conn = Connection::connect(
-            &self.url("ptrain", &self.password),
-            ConnectionProperties::default(),
-        )
-        .await
-        .unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        (conn, ch)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Rabbit {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
-/// What a consumer of the admin's would set up: a durable topic exchange
-/// and a durable queue bound to every ptrain event.
-fn declare_topology(rabbit: &Rabbit) {
-    block_on(async {
-        let (_conn, ch) = rabbit.channel().await;
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        ch.exchange_declare(
-            EXCHANGE.into(),
-            ExchangeKind::Topic,
-            durable,
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-        let queue = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        ch.queue_declare(QUEUE.into(), queue, FieldTable::default())
-            .await
-            .unwrap();
-        ch.queue_bind(
-            QUEUE.into(),
-            EXCHANGE.into(),
-            "ptrain.#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    });
-}
 
 /// One message as the consumer got it.
 struct Received {
@@ -270,7 +72,7 @@ fn channel_toml(
 #[test]
 fn a_consumer_reads_every_event_once_in_order_through_a_broker_outage_and_a_kill_9() {
     let mut rabbit = Rabbit::start("bus");
-    declare_topology(&rabbit);
+    rabbit.bind_queue(EXCHANGE, QUEUE, "ptrain.#");
     let secrets = Secrets::new("bus");
     let password = secrets.file("rabbit.password", &rabbit.password);
     let wrong = secrets.file("wrong.password", "not-the-password");

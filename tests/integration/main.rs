@@ -25,3 +25,4 @@ mod logs;
 mod notifications;
 mod nvml;
 mod package;
+mod rabbit;

@@ -1,0 +1,231 @@
+//! Issue 25's benchmark (`BENCH_ONLY=events`): what an event stream costs.
+//! One ptraind in the harness, restarted in turn with and without an
+//! `amqp` channel (every job's submitted, started and succeeded events)
+//! to a RabbitMQ of the bench's own (`tests/integration/rabbit.rs`),
+//! bursts of trivial jobs each way:
+//!
+//! - ptraind's CPU per job with the stream against without, read from
+//!   ptraind.service's cgroup around each burst once every event is in the
+//!   consumer's hands, and what that makes per event;
+//! - the end-to-end lag of each event: from the state change (the event's
+//!   `time`, when ptraind recorded it) to a consumer on the broker holding
+//!   it, p50 and p99 over every event.
+//!
+//! Reported, never enforced: CPU of a burst on a shared 2-core machine
+//! moves with the broker's own work beside it, and the lag is wall-clock.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use serde_json::json;
+
+use super::report::{percentile, Figure, Target};
+use super::{median, ptraind_pid, say, settle, summary, Bench, BlockCpu, Dropper, Tracker};
+use crate::daemon::{Opts, TestDaemon};
+use crate::harness::wait_for;
+use crate::rabbit::Rabbit;
+
+const EXCHANGE: &str = "ptrain.events";
+const QUEUE: &str = "bench-events";
+/// The events of one trivial job: submitted, started, succeeded.
+const EVENTS_PER_JOB: usize = 3;
+
+/// What the consumer has taken: each event's lag, in ms.
+#[derive(Default)]
+struct Taken {
+    lags_ms: Vec<f64>,
+}
+
+impl Bench<'_> {
+    pub(super) fn events_on_vs_off(&mut self) {
+        let (rounds, k) = (self.scale.events_rounds, self.scale.events_jobs);
+        if rounds == 0 || k == 0 {
+            return;
+        }
+        say("events: a RabbitMQ of the bench's own, and a harness for the stream on against off");
+        let rabbit = Rabbit::start("bench-events");
+        rabbit.bind_queue(EXCHANGE, QUEUE, "ptrain.#");
+        let secrets = std::path::PathBuf::from(format!(
+            "/srv/ptrain-tests/bench-events-secrets-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&secrets);
+        std::fs::create_dir_all(&secrets).expect("the secrets' directory");
+        let password = secrets.join("rabbit.password");
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&password)
+                .expect("the password file");
+            f.write_all(rabbit.password.as_bytes()).unwrap();
+        }
+        let base = "max_queued_per_user = 1000000\n[jobs]\nkeep_ended_units = \"0s\"\n\
+                    [logs]\nmin_free = \"1%\"\n";
+        let stream = format!(
+            "[channels.bus]\nkind = \"amqp\"\nurl = \"amqp://127.0.0.1:{}/%2f\"\nusername = \"ptrain\"\npassword_file = \"{}\"\nexchange = \"{EXCHANGE}\"\n",
+            rabbit.port,
+            password.display()
+        );
+        let config = |on: bool| {
+            if on {
+                format!("{base}{stream}")
+            } else {
+                base.to_owned()
+            }
+        };
+        let d = TestDaemon::start_with(
+            "bench-events",
+            Opts {
+                extra_config: config(true),
+                ..Opts::default()
+            },
+        );
+        let dropper = Dropper::new(&d);
+        let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
+        let taken = Arc::new(Mutex::new(Taken::default()));
+        let consumer = self.rt.spawn(consume(
+            rabbit.url("ptrain", &rabbit.password),
+            taken.clone(),
+        ));
+        let config_path = d.root.join("ptrain.toml");
+        let written = std::fs::read_to_string(&config_path).expect("the harness's config");
+        // [on, off]: ptraind's CPU per job of each burst.
+        let mut cpu: [Vec<f64>; 2] = Default::default();
+        let mut rates: [Vec<f64>; 2] = Default::default();
+        for round in 0..rounds {
+            let order = if round % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for on in order {
+                let side = usize::from(!on);
+                std::fs::write(&config_path, written.replace(&config(true), &config(on)))
+                    .expect("cannot rewrite the harness's config");
+                let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+                assert!(ok, "cannot restart ptraind: {out}");
+                let pid = ptraind_pid(&d);
+                let had = taken.lock().unwrap().lags_ms.len();
+                let before = BlockCpu::read(pid, d.harness.systemd_pid());
+                let tag = format!("e{round}{}", ["on", "off"][side]);
+                let burst = self.burst(&d, &tracker, &dropper, &tag, k, "");
+                assert_eq!(burst.failed, 0, "events on={on}: jobs failed");
+                if on {
+                    wait_for(
+                        "every event of the burst at the consumer",
+                        Duration::from_secs(120),
+                        || {
+                            (taken.lock().unwrap().lags_ms.len() >= had + k * EVENTS_PER_JOB)
+                                .then_some(())
+                        },
+                    );
+                }
+                settle();
+                let after = BlockCpu::read(pid, d.harness.systemd_pid());
+                if let (Some(b), Some(a)) = (before, after) {
+                    let ns = a.service_ns.saturating_sub(b.service_ns);
+                    cpu[side].push(ns as f64 / 1e6 / k as f64);
+                }
+                rates[side].extend(burst.jobs_per_s());
+            }
+        }
+        consumer.abort();
+        let lags = std::mem::take(&mut taken.lock().unwrap().lags_ms);
+        say(&format!(
+            "events: ptraind's CPU per job by burst, stream on {:?} ms, off {:?} ms",
+            cpu[0], cpu[1]
+        ));
+        let (on_ms, off_ms) = (median(&cpu[0]), median(&cpu[1]));
+        let per_event = on_ms
+            .zip(off_ms)
+            .map(|(on, off)| (on - off) / EVENTS_PER_JOB as f64);
+        self.detail(
+            "events",
+            json!({"jobs_per_burst": k, "rounds": rounds,
+                   "on": {"cpu_ms_per_job": cpu[0], "jobs_per_s": rates[0]},
+                   "off": {"cpu_ms_per_job": cpu[1], "jobs_per_s": rates[1]},
+                   "cpu_ms_per_event": per_event,
+                   "lag_ms": summary(&lags)}),
+        );
+        self.push(
+            Figure::new(
+                "events.cpu_vs_off",
+                &format!(
+                    "ptraind CPU per job, an amqp stream of its {EVENTS_PER_JOB} events on (median of {} bursts of {k})",
+                    cpu[0].len()
+                ),
+                "ms",
+                on_ms,
+            )
+            .floor(off_ms, "no stream")
+            .target(Target::MaxRatio(1.2)),
+        );
+        self.push(Figure::new(
+            "events.cpu_per_event",
+            "  ptraind CPU per event published (on less off, per event)",
+            "ms",
+            per_event,
+        ));
+        self.push(Figure::new(
+            "events.lag.p50",
+            &format!(
+                "event lag p50, state change to the consumer ({} events)",
+                lags.len()
+            ),
+            "ms",
+            percentile(&lags, 0.5),
+        ));
+        self.push(Figure::new(
+            "events.lag.p99",
+            &format!("  event lag p99 ({} events)", lags.len()),
+            "ms",
+            percentile(&lags, 0.99),
+        ));
+        drop(tracker);
+        let root = d.root.clone();
+        drop(d);
+        drop(rabbit);
+        let _ = std::fs::remove_dir_all(root);
+        let _ = std::fs::remove_dir_all(secrets);
+    }
+}
+
+/// Consumes the bench's queue for good, noting each event's lag: its
+/// receipt here less its `time` (when ptraind recorded the state change).
+async fn consume(url: String, taken: Arc<Mutex<Taken>>) {
+    let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+        .await
+        .expect("the consumer's connection");
+    let ch = conn.create_channel().await.expect("the consumer's channel");
+    ch.basic_qos(1000, BasicQosOptions::default())
+        .await
+        .expect("basic.qos");
+    let mut deliveries = ch
+        .basic_consume(
+            QUEUE.into(),
+            "bench".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume");
+    while let Some(Ok(delivery)) = deliveries.next().await {
+        let now = SystemTime::now();
+        let lag = serde_json::from_slice::<serde_json::Value>(&delivery.data)
+            .ok()
+            .and_then(|event| humantime::parse_rfc3339(event["time"].as_str()?).ok())
+            .and_then(|at| now.duration_since(at).ok())
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        taken.lock().unwrap().lags_ms.push(lag);
+    }
+}
