@@ -116,6 +116,15 @@ enum Placing {
     CreateNew,
 }
 
+/// Whether a write waits for the disk.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sync {
+    Durable,
+    /// Left to the page cache: a process crash (kill -9) keeps it, a power
+    /// loss may leave the old bytes, or none.
+    Cached,
+}
+
 impl SpareDir {
     pub fn open(path: &Path) -> io::Result<SpareDir> {
         Ok(SpareDir {
@@ -131,13 +140,21 @@ impl SpareDir {
 
     /// Durably writes `bytes` as `name`, replacing what was there.
     pub fn replace(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        self.write(name, bytes, Placing::Replace)
+        self.write(name, bytes, Placing::Replace, Sync::Durable)
+    }
+
+    /// Writes `bytes` as `name`, replacing what was there, without waiting
+    /// for the disk: for a file whose loss in a power cut only repeats work
+    /// (a notification's status: it is sent again, under the same key).
+    /// Readers still see the old bytes or the new, never a mix.
+    pub fn replace_cached(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.write(name, bytes, Placing::Replace, Sync::Cached)
     }
 
     /// Durably writes `bytes` as `name`, which must not exist yet
     /// (`AlreadyExists` otherwise, and nothing changes).
     pub fn create(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        self.write(name, bytes, Placing::CreateNew)
+        self.write(name, bytes, Placing::CreateNew, Sync::Durable)
     }
 
     /// Removes `name`; one already gone is fine.
@@ -167,7 +184,7 @@ impl SpareDir {
         }
     }
 
-    fn write(&self, name: &str, bytes: &[u8], placing: Placing) -> io::Result<()> {
+    fn write(&self, name: &str, bytes: &[u8], placing: Placing, sync: Sync) -> io::Result<()> {
         let _turn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let _locked = DirLock::take(&self.fd)?;
         let c_name = cstr(name)?;
@@ -178,7 +195,9 @@ impl SpareDir {
         let mut spare = create_at(&self.fd, SPARE, 0)?;
         spare.write_all(bytes)?;
         spare.set_len(bytes.len() as u64)?;
-        spare.sync_data()?;
+        if sync == Sync::Durable {
+            spare.sync_data()?;
+        }
         drop(spare);
         let c_spare = cstr(SPARE)?;
         let dir = self.fd.as_raw_fd();
@@ -209,7 +228,7 @@ impl SpareDir {
         };
         placed?;
         // SAFETY: fsync on a valid dir fd makes the exchange durable.
-        if unsafe { libc::fsync(dir) } != 0 {
+        if sync == Sync::Durable && unsafe { libc::fsync(dir) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())

@@ -11,8 +11,9 @@
 //!   `time`, when ptraind recorded it) to a consumer on the broker holding
 //!   it, p50 and p99 over every event.
 //!
-//! Reported, never enforced: CPU of a burst on a shared 2-core machine
-//! moves with the broker's own work beside it, and the lag is wall-clock.
+//! Reported, never enforced (the issue sets no target): CPU of a burst on
+//! a shared 2-core machine moves with the broker's own work beside it, and
+//! the lag is wall-clock.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -22,7 +23,7 @@ use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use serde_json::json;
 
-use super::report::{percentile, Figure, Target};
+use super::report::{percentile, Figure};
 use super::{median, ptraind_pid, say, settle, summary, Bench, BlockCpu, Dropper, Tracker};
 use crate::daemon::{Opts, TestDaemon};
 use crate::harness::wait_for;
@@ -164,8 +165,8 @@ impl Bench<'_> {
                 "ms",
                 on_ms,
             )
-            .floor(off_ms, "no stream")
-            .target(Target::MaxRatio(1.2)),
+            // The issue sets no target: the ratio is reported.
+            .floor(off_ms, "no stream"),
         );
         self.push(Figure::new(
             "events.cpu_per_event",

@@ -205,7 +205,7 @@ impl Scale {
             // 2-core machine (the pulls, the image's build and push 45 s).
             image_pull_mib: 1024,
             image_pull_runs: 3,
-            events_rounds: 2,
+            events_rounds: 4,
             events_jobs: 100,
         }
     }

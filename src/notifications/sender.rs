@@ -129,6 +129,7 @@ impl Notifier {
                     max_batch: t.max_batch().max(1),
                     ordered: config.channels.get(name).is_some_and(|c| c.ordered()),
                     held_until: None,
+                    reading: BTreeSet::new(),
                     backlog: 0,
                 },
             );
@@ -225,15 +226,28 @@ struct ChannelQueue {
     /// the event that failed.
     ordered: bool,
     held_until: Option<Instant>,
+    /// Admission numbers of entries whose output lines are being read: on
+    /// an ordered channel nothing admitted after them goes first.
+    reading: BTreeSet<u64>,
     /// Undelivered notifications on this channel, in memory (waiting,
     /// reading their output, or in flight); bounded by `max_backlog`.
     backlog: usize,
 }
 
 impl ChannelQueue {
+    /// Whether the entry admitted `seq`th may be sent now: on an ordered
+    /// channel, not before one admitted earlier whose lines are still
+    /// being read.
+    fn may_go(&self, seq: u64) -> bool {
+        !self.ordered || self.reading.first().is_none_or(|first| seq < *first)
+    }
+
     /// When this channel can next start an attempt, if it has anything due.
     fn next_start(&self) -> Option<Instant> {
-        let (at, _, _) = self.due.first()?;
+        let (at, seq, _) = self.due.first()?;
+        if !self.may_go(*seq) {
+            return None; // woken when the read it waits for is in
+        }
         let mut at = *at;
         if let Some(held) = self.held_until {
             at = at.max(held);
@@ -508,6 +522,7 @@ impl Sender {
             // lines become part of the message before its first attempt.
             self.unread
                 .push((key.clone(), delivery.intent.notice.clone()));
+            queue.reading.insert(seq);
         } else {
             queue.due.insert((due, seq, key.clone()));
         }
@@ -569,6 +584,7 @@ impl Sender {
             let seq = entry.seq;
             self.persist(&self.entries[&key].delivery);
             if let Some(queue) = self.channels.get_mut(&channel) {
+                queue.reading.remove(&seq);
                 let due = if queue.ordered { self.origin } else { now };
                 queue.due.insert((due, seq, key));
             }
@@ -596,7 +612,11 @@ impl Sender {
                 continue;
             }
             queue.held_until = None;
-            let waiting = queue.due.iter().take_while(|(at, _, _)| *at <= now).count();
+            let waiting = queue
+                .due
+                .iter()
+                .take_while(|(at, seq, _)| *at <= now && queue.may_go(*seq))
+                .count();
             let take = pacing::batch_len(waiting).min(queue.max_batch);
             let mut keys = Vec::with_capacity(take);
             let mut batch = Vec::with_capacity(take);
@@ -1326,6 +1346,30 @@ pub(crate) mod tests {
                 assert_eq!(sent[3], started.key, "{kind}: {sent:?}");
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_sends_nothing_admitted_after_an_event_whose_lines_are_being_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = scripted([]);
+        // Reading the output lines takes 5 s.
+        let slow: TailReader = Arc::new(|_| {
+            async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                vec!["last line".to_owned()]
+            }
+            .boxed()
+        });
+        let n = start_reading(&config_with("amqp", ""), dir.path(), &fake, slow);
+        // Attempt 1 ended and runs again (its lines are read), then
+        // attempt 2 starts at once.
+        let retry = intent("a", NotifyEvent::Retry, "ch");
+        let mut again = intent("a", NotifyEvent::Started, "ch");
+        again.key = super::super::key_of("a", 2, NotifyEvent::Started, "ch");
+        n.deliver(vec![retry.clone()]);
+        n.deliver(vec![again.clone()]);
+        wait_state(&n, &again.key, DeliveryState::Delivered).await;
+        assert_eq!(sent_keys(&fake), [retry.key.clone(), again.key.clone()]);
     }
 
     /// A transport that refuses one key outright and delivers the rest:
