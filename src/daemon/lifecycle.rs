@@ -242,7 +242,15 @@ pub(super) fn requeued(
     let Next::Again { delay, why } = next else {
         return None;
     };
-    let mut told = intents_for(notifications, end, NotifyEvent::Retry, now);
+    // A start first learned of at this end (the attempt ran unseen) is
+    // told before the retry: streams hear of each attempt's start.
+    let mut told: Vec<Intent> = ended
+        .intents
+        .iter()
+        .filter(|i| i.notice.event == NotifyEvent::Started)
+        .cloned()
+        .collect();
+    told.extend(intents_for(notifications, end, NotifyEvent::Retry, now));
     let mut record = next_attempt_of(current, end, &ended.outcome, why, now);
     // At least a second: the ended unit's release reaches systemd before
     // the next attempt's unit of that name is asked for.
@@ -257,7 +265,10 @@ pub(super) fn requeued(
             record.attempt,
             crate::spec::begin::format_moment(at)
         );
-        for intent in &mut told {
+        for intent in told
+            .iter_mut()
+            .filter(|i| i.notice.event == NotifyEvent::Retry)
+        {
             intent.notice.detail = detail.clone();
         }
     }

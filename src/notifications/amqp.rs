@@ -243,8 +243,9 @@ impl Transport for Amqp {
             }
             let (_, channel) = link.as_ref().expect("opened above");
             let verdicts = publish_all(channel, &exchange, &batch, &redact).await;
-            if verdicts.iter().any(|v| !matches!(v, Verdict::Delivered)) {
-                // Whatever went wrong, the next attempt starts clean.
+            if verdicts.iter().any(|v| matches!(v, Verdict::Retry(_))) {
+                // The link may be at fault: the next attempt starts clean.
+                // (A returned message leaves the channel as it was.)
                 if let Some((connection, _)) = link.take() {
                     let _ = connection.close(200, "ptraind reconnects".into()).await;
                 }

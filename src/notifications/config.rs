@@ -115,9 +115,10 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// A WeCom group robot takes 20 messages a minute.
 pub const WECOM_PER_MINUTE: u32 = 20;
-/// Undelivered notifications a channel may hold before new ones are
-/// dead letters at once: what bounds ptraind's memory while a receiver is
-/// down (each waiting one is kept in memory, about 2 KiB).
+/// Undelivered notifications a channel holds in memory (about 2 KiB
+/// each); beyond it the rest wait in the outbox on disk and are taken back
+/// in order as the channel drains: what bounds ptraind's memory while a
+/// receiver is down.
 pub const DEFAULT_MAX_BACKLOG: usize = 20_000;
 
 /// The validated notification settings.

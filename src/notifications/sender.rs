@@ -129,6 +129,7 @@ impl Notifier {
                     max_batch: t.max_batch().max(1),
                     ordered: config.channels.get(name).is_some_and(|c| c.ordered()),
                     held_until: None,
+                    spilled: false,
                     reading: BTreeSet::new(),
                     backlog: 0,
                 },
@@ -148,6 +149,7 @@ impl Notifier {
             tails,
             unread: Vec::new(),
             reads: JoinSet::new(),
+            reading_keys: HashMap::new(),
             draining: None,
         };
         tokio::spawn(sender.run(rx));
@@ -226,9 +228,12 @@ struct ChannelQueue {
     /// the event that failed.
     ordered: bool,
     held_until: Option<Instant>,
+    /// Some undelivered notifications wait on disk only, beyond
+    /// `max_backlog`: taken back as the channel drains.
+    spilled: bool,
     /// Admission numbers of entries whose output lines are being read: on
     /// an ordered channel nothing admitted after them goes first.
-    reading: BTreeSet<u64>,
+    reading: BTreeSet<(u64, String)>,
     /// Undelivered notifications on this channel, in memory (waiting,
     /// reading their output, or in flight); bounded by `max_backlog`.
     backlog: usize,
@@ -239,7 +244,7 @@ impl ChannelQueue {
     /// channel, not before one admitted earlier whose lines are still
     /// being read.
     fn may_go(&self, seq: u64) -> bool {
-        !self.ordered || self.reading.first().is_none_or(|first| seq < *first)
+        !self.ordered || self.reading.first().is_none_or(|(first, _)| seq < *first)
     }
 
     /// When this channel can next start an attempt, if it has anything due.
@@ -295,9 +300,27 @@ struct Sender {
     /// Their entries wait, off the channel queues, until the lines are in
     /// the outbox copy.
     reads: JoinSet<Vec<(String, Vec<String>)>>,
+    /// The keys each read in flight is for, should it fail to answer.
+    reading_keys: HashMap<tokio::task::Id, Vec<String>>,
     /// Set at stop ([`Notifier::drain`]): answered, and the task ends,
     /// once nothing is under way or due.
     draining: Option<oneshot::Sender<Drained>>,
+}
+
+/// Where a delivery goes on an ordered channel: by when its event was
+/// recorded, and at the same instant by where it falls in an attempt's
+/// life (a start ptraind learns of with its end). Events a restart, a
+/// spill to disk or root's re-send bring back keep their place.
+fn order_of(d: &Delivery) -> u64 {
+    d.intent
+        .created_at
+        .saturating_mul(4)
+        .saturating_add(u64::from(d.intent.notice.event.lifecycle_rank().min(3)))
+}
+
+/// The order deliveries are read back from the outbox in.
+fn by_time(a: &Delivery, b: &Delivery) -> std::cmp::Ordering {
+    (order_of(a), &a.intent.key).cmp(&(order_of(b), &b.intent.key))
 }
 
 /// Output reads of one group run at the same time.
@@ -373,10 +396,22 @@ impl Sender {
                         self.finished(attempt, Instant::now());
                     }
                 }
-                Some(done) = self.reads.join_next(), if !self.reads.is_empty() => {
-                    if let Ok(read) = done {
-                        self.tails_read(read);
-                    }
+                Some(done) = self.reads.join_next_with_id(), if !self.reads.is_empty() => {
+                    let read = match done {
+                        Ok((id, read)) => {
+                            self.reading_keys.remove(&id);
+                            read
+                        }
+                        // Sent without lines rather than held for good.
+                        Err(e) => self
+                            .reading_keys
+                            .remove(&e.id())
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|key| (key, Vec::new()))
+                            .collect(),
+                    };
+                    self.tails_read(read);
                 }
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
             }
@@ -419,16 +454,7 @@ impl Sender {
                     all.into_iter().filter(|d| !d.state.is_final()).collect();
                 // In the order they happened, so an ordered channel sends
                 // one job's events as before the restart.
-                unfinished.sort_by(|a, b| {
-                    let order = |d: &Delivery| {
-                        (
-                            d.intent.created_at,
-                            d.intent.notice.event.lifecycle_rank(),
-                            d.intent.key.clone(),
-                        )
-                    };
-                    order(a).cmp(&order(b))
-                });
+                unfinished.sort_by(by_time);
                 for d in unfinished {
                     self.admit(d);
                 }
@@ -439,6 +465,49 @@ impl Sender {
                 "cannot read the outbox; unfinished notifications resume from the job records only"
             ),
         }
+    }
+
+    /// Takes back, in the order they happened, what a channel over its
+    /// backlog left on disk, up to the bound again.
+    fn refill(&mut self, channel: &str) {
+        let all = match self.outbox.list() {
+            Ok(all) => all,
+            Err(e) => {
+                error!(channel, outbox = %self.outbox.dir().display(), error = %e, "cannot read the outbox to take back the notifications waiting there; trying again as the channel drains");
+                return;
+            }
+        };
+        let mut waiting: Vec<Delivery> = all
+            .into_iter()
+            .filter(|d| {
+                d.intent.channel == channel
+                    && !d.state.is_final()
+                    && !self.entries.contains_key(&d.intent.key)
+            })
+            .collect();
+        waiting.sort_by(by_time);
+        let Some(queue) = self.channels.get_mut(channel) else {
+            return;
+        };
+        queue.spilled = false;
+        let total = waiting.len();
+        for (taken, d) in waiting.into_iter().enumerate() {
+            self.admit(d);
+            if self.channels[channel].spilled {
+                info!(
+                    channel,
+                    taken,
+                    left = total - taken,
+                    "took back notifications that waited on disk"
+                );
+                return;
+            }
+        }
+        info!(
+            channel,
+            taken = total,
+            "took back every notification that waited on disk"
+        );
     }
 
     fn persist(&self, d: &Delivery) {
@@ -457,13 +526,12 @@ impl Sender {
             // Known from before a restart: the same key, its attempts kept.
             Ok(Some(d)) => d,
             Ok(None) => {
+                // On disk at once, even one whose output lines are read
+                // first (recorded again with them, tails_read): after a
+                // restart the outbox alone gives every event its place, and
+                // a channel over its backlog takes it back from there.
                 let d = Delivery::new(intent);
-                // One whose output lines are read first is recorded with
-                // them, before its first attempt (tails_read); until then
-                // the job's record holds the intent.
-                if !needs_tail(&d) {
-                    self.persist(&d);
-                }
+                self.persist(&d);
                 d
             }
             Err(e) => {
@@ -487,19 +555,28 @@ impl Sender {
             self.bury(delivery, why);
             return;
         };
-        if queue.backlog >= self.max_backlog {
-            // The bound on memory while a receiver is down: the
-            // notification stays on disk, as a dead letter root can re-send.
-            let why = format!(
-                "channel {channel} already holds {} undelivered notifications (notify.max_backlog); once its receiver is back, `ptrain notifications retry --all-dead`",
-                queue.backlog
-            );
-            self.bury(delivery, why);
+        if queue.backlog >= self.max_backlog || queue.spilled {
+            // The bound on memory while a receiver is down: the rest wait
+            // on disk (pending, as persisted) and are taken back in the
+            // order they happened as the channel drains (refill). Once
+            // one waits there, later ones do too, so none overtakes it.
+            if !queue.spilled {
+                warn!(
+                    channel = %channel,
+                    "channel {channel} holds {} undelivered notifications (notify.max_backlog); newer ones wait on disk and are taken back in order as it drains",
+                    queue.backlog
+                );
+                queue.spilled = true;
+            }
             return;
         }
         queue.backlog += 1;
-        let seq = self.next_seq;
-        self.next_seq += 1;
+        let seq = if queue.ordered {
+            order_of(&delivery)
+        } else {
+            self.next_seq += 1;
+            self.next_seq
+        };
         let lifetime_end = delivery
             .lifetime_from
             .saturating_add(self.policy.lifetime.as_micros() as u64);
@@ -522,7 +599,7 @@ impl Sender {
             // lines become part of the message before its first attempt.
             self.unread
                 .push((key.clone(), delivery.intent.notice.clone()));
-            queue.reading.insert(seq);
+            queue.reading.insert((seq, key.clone()));
         } else {
             queue.due.insert((due, seq, key.clone()));
         }
@@ -543,6 +620,7 @@ impl Sender {
             return;
         }
         let unread = std::mem::take(&mut self.unread);
+        let keys: Vec<String> = unread.iter().map(|(k, _)| k.clone()).collect();
         let mut runs: Vec<(String, NotifyEvent)> = Vec::new();
         let mut reads = Vec::new();
         for (_, n) in &unread {
@@ -552,7 +630,7 @@ impl Sender {
                 reads.push(AssertUnwindSafe((self.tails)(n.clone())).catch_unwind());
             }
         }
-        self.reads.spawn(async move {
+        let read = self.reads.spawn(async move {
             let lines: Vec<Vec<String>> = futures_util::stream::iter(reads)
                 .buffered(PARALLEL_READS)
                 .map(|read| read.unwrap_or_default())
@@ -569,6 +647,7 @@ impl Sender {
                 })
                 .collect()
         });
+        self.reading_keys.insert(read.id(), keys);
     }
 
     /// Output lines are in: each recorded in its delivery's outbox copy,
@@ -584,7 +663,7 @@ impl Sender {
             let seq = entry.seq;
             self.persist(&self.entries[&key].delivery);
             if let Some(queue) = self.channels.get_mut(&channel) {
-                queue.reading.remove(&seq);
+                queue.reading.remove(&(seq, key.clone()));
                 let due = if queue.ordered { self.origin } else { now };
                 queue.due.insert((due, seq, key));
             }
@@ -617,15 +696,32 @@ impl Sender {
                 .iter()
                 .take_while(|(at, seq, _)| *at <= now && queue.may_go(*seq))
                 .count();
-            let take = pacing::batch_len(waiting).min(queue.max_batch);
+            // A robot's digest merges at most a few; others take what
+            // their transport can carry in one attempt.
+            let take = match queue.pacer {
+                Some(_) => pacing::batch_len(waiting),
+                None => waiting,
+            }
+            .min(queue.max_batch);
             let mut keys = Vec::with_capacity(take);
-            let mut batch = Vec::with_capacity(take);
-            for _ in 0..take {
-                let (_, _, key) = queue.due.pop_first().expect("counted above");
-                if let Some(entry) = self.entries.get(&key) {
-                    batch.push(entry.delivery.intent.clone());
-                    keys.push(key);
+            let mut batch: Vec<Intent> = Vec::with_capacity(take);
+            while keys.len() < take {
+                let Some((_, _, key)) = queue.due.first() else {
+                    break;
+                };
+                let Some(entry) = self.entries.get(key) else {
+                    queue.due.pop_first();
+                    continue;
+                };
+                // One event per job in an ordered attempt: were the first
+                // refused and the second taken, the job's order would break.
+                let job = &entry.delivery.intent.notice.job_id;
+                if queue.ordered && batch.iter().any(|i| &i.notice.job_id == job) {
+                    break;
                 }
+                batch.push(entry.delivery.intent.clone());
+                let (_, _, key) = queue.due.pop_first().expect("looked at above");
+                keys.push(key);
             }
             queue.busy = true;
             if let Some(pacer) = &mut queue.pacer {
@@ -677,6 +773,16 @@ impl Sender {
     }
 
     fn finished(&mut self, attempt: Attempt, now: Instant) {
+        let channel = attempt.channel.clone();
+        self.settle(attempt, now);
+        if let Some(queue) = self.channels.get(&channel) {
+            if queue.spilled && queue.backlog * 2 <= self.max_backlog {
+                self.refill(&channel);
+            }
+        }
+    }
+
+    fn settle(&mut self, attempt: Attempt, now: Instant) {
         let now_wall = now_micros();
         if let Some(queue) = self.channels.get_mut(&attempt.channel) {
             queue.busy = false;
@@ -1437,33 +1543,66 @@ pub(crate) mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_channel_at_its_backlog_bound_dead_letters_what_comes_next_on_disk() {
+    async fn a_channel_over_its_backlog_keeps_the_rest_on_disk_and_takes_them_back_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let fake = Arc::new(Fake {
-            hang: true,
-            ..Fake::default()
-        });
+        // The broker is down for the first four attempts.
+        let fake = scripted([
+            Verdict::Retry("down".into()),
+            Verdict::Retry("down".into()),
+            Verdict::Retry("down".into()),
+            Verdict::Retry("down".into()),
+        ]);
         let n = start(&config_with("amqp", "max_backlog = 2"), dir.path(), &fake);
-        let all: Vec<Intent> = (0..3)
+        let all: Vec<Intent> = (0..7)
             .map(|k| intent(&format!("j{k}"), NotifyEvent::Started, "ch"))
             .collect();
-        n.deliver(all.clone());
-        let dead = wait_state(&n, &all[2].key, DeliveryState::Dead).await;
-        let why = dead.last_error.unwrap();
-        assert!(
-            why.contains("max_backlog") && why.contains("retry --all-dead"),
-            "{why}"
-        );
-        // The first two wait (the receiver hangs); the third is kept on
-        // disk, whole, for root to re-send.
+        for i in &all {
+            n.deliver(vec![i.clone()]);
+        }
+        for i in &all {
+            let d = wait_state(&n, &i.key, DeliveryState::Delivered).await;
+            assert!(d.last_error.is_none() || d.attempts > 1, "{d:?}");
+        }
+        // Never more than the bound in one attempt (the rest were not in
+        // memory), and each sent first in the order they happened.
+        let log = fake.log.lock().unwrap().clone();
+        assert!(log.iter().all(|(_, keys)| keys.len() <= 2), "{log:?}");
+        let mut first_seen: Vec<String> = Vec::new();
+        for key in sent_keys(&fake) {
+            if !first_seen.contains(&key) {
+                first_seen.push(key);
+            }
+        }
+        let want: Vec<String> = all.iter().map(|i| i.key.clone()).collect();
+        assert_eq!(first_seen, want);
+        // Nothing became a dead letter for the bound's sake.
         let listed = n.deliveries().await.unwrap();
-        assert_eq!(listed.len(), 3);
-        let stored = Outbox::open(dir.path())
-            .unwrap()
-            .load(&all[2].key)
-            .unwrap()
-            .unwrap();
-        assert_eq!(stored.intent, all[2]);
+        assert!(
+            listed.iter().all(|d| d.state == DeliveryState::Delivered),
+            "{listed:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ordered_attempt_carries_one_event_per_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(Fake::default());
+        let a1 = intent("a", NotifyEvent::Submitted, "ch");
+        let b1 = intent("b", NotifyEvent::Submitted, "ch");
+        let a2 = intent("a", NotifyEvent::Started, "ch");
+        let mut t: HashMap<String, Arc<dyn Transport>> = HashMap::new();
+        t.insert("ch".into(), Arc::new(PerKey(String::new(), log.clone())));
+        let n = Notifier::with_transports(
+            &config_with("amqp", ""),
+            Outbox::open(dir.path()).unwrap(),
+            t,
+            Arc::new(|_| async { Vec::new() }.boxed()),
+        );
+        n.deliver(vec![a1.clone(), b1.clone(), a2.clone()]);
+        wait_state(&n, &a2.key, DeliveryState::Delivered).await;
+        let log = log.log.lock().unwrap().clone();
+        assert_eq!(log[0].1, [a1.key.clone(), b1.key.clone()]);
+        assert_eq!(log[1].1, std::slice::from_ref(&a2.key));
     }
 
     #[test]
