@@ -187,7 +187,13 @@ fn strip(text: &str) -> String {
             continue;
         }
         let trimmed = line.trim_start();
-        if cfg_test && line.starts_with("mod ") && line.ends_with('{') {
+        // `mod tests {`, or one the crate's other tests share
+        // (`pub(crate) mod tests {`), at column 0.
+        let decl = line
+            .strip_prefix("pub(crate) ")
+            .or_else(|| line.strip_prefix("pub "))
+            .unwrap_or(line);
+        if cfg_test && decl.starts_with("mod ") && decl.ends_with('{') {
             in_test = true;
             cfg_test = false;
             continue;
@@ -553,7 +559,9 @@ fn the_reader_sees_use_trees_and_inline_paths() {
          let x = crate::spec::parse_spec(b); // crate::api\n\
          pub(crate) fn f() {}\n\
          #[cfg(test)]\n\
-         mod tests {\n    use crate::metrics;\n}\n",
+         mod tests {\n    use crate::metrics;\n}\n\
+         #[cfg(test)]\n\
+         pub(crate) mod tests {\n    use crate::config;\n}\n",
     );
     let got: Vec<String> = crate_paths(&code).iter().map(|p| p.join("::")).collect();
     assert_eq!(
