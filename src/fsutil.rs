@@ -118,7 +118,7 @@ enum Placing {
 
 /// Whether a write waits for the disk.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Sync {
+enum Flush {
     Durable,
     /// Left to the page cache: a process crash (kill -9) keeps it, a power
     /// loss may leave the old bytes, or none.
@@ -140,7 +140,7 @@ impl SpareDir {
 
     /// Durably writes `bytes` as `name`, replacing what was there.
     pub fn replace(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        self.write(name, bytes, Placing::Replace, Sync::Durable)
+        self.write(name, bytes, Placing::Replace, Flush::Durable)
     }
 
     /// Writes `bytes` as `name`, replacing what was there, without waiting
@@ -148,13 +148,13 @@ impl SpareDir {
     /// (a notification's status: it is sent again, under the same key).
     /// Readers still see the old bytes or the new, never a mix.
     pub fn replace_cached(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        self.write(name, bytes, Placing::Replace, Sync::Cached)
+        self.write(name, bytes, Placing::Replace, Flush::Cached)
     }
 
     /// Durably writes `bytes` as `name`, which must not exist yet
     /// (`AlreadyExists` otherwise, and nothing changes).
     pub fn create(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        self.write(name, bytes, Placing::CreateNew, Sync::Durable)
+        self.write(name, bytes, Placing::CreateNew, Flush::Durable)
     }
 
     /// Removes `name`; one already gone is fine.
@@ -184,7 +184,7 @@ impl SpareDir {
         }
     }
 
-    fn write(&self, name: &str, bytes: &[u8], placing: Placing, sync: Sync) -> io::Result<()> {
+    fn write(&self, name: &str, bytes: &[u8], placing: Placing, flush: Flush) -> io::Result<()> {
         let _turn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let _locked = DirLock::take(&self.fd)?;
         let c_name = cstr(name)?;
@@ -195,7 +195,7 @@ impl SpareDir {
         let mut spare = create_at(&self.fd, SPARE, 0)?;
         spare.write_all(bytes)?;
         spare.set_len(bytes.len() as u64)?;
-        if sync == Sync::Durable {
+        if flush == Flush::Durable {
             spare.sync_data()?;
         }
         drop(spare);
@@ -228,7 +228,7 @@ impl SpareDir {
         };
         placed?;
         // SAFETY: fsync on a valid dir fd makes the exchange durable.
-        if sync == Sync::Durable && unsafe { libc::fsync(dir) } != 0 {
+        if flush == Flush::Durable && unsafe { libc::fsync(dir) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())

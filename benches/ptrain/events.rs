@@ -24,7 +24,10 @@ use lapin::types::FieldTable;
 use serde_json::json;
 
 use super::report::{percentile, Figure};
-use super::{median, ptraind_pid, say, settle, summary, Bench, BlockCpu, Dropper, Tracker};
+use super::{
+    median, on_off_order, ptraind_pid, restart_with_config, say, settle, summary, Bench, BlockCpu,
+    Dropper, Tracker,
+};
 use crate::daemon::{Opts, TestDaemon};
 use crate::harness::wait_for;
 use crate::rabbit::Rabbit;
@@ -95,23 +98,15 @@ impl Bench<'_> {
             rabbit.url("ptrain", &rabbit.password),
             taken.clone(),
         ));
-        let config_path = d.root.join("ptrain.toml");
-        let written = std::fs::read_to_string(&config_path).expect("the harness's config");
+        let written =
+            std::fs::read_to_string(d.root.join("ptrain.toml")).expect("the harness's config");
         // [on, off]: ptraind's CPU per job of each burst.
         let mut cpu: [Vec<f64>; 2] = Default::default();
         let mut rates: [Vec<f64>; 2] = Default::default();
         for round in 0..rounds {
-            let order = if round % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
-            for on in order {
+            for on in on_off_order(round) {
                 let side = usize::from(!on);
-                std::fs::write(&config_path, written.replace(&config(true), &config(on)))
-                    .expect("cannot rewrite the harness's config");
-                let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
-                assert!(ok, "cannot restart ptraind: {out}");
+                restart_with_config(&d, &written.replace(&config(true), &config(on)));
                 let pid = ptraind_pid(&d);
                 let had = taken.lock().unwrap().lags_ms.len();
                 let before = BlockCpu::read(pid, d.harness.systemd_pid());
@@ -222,10 +217,15 @@ async fn consume(url: String, taken: Arc<Mutex<Taken>>) {
         .expect("basic.consume");
     while let Some(Ok(delivery)) = deliveries.next().await {
         let now = SystemTime::now();
-        let lag = serde_json::from_slice::<serde_json::Value>(&delivery.data)
-            .ok()
-            .and_then(|event| humantime::parse_rfc3339(event["time"].as_str()?).ok())
-            .and_then(|at| now.duration_since(at).ok())
+        let event: serde_json::Value =
+            serde_json::from_slice(&delivery.data).expect("a CloudEvent in JSON");
+        let at = event["time"]
+            .as_str()
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+            .expect("a CloudEvent with its time");
+        // A clock step back reads as no lag, not as a failure.
+        let lag = now
+            .duration_since(at)
             .map_or(0.0, |d| d.as_secs_f64() * 1e3);
         taken.lock().unwrap().lags_ms.push(lag);
     }

@@ -1560,8 +1560,8 @@ impl Bench<'_> {
         let dropper = Dropper::new(&d);
         let tracker = self.rt.block_on(Tracker::connect(&d.harness.bus_address()));
         let mut quiet = self.rt.block_on(Quiescence::connect(&d));
-        let config_path = d.root.join("ptrain.toml");
-        let written = std::fs::read_to_string(&config_path).expect("the harness's config");
+        let written =
+            std::fs::read_to_string(d.root.join("ptrain.toml")).expect("the harness's config");
         let (rounds, k) = (self.scale.accounting_rounds, self.scale.accounting_jobs);
         // [on, off]: ptraind's CPU per job of each block, and each job's
         // drop-to-active.
@@ -1571,18 +1571,10 @@ impl Bench<'_> {
         let mut host_cpu: [Vec<f64>; 2] = Default::default();
         let mut active: [Vec<f64>; 2] = Default::default();
         for round in 0..rounds {
-            let order = if round % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
-            for on in order {
+            for on in on_off_order(round) {
                 let side = usize::from(!on);
-                std::fs::write(&config_path, written.replace(&config(true), &config(on)))
-                    .expect("cannot rewrite the harness's config");
                 let since = format!("@{}", ptrain::now_micros() / 1_000_000);
-                let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
-                assert!(ok, "cannot restart ptraind: {out}");
+                restart_with_config(&d, &written.replace(&config(true), &config(on)));
                 let settled = if on {
                     "accounting database back-filled"
                 } else {
@@ -2872,6 +2864,24 @@ fn restarts(d: &TestDaemon) -> u32 {
 }
 
 /// ptraind's host pid, from the MainPID systemd reports inside.
+/// On against off in each round, on first in even rounds: neither side
+/// always runs on a machine the other has just warmed.
+fn on_off_order(round: usize) -> [bool; 2] {
+    if round.is_multiple_of(2) {
+        [true, false]
+    } else {
+        [false, true]
+    }
+}
+
+/// Rewrites the harness's config to `text` and restarts ptraind with it
+/// (returns once it said READY=1).
+fn restart_with_config(d: &TestDaemon, text: &str) {
+    std::fs::write(d.root.join("ptrain.toml"), text).expect("cannot rewrite the harness's config");
+    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+    assert!(ok, "cannot restart ptraind: {out}");
+}
+
 fn ptraind_pid(d: &TestDaemon) -> u32 {
     let inner: u32 = d
         .unit_property("ptraind.service", "MainPID")

@@ -231,8 +231,8 @@ struct ChannelQueue {
     /// Some undelivered notifications wait on disk only, beyond
     /// `max_backlog`: taken back as the channel drains.
     spilled: bool,
-    /// Admission numbers of entries whose output lines are being read: on
-    /// an ordered channel nothing admitted after them goes first.
+    /// The places (`Entry::seq`) of entries whose output lines are being
+    /// read: on an ordered channel nothing placed after them goes first.
     reading: BTreeSet<(u64, String)>,
     /// Undelivered notifications on this channel, in memory (waiting,
     /// reading their output, or in flight); bounded by `max_backlog`.
@@ -240,9 +240,9 @@ struct ChannelQueue {
 }
 
 impl ChannelQueue {
-    /// Whether the entry admitted `seq`th may be sent now: on an ordered
-    /// channel, not before one admitted earlier whose lines are still
-    /// being read.
+    /// Whether the entry placed at `seq` may be sent now: on an ordered
+    /// channel, not before one placed earlier whose lines are still being
+    /// read.
     fn may_go(&self, seq: u64) -> bool {
         !self.ordered || self.reading.first().is_none_or(|(first, _)| seq < *first)
     }
@@ -267,7 +267,9 @@ impl ChannelQueue {
 struct Entry {
     delivery: Delivery,
     deadline: Instant,
-    /// Admission order: ties on the due time go first come, first served.
+    /// Its place in its channel's queue: admission order (ties on the due
+    /// time go first come, first served), or on an ordered channel when
+    /// its event happened ([`order_of`]).
     seq: u64,
 }
 
@@ -1560,8 +1562,7 @@ pub(crate) mod tests {
             n.deliver(vec![i.clone()]);
         }
         for i in &all {
-            let d = wait_state(&n, &i.key, DeliveryState::Delivered).await;
-            assert!(d.last_error.is_none() || d.attempts > 1, "{d:?}");
+            wait_state(&n, &i.key, DeliveryState::Delivered).await;
         }
         // Never more than the bound in one attempt (the rest were not in
         // memory), and each sent first in the order they happened.
