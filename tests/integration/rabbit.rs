@@ -37,7 +37,16 @@ pub(crate) struct Rabbit {
     node: String,
     pub(crate) password: String,
     child: Option<Child>,
+    /// The node's own port mapper on a port of its own: a shared one
+    /// that `erl` starts on demand races the node's first registration
+    /// on a loaded host, and outlives the test.
+    epmd: Option<(Child, u16)>,
 }
+
+/// How many times a node that exits while booting is started again:
+/// a port another test took in between, or the port mapper coming up
+/// late, end a boot without saying anything about ptrain.
+const BOOT_TRIES: usize = 3;
 
 impl Rabbit {
     pub(crate) fn start(test: &str) -> Rabbit {
@@ -49,33 +58,94 @@ impl Rabbit {
             "/srv/ptrain-tests/{test}-rabbit-{}",
             std::process::id()
         ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let port = free_port();
-        let password = format!("pw-{}-{}", std::process::id(), port);
+        let mut rabbit = Rabbit {
+            dir,
+            port: 0,
+            dist_port: 0,
+            node: format!("ptrain-{test}-{}@localhost", std::process::id()),
+            password: format!("pw-{}", std::process::id()),
+            child: None,
+            epmd: None,
+        };
+        // A first boot that fails starts afresh on new ports: one another
+        // test took in between is the likeliest cause.
+        for attempt in 1..=BOOT_TRIES {
+            rabbit.fresh_node();
+            match rabbit.try_boot() {
+                Ok(()) => return rabbit,
+                Err(why) if attempt < BOOT_TRIES => {
+                    eprintln!("rabbit: first boot {attempt} of {BOOT_TRIES} failed, starting afresh: {why}");
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+        unreachable!("the last try returns or panics")
+    }
+
+    /// An empty data dir and a config on ports nobody uses now.
+    fn fresh_node(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(&self.dir).unwrap();
+        self.port = free_port();
+        self.dist_port = free_port();
         std::fs::write(
-            dir.join("rabbitmq.conf"),
+            self.dir.join("rabbitmq.conf"),
             format!(
-                "listeners.tcp.default = 127.0.0.1:{port}\ndefault_user = ptrain\ndefault_pass = {password}\n"
+                "listeners.tcp.default = 127.0.0.1:{}\ndefault_user = ptrain\ndefault_pass = {}\n",
+                self.port, self.password
             ),
         )
         .unwrap();
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
-        let mut rabbit = Rabbit {
-            dir,
-            port,
-            dist_port: free_port(),
-            node: format!("ptrain-{test}-{}@localhost", std::process::id()),
-            password,
-            child: None,
-        };
-        rabbit.boot();
-        rabbit
+        std::fs::write(self.dir.join("enabled_plugins"), "[].\n").unwrap();
     }
 
-    /// Starts the node and returns once it takes logins.
+    /// Starts the node and returns once it takes logins, trying again
+    /// (on the same ports: ptraind's config names them) if it exits
+    /// while booting; the last try's failure is the test's, with the
+    /// node's words.
     pub(crate) fn boot(&mut self) {
         assert!(self.child.is_none(), "already running");
+        for attempt in 1..=BOOT_TRIES {
+            match self.try_boot() {
+                Ok(()) => return,
+                Err(why) if attempt < BOOT_TRIES => {
+                    eprintln!("rabbit: boot {attempt} of {BOOT_TRIES} failed, trying again: {why}");
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+    }
+
+    /// Starts the port mapper once, on a port of the node's own, and
+    /// returns that port once it answers.
+    fn epmd_port(&mut self) -> u16 {
+        if let Some((child, port)) = self.epmd.as_mut() {
+            if matches!(child.try_wait(), Ok(None)) {
+                return *port;
+            }
+        }
+        let port = free_port();
+        let child = Command::new("epmd")
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .args(["-port", &port.to_string(), "-address", "127.0.0.1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start epmd (erlang-base)");
+        self.epmd = Some((child, port));
+        wait_for("epmd to answer", BOOT, || {
+            std::net::TcpStream::connect(("127.0.0.1", port))
+                .ok()
+                .map(|_| ())
+        });
+        port
+    }
+
+    /// One boot: the node's last words if it exits before taking logins.
+    fn try_boot(&mut self) -> Result<(), String> {
+        let epmd_port = self.epmd_port();
         let dir = &self.dir;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -95,6 +165,8 @@ impl Rabbit {
             .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
             .env("RABBITMQ_LOG_BASE", dir.join("log"))
             .env("RABBITMQ_LOGS", "-")
+            .env("ERL_EPMD_PORT", epmd_port.to_string())
+            .env("ERL_CRASH_DUMP", dir.join("erl_crash.dump"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -104,16 +176,27 @@ impl Rabbit {
             .expect("start rabbitmq-server");
         self.child = Some(child);
         let url = self.url("ptrain", &self.password.clone());
-        wait_for("RabbitMQ to take logins", BOOT, || {
+        let deadline = Instant::now() + BOOT;
+        loop {
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    panic!("rabbitmq-server exited: {status}\n{}", self.log());
+                    self.child = None;
+                    return Err(format!(
+                        "rabbitmq-server exited: {status}\n{}",
+                        self.last_words()
+                    ));
                 }
             }
-            block_on(Connection::connect(&url, ConnectionProperties::default()))
-                .ok()
-                .map(|_| ())
-        });
+            if block_on(Connection::connect(&url, ConnectionProperties::default())).is_ok() {
+                return Ok(());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "RabbitMQ took no login within {BOOT:?}\n{}",
+                self.last_words()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Stops the node (SIGTERM to its process group, SIGKILL if it takes
@@ -159,14 +242,36 @@ impl Rabbit {
         (conn, ch)
     }
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    /// The node's log, its lines that say what went wrong, and the crash
+    /// dump's slogan: last, where a cut test log still shows them.
+    fn last_words(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let telling: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                let l = l.to_ascii_lowercase();
+                l.contains("error") || l.contains("failed") || l.contains("terminated")
+            })
+            .collect();
+        let dump = std::fs::read_to_string(self.dir.join("erl_crash.dump")).unwrap_or_default();
+        let slogan = dump
+            .lines()
+            .find(|l| l.starts_with("Slogan:"))
+            .unwrap_or("no crash dump");
+        format!(
+            "--- server.log ---\n{log}\n--- what it said went wrong ---\n{}\n{slogan}",
+            telling.join("\n")
+        )
     }
 }
 
 impl Drop for Rabbit {
     fn drop(&mut self) {
         self.stop();
+        if let Some((mut epmd, _)) = self.epmd.take() {
+            let _ = epmd.kill();
+            let _ = epmd.wait();
+        }
     }
 }
 
