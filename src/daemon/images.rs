@@ -100,6 +100,31 @@ impl InUse {
     }
 }
 
+/// The job a pull was started for, as its record was then: the image
+/// as named, the digest it is pinned to, its owner and its claim's time.
+/// A job's pull starts before its claim is written ([`super::Daemon`]'s
+/// `claim`); when that write fails the file is claimed again later, as a
+/// job of the same id but a later claim (or, the file replaced, another
+/// image or owner): the first pull's answer must not be taken for its.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    image: Option<String>,
+    pin: Option<String>,
+    uid: u32,
+    submitted_at: u64,
+}
+
+impl Wanted {
+    pub(super) fn of(record: &JobRecord) -> Wanted {
+        Wanted {
+            image: record.spec.image.clone(),
+            pin: record.image_pin.clone(),
+            uid: record.owner.uid,
+            submitted_at: record.submitted_at,
+        }
+    }
+}
+
 impl Images {
     /// The store under `dir` (root's, 0700: job users never see it; its
     /// trees reach them only as their units' roots), pulled into and
@@ -204,6 +229,7 @@ impl Images {
             }
         }
         let id = record.id.clone();
+        let wanted = Wanted::of(record);
         let owner = record.owner.clone();
         let pull = self.pull.clone();
         let events = self.events.clone();
@@ -221,7 +247,7 @@ impl Images {
                 )),
                 _ => Ok(ready),
             });
-            let _ = events.send(Event::ImageReady { id, result });
+            let _ = events.send(Event::ImageReady { id, wanted, result });
         });
     }
 }
@@ -279,7 +305,13 @@ async fn ready(
         admin_auth,
     } = pull;
     let source = ImageSource::parse(reference).map_err(|e| e.to_string())?;
-    let source_name = source.to_string();
+    // The store's record names the image as the source normalized
+    // (`ubuntu` is `docker.io/library/ubuntu:latest`).
+    let job = JobRoot {
+        reference: source.to_string(),
+        user: owner.name.clone(),
+        mount_points,
+    };
     // A pull with its owner's own credentials (or of a file opened with
     // their rights) is theirs alone: no other user's job joins it.
     let (key, credentials) = match &source {
@@ -299,6 +331,10 @@ async fn ready(
         .entry(key.clone())
         .or_default()
         .clone();
+    // The job whose pull this is gets its root from the pull's own
+    // blocking call (`fetch`); a job that joined another's pull makes
+    // its own after.
+    let mut made = None;
     let pulled = cell
         .get_or_init(|| {
             fetch(
@@ -310,6 +346,8 @@ async fn ready(
                 client,
                 limits,
                 progress.clone(),
+                job.clone(),
+                &mut made,
             )
         })
         .await
@@ -324,23 +362,15 @@ async fn ready(
         progress.remove(reference);
     }
     let pulled = pulled?;
-    let (store_root, tree, user) = (
-        store.root().to_owned(),
-        pulled.tree.clone(),
-        owner.name.clone(),
-    );
-    // The store's record names the image as the source normalized
-    // (`ubuntu` is `docker.io/library/ubuntu:latest`).
-    let reference = source_name;
-    let rootfs = tokio::task::spawn_blocking(move || {
-        if let Err(e) = store.note_use(&reference, &user, crate::now_micros()) {
-            warn!(image = %reference, error = %e, "cannot note the image's use");
+    let rootfs = match made {
+        Some(made) => made?,
+        None => {
+            let tree = pulled.tree.clone();
+            tokio::task::spawn_blocking(move || job.make(&store, &tree))
+                .await
+                .map_err(|e| format!("the job's root: {e}"))??
         }
-        runtime_root::runtime_root(&store_root, &tree, &mount_points)
-    })
-    .await
-    .map_err(|e| format!("the job's root: {e}"))?
-    .map_err(|e| e.to_string())?;
+    };
     Ok(ReadyImage {
         digest: pulled.digest,
         rootfs,
@@ -348,7 +378,32 @@ async fn ready(
     })
 }
 
-/// The image fetched into the store and its tree assembled.
+/// What one job needs of its image once the image is prepared: its use
+/// noted in the store's record, and its own root.
+#[derive(Clone)]
+struct JobRoot {
+    /// The image's reference as the store's record names it.
+    reference: String,
+    /// The job's owner, noted among the image's users.
+    user: String,
+    mount_points: Vec<PathBuf>,
+}
+
+impl JobRoot {
+    /// The job's root, cloned from `tree` (found, on a warm pull of
+    /// these mount points). Blocking.
+    fn make(&self, store: &ImageStore, tree: &std::path::Path) -> Result<PathBuf, String> {
+        if let Err(e) = store.note_use(&self.reference, &self.user, crate::now_micros()) {
+            warn!(image = %self.reference, error = %e, "cannot note the image's use");
+        }
+        runtime_root::runtime_root(store.root(), tree, &self.mount_points)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The image fetched into the store and its tree assembled; and, in the
+/// same blocking call as the tree (a warm pull makes one hop off the
+/// runtime, not three), `job`'s root, put in `made`.
 #[allow(clippy::too_many_arguments)]
 async fn fetch(
     reference: &str,
@@ -359,8 +414,19 @@ async fn fetch(
     client: Arc<RegistryClient>,
     limits: ImageLimits,
     progress: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+    job: JobRoot,
+    made: &mut Option<Result<PathBuf, String>>,
 ) -> Result<Pulled, String> {
-    let fetched = match &source {
+    // Blocking: the image prepared (unpacked once, found on a warm
+    // pull), then the job's root.
+    let finish = move |store: &ImageStore, fetched: &crate::images::Fetched| {
+        let prepared = store
+            .prepare(fetched, &limits, crate::now_micros())
+            .map_err(|e| e.to_string())?;
+        let root = job.make(store, &prepared.rootfs);
+        Ok::<_, String>((prepared, root))
+    };
+    let (prepared, root) = match &source {
         ImageSource::Registry(image) => {
             let name = reference.to_owned();
             let report = move |p: &PullProgress| {
@@ -368,23 +434,22 @@ async fn fetch(
                     progress.insert(name.clone(), (p.done, p.total));
                 }
             };
-            client
+            let fetched = client
                 .pull_as(image, store.blobs(), &report, credentials)
                 .await
-                .map_err(|e| e.to_string())?
-        }
-        _ => {
-            let store = store.clone();
-            tokio::task::spawn_blocking(move || import_as(&source, &owner, &store, &limits))
+                .map_err(|e| e.to_string())?;
+            tokio::task::spawn_blocking(move || finish(&store, &fetched))
                 .await
-                .map_err(|e| format!("importing the image: {e}"))??
+                .map_err(|e| format!("unpacking the image: {e}"))??
         }
+        _ => tokio::task::spawn_blocking(move || {
+            let fetched = import_as(&source, &owner, &store, &limits)?;
+            finish(&store, &fetched)
+        })
+        .await
+        .map_err(|e| format!("importing the image: {e}"))??,
     };
-    let prepared =
-        tokio::task::spawn_blocking(move || store.prepare(&fetched, &limits, crate::now_micros()))
-            .await
-            .map_err(|e| format!("unpacking the image: {e}"))?
-            .map_err(|e| e.to_string())?;
+    *made = Some(root);
     Ok(Pulled {
         digest: prepared.record.manifest.to_string(),
         tree: prepared.rootfs,

@@ -112,6 +112,9 @@ pub enum Event {
     /// (`images::Images::want`).
     ImageReady {
         id: JobId,
+        /// The job the pull was started for: the answer is applied only
+        /// to it (`images::Wanted`).
+        wanted: images::Wanted,
         result: Result<crate::store::ReadyImage, String>,
     },
     /// The image store's collector asks which images the live jobs need
@@ -906,7 +909,9 @@ impl Daemon {
             Event::Relaunch(id) => self.start_unit(&id).await,
             Event::Looked { unit, state } => self.on_looked(&unit, state).await,
             Event::Freezer { id, pause, error } => self.on_freezer(&id, pause, error),
-            Event::ImageReady { id, result } => self.on_image_ready(&id, result).await,
+            Event::ImageReady { id, wanted, result } => {
+                self.on_image_ready(&id, &wanted, result).await
+            }
             Event::ImagesInUse(reply) => {
                 let _ = reply.send(images::InUse::of(self.live.records()));
             }
@@ -1896,6 +1901,20 @@ impl Daemon {
             record.notifications.extend(intents.iter().cloned());
             told.extend(intents);
         }
+        // Each image job's pull starts now, before the claim's durable
+        // write (a few ms of fsync on the state task), so a warm pull's
+        // registry round trip and the job's root run beside it instead of
+        // after it. Nothing is lost or loosened: the pull's answer is an
+        // event, applied only after this claim (one state task), to a job
+        // that is then live and `pulling` (the collection's question comes
+        // through the same channel, so it sees the job as pulling); a
+        // claim that fails leaves no job, its pull's answer is dropped
+        // ([`Self::on_image_ready`]) and the file, still in the spool, is
+        // claimed (and pulled) again later. Admission already accepted the
+        // job: no refused file ever has its image pulled.
+        for record in &records {
+            self.want_image(record);
+        }
         let claimed = match &group {
             Some(group) => self.store.claim_group(group, &records, &bytes),
             None => self.store.claim(&records[0], &bytes),
@@ -1930,7 +1949,7 @@ impl Daemon {
                 "job accepted"
             );
             let id = record.id.clone();
-            self.queue(record);
+            self.queue_pulling(record);
             self.emit_changed(&id);
         }
         // Only once every job of the file is on the board: `ptrain submit`
@@ -1947,26 +1966,40 @@ impl Daemon {
         if let Some(gone) = record.image.take_if(|image| !image.rootfs.is_dir()) {
             record.image_pin = Some(gone.digest);
         }
-        if record.spec.image.is_some() && record.image.is_none() {
-            match &self.images {
-                Ok(images) => {
-                    let workdir = unit::workdir(&record, record.owner.home.is_dir());
-                    let points = if workdir == std::path::Path::new("/") {
-                        Vec::new()
-                    } else {
-                        vec![workdir]
-                    };
-                    images.want(&record, points);
-                }
-                Err(why) => {
-                    let _ = self.events.send(Event::ImageReady {
-                        id: record.id.clone(),
-                        result: Err(format!("ptraind's image store is not open: {why}")),
-                    });
-                }
+        self.want_image(&record);
+        self.live.queue_job(record);
+    }
+
+    /// A job just claimed into the queue: its pull, if it has an image,
+    /// was started before the claim ([`Self::claim`]).
+    fn queue_pulling(&mut self, record: JobRecord) {
+        self.live.queue_job(record);
+    }
+
+    /// Starts the pull of `record`'s image when it names one not on disk
+    /// yet; its answer comes as an [`Event::ImageReady`].
+    fn want_image(&self, record: &JobRecord) {
+        if record.spec.image.is_none() || record.image.is_some() {
+            return;
+        }
+        match &self.images {
+            Ok(images) => {
+                let workdir = unit::workdir(record, record.owner.home.is_dir());
+                let points = if workdir == std::path::Path::new("/") {
+                    Vec::new()
+                } else {
+                    vec![workdir]
+                };
+                images.want(record, points);
+            }
+            Err(why) => {
+                let _ = self.events.send(Event::ImageReady {
+                    id: record.id.clone(),
+                    wanted: images::Wanted::of(record),
+                    result: Err(format!("ptraind's image store is not open: {why}")),
+                });
             }
         }
-        self.live.queue_job(record);
     }
 
     /// A job's image is ready, or it never will be: the job ends with the
@@ -1974,17 +2007,18 @@ impl Daemon {
     /// save ([`Self::launch`]) when the next plan launches the job, or
     /// after that plan ([`Self::record_ready_images`]): every attempt runs
     /// the same digest. A kill -9 in between pulls again, for a job that
-    /// has not started.
+    /// has not started. An answer for another job of the same id (a
+    /// pull started before a claim that failed, [`Self::claim`]) is
+    /// dropped: that job started its own.
     async fn on_image_ready(
         &mut self,
         id: &JobId,
+        wanted: &images::Wanted,
         result: Result<crate::store::ReadyImage, String>,
     ) {
-        let Some(record) = self
-            .live
-            .get(id)
-            .filter(|r| r.state == JobState::Queued && r.image.is_none())
-        else {
+        let Some(record) = self.live.get(id).filter(|r| {
+            r.state == JobState::Queued && r.image.is_none() && images::Wanted::of(r) == *wanted
+        }) else {
             return;
         };
         let reference = record.spec.image.clone().unwrap_or_default();

@@ -197,6 +197,42 @@ impl BlobStore {
         })
     }
 
+    /// Stores `bytes`, held whole in memory (a manifest as fetched), as
+    /// [`BlobStore::store_from`] would, checked the same way (`max_bytes`,
+    /// `expected`); when a blob of their digest is already stored, nothing
+    /// is written: that name was verified and synced when it was given (a
+    /// warm pull fetches its tag's manifest again each time, and would
+    /// otherwise make, write and remove a temp file for it each time).
+    pub fn store_bytes(
+        &self,
+        what: impl Into<String>,
+        bytes: &[u8],
+        expected: Option<Digest>,
+        max_bytes: u64,
+    ) -> Result<Digest, BlobError> {
+        let what = what.into();
+        if bytes.len() as u64 > max_bytes {
+            return Err(BlobError::TooLarge {
+                what,
+                limit: max_bytes,
+            });
+        }
+        let actual = Digest::from_sha256(Sha256::digest(bytes).into());
+        if let Some(expected) = expected {
+            if expected != actual {
+                return Err(BlobError::DigestMismatch {
+                    what,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        if self.contains(&actual) {
+            return Ok(actual);
+        }
+        self.store_from(what, &mut &bytes[..], Some(actual), None, max_bytes)
+    }
+
     /// Copies `reader` into the store through [`BlobStore::writer`].
     pub fn store_from(
         &self,
@@ -366,6 +402,38 @@ mod tests {
         // The same bytes again: no error, one file.
         s.store_from("b", &mut &b"hello"[..], None, None, 100)
             .unwrap();
+        assert!(tmp_is_empty(&dir));
+    }
+
+    #[test]
+    fn bytes_in_memory_are_checked_and_stored_once() {
+        let (dir, s) = store();
+        let want = Digest::of(b"manifest");
+        let got = s
+            .store_bytes("m", b"manifest", Some(want.clone()), 100)
+            .unwrap();
+        assert_eq!(got, want);
+        assert_eq!(s.read(&want, 100).unwrap(), b"manifest");
+        // Already stored: the same digest, nothing written, no temp file.
+        let before = std::fs::metadata(s.path(&want))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(s.store_bytes("m", b"manifest", None, 100).unwrap(), want);
+        let after = std::fs::metadata(s.path(&want))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(before, after);
+        assert!(tmp_is_empty(&dir));
+        // A stored blob never vouches for other bytes: a mismatch is one
+        // still, and too many bytes are too many.
+        let err = s
+            .store_bytes("m", b"tampered", Some(want.clone()), 100)
+            .unwrap_err();
+        assert!(matches!(err, BlobError::DigestMismatch { .. }), "{err}");
+        let err = s.store_bytes("m", b"manifest", None, 7).unwrap_err();
+        assert!(matches!(err, BlobError::TooLarge { limit: 7, .. }), "{err}");
         assert!(tmp_is_empty(&dir));
     }
 

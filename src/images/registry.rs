@@ -559,20 +559,23 @@ impl Session<'_> {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| Digest::parse(v.trim()).ok());
         let limit = self.client.options.limits.max_manifest_bytes;
-        let mut writer = blobs.writer(
-            format!("manifest of {what}"),
-            expected.cloned().or(announced),
-            None,
-            limit,
-        )?;
+        let what = format!("manifest of {what}");
+        // Held in memory (it is parsed next), within its bound as it
+        // streams; then checked and stored, or found stored (a warm pull's
+        // manifest is the one it had: nothing is written for it).
         let mut bytes = Vec::new();
         stream_into(response, &url, |chunk| {
-            writer.write_chunk(chunk)?;
+            if bytes.len() as u64 + chunk.len() as u64 > limit {
+                return Err(BlobError::TooLarge {
+                    what: what.clone(),
+                    limit,
+                });
+            }
             bytes.extend_from_slice(chunk);
             Ok(())
         })
         .await?;
-        let digest = writer.finish()?;
+        let digest = blobs.store_bytes(what, &bytes, expected.cloned().or(announced), limit)?;
         Ok((bytes, content_type, digest))
     }
 
