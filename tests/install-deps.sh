@@ -55,3 +55,19 @@ need_component() {   # COMPONENT CARGO-SUBCOMMAND
 }
 need_component rustfmt fmt
 need_component clippy clippy
+
+# tansu: the Kafka-protocol broker of the event-stream test
+# (tests/integration/brokers.rs, tests/integration/tansu.rs). Debian has no
+# Kafka; tansu is on crates.io, built here once, pinned (its own lock file),
+# with its SQLite engine, so what it acknowledged survives its restart as
+# with Apache Kafka. A debug build: it compiles in about half the time of a
+# release one, and a test broker needs no speed.
+TANSU_VERSION=0.6.0
+TANSU_ROOT=/opt/ptrain-tests
+if [ "$("$TANSU_ROOT/bin/tansu" --version 2>/dev/null)" != "tansu $TANSU_VERSION" ]; then
+    [ "$(id -u)" = 0 ] || die "run as root (sudo make test) to build the test broker, or: cargo install tansu --version $TANSU_VERSION --locked --features libsql --debug --root $TANSU_ROOT"
+    echo "building the test Kafka broker (tansu $TANSU_VERSION; several minutes, once)"
+    cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --debug \
+        --root "$TANSU_ROOT" --target-dir "$TANSU_ROOT/build" </dev/null
+    rm -rf "$TANSU_ROOT/build"
+fi

@@ -218,6 +218,7 @@ fn check_secret_files(config: &Config, findings: &mut Vec<Finding>) {
             ),
             ChannelKind::Email(e) => (vec![("password_file", &e.password_file)], &e.ca_file),
             ChannelKind::Amqp(a) => (vec![("password_file", &a.password_file)], &a.ca_file),
+            ChannelKind::Kafka(k) => (vec![("password_file", &k.password_file)], &k.ca_file),
         };
         for (field, path) in secrets {
             let Some(path) = path else { continue };

@@ -47,6 +47,15 @@
 //! password_file = "/etc/ptrain/rabbit.password"
 //! exchange = "ptrain.events"                # routing key ptrain.EVENT.OWNER
 //! events = ["started", "succeeded", "failed"]   # all events when unset
+//!
+//! [channels.stream]                         # the same events on Kafka
+//! kind = "kafka"
+//! bootstrap_servers = ["kafka1.example.com:9093", "kafka2.example.com:9093"]
+//! topic = "ptrain.events"                   # key = job id
+//! tls = "tls"                               # or "none" (the default)
+//! sasl_mechanism = "scram-sha-512"          # or "plain", "scram-sha-256"
+//! username = "ptrain"
+//! password_file = "/etc/ptrain/kafka.password"
 //! ```
 
 use std::collections::BTreeMap;
@@ -96,6 +105,9 @@ pub struct RawChannel {
     to_owner: Option<bool>,
     exchange: Option<String>,
     events: Option<Vec<String>>,
+    bootstrap_servers: Option<Vec<String>>,
+    topic: Option<String>,
+    sasl_mechanism: Option<String>,
 }
 
 impl std::fmt::Debug for RawChannel {
@@ -157,6 +169,43 @@ pub enum ChannelKind {
     WeCom(WeComConfig),
     Webhook(WebhookConfig),
     Amqp(AmqpConfig),
+    Kafka(KafkaConfig),
+}
+
+/// A Kafka topic that hears every job's events, keyed by job id.
+#[derive(Clone)]
+pub struct KafkaConfig {
+    /// `host:port` of the brokers first asked for the cluster's metadata.
+    pub bootstrap_servers: Vec<String>,
+    pub topic: String,
+    pub tls: bool,
+    pub ca_file: Option<PathBuf>,
+    /// How the login is made; `None` for no login.
+    pub sasl: Option<KafkaSasl>,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    /// The events it is sent: every one when the admin names none.
+    pub events: Vec<NotifyEvent>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topic", &self.topic)
+            .field("tls", &self.tls)
+            .field("sasl", &self.sasl)
+            .field("username", &self.username)
+            .field("events", &self.events)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KafkaSasl {
+    Plain,
+    ScramSha256,
+    ScramSha512,
 }
 
 /// An AMQP 0-9-1 exchange (RabbitMQ) that hears every job's events.
@@ -283,6 +332,7 @@ impl ChannelConfig {
             ChannelKind::WeCom(_) => "wecom",
             ChannelKind::Webhook(_) => "webhook",
             ChannelKind::Amqp(_) => "amqp",
+            ChannelKind::Kafka(_) => "kafka",
         }
     }
 
@@ -292,6 +342,7 @@ impl ChannelConfig {
     pub fn streamed_events(&self) -> Option<&[NotifyEvent]> {
         match &self.kind {
             ChannelKind::Amqp(cfg) => Some(&cfg.events),
+            ChannelKind::Kafka(cfg) => Some(&cfg.events),
             _ => None,
         }
     }
@@ -507,7 +558,8 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
     let kind = raw.kind.as_deref().ok_or_else(|| {
         InvalidSetting::new(
             key("kind"),
-            "is missing; add kind = \"email\", \"wecom\", \"webhook\" or \"amqp\"".to_owned(),
+            "is missing; add kind = \"email\", \"wecom\", \"webhook\", \"amqp\" or \"kafka\""
+                .to_owned(),
         )
     })?;
     // Keys that belong to another kind are mistakes, not silently ignored.
@@ -528,11 +580,23 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
         ("to_owner", raw.to_owner.is_some()),
         ("exchange", raw.exchange.is_some()),
         ("events", raw.events.is_some()),
+        ("bootstrap_servers", raw.bootstrap_servers.is_some()),
+        ("topic", raw.topic.is_some()),
+        ("sasl_mechanism", raw.sasl_mechanism.is_some()),
     ];
     let allowed: &[&str] = match kind {
         "webhook" => &["url", "secret_file", "token_file", "format"],
         "wecom" => &["url", "key_file", "format", "per_minute"],
         "amqp" => &["url", "username", "password_file", "exchange", "events"],
+        "kafka" => &[
+            "bootstrap_servers",
+            "topic",
+            "tls",
+            "sasl_mechanism",
+            "username",
+            "password_file",
+            "events",
+        ],
         "email" => &[
             "smtp_host",
             "smtp_port",
@@ -546,7 +610,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
         other => {
             return Err(InvalidSetting::new(
                 key("kind"),
-                format!("{other:?} is not a channel kind; use \"email\", \"wecom\", \"webhook\" or \"amqp\""),
+                format!("{other:?} is not a channel kind; use \"email\", \"wecom\", \"webhook\", \"amqp\" or \"kafka\""),
             ))
         }
     };
@@ -562,6 +626,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
     let ca_file = absolute(&key("ca_file"), raw.ca_file.clone())?;
     let kind = match kind {
         "amqp" => ChannelKind::Amqp(parse_amqp(&key, raw, ca_file)?),
+        "kafka" => ChannelKind::Kafka(parse_kafka(&key, raw, ca_file)?),
         "webhook" => ChannelKind::Webhook(WebhookConfig {
             url: parse_url(&key("url"), raw.url, "https://hooks.example.com/ptrain")?,
             secret_file: absolute(&key("secret_file"), raw.secret_file)?,
@@ -766,41 +831,148 @@ fn parse_amqp(
             format!("must name the exchange: 1 to {MAX_EXCHANGE} of A-Z a-z 0-9 - _ . : (the default exchange cannot route ptrain.EVENT.OWNER); e.g. exchange = \"ptrain.events\""),
         ));
     }
-    let events =
-        match raw.events {
-            None => NotifyEvent::ALL.to_vec(),
-            Some(words) if words.is_empty() => return Err(InvalidSetting::new(
-                key("events"),
-                "is empty, so the channel would get nothing; list events or remove the key for all"
-                    .into(),
-            )),
-            Some(words) => {
-                let mut events = Vec::new();
-                for (i, word) in words.iter().enumerate() {
-                    let event = NotifyEvent::parse(word).ok_or_else(|| {
-                        InvalidSetting::new(
-                            format!("{}[{i}]", key("events")),
-                            format!(
-                                "{word:?} is not an event; use {}",
-                                NotifyEvent::ALL
-                                    .map(|e| format!("{:?}", e.as_str()))
-                                    .join(", ")
-                            ),
-                        )
-                    })?;
-                    if !events.contains(&event) {
-                        events.push(event);
-                    }
-                }
-                events
-            }
-        };
+    let events = parse_stream_events(key, raw.events)?;
     Ok(AmqpConfig {
         url: text,
         username: raw.username,
         password_file: absolute(&key("password_file"), raw.password_file)?,
         exchange,
         ca_file,
+        events,
+    })
+}
+
+/// A stream channel's `events`: the admin's choice, or all of them.
+fn parse_stream_events(
+    key: &dyn Fn(&str) -> String,
+    words: Option<Vec<String>>,
+) -> Result<Vec<NotifyEvent>, InvalidSetting> {
+    match words {
+        None => Ok(NotifyEvent::ALL.to_vec()),
+        Some(words) if words.is_empty() => Err(InvalidSetting::new(
+            key("events"),
+            "is empty, so the channel would get nothing; list events or remove the key for all"
+                .into(),
+        )),
+        Some(words) => {
+            let mut events = Vec::new();
+            for (i, word) in words.iter().enumerate() {
+                let event = NotifyEvent::parse(word).ok_or_else(|| {
+                    InvalidSetting::new(
+                        format!("{}[{i}]", key("events")),
+                        format!(
+                            "{word:?} is not an event; use {}",
+                            NotifyEvent::ALL
+                                .map(|e| format!("{:?}", e.as_str()))
+                                .join(", ")
+                        ),
+                    )
+                })?;
+                if !events.contains(&event) {
+                    events.push(event);
+                }
+            }
+            Ok(events)
+        }
+    }
+}
+
+/// Longest topic name Kafka accepts.
+const MAX_TOPIC: usize = 249;
+
+fn parse_kafka(
+    key: &dyn Fn(&str) -> String,
+    raw: RawChannel,
+    ca_file: Option<PathBuf>,
+) -> Result<KafkaConfig, InvalidSetting> {
+    const EXAMPLE: &str = "bootstrap_servers = [\"kafka1.example.com:9093\"]";
+    let servers = raw.bootstrap_servers.unwrap_or_default();
+    if servers.is_empty() {
+        return Err(InvalidSetting::new(
+            key("bootstrap_servers"),
+            format!("is missing or empty; list the brokers' host:port, e.g. {EXAMPLE}"),
+        ));
+    }
+    for (i, server) in servers.iter().enumerate() {
+        let ok = server.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty()
+                && !host.contains('/')
+                && !host.contains('@')
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !ok {
+            return Err(InvalidSetting::new(
+                format!("{}[{i}]", key("bootstrap_servers")),
+                format!(
+                    "{server:?} is not host:port (no scheme, no credentials); write e.g. {EXAMPLE}"
+                ),
+            ));
+        }
+    }
+    let topic = raw.topic.unwrap_or_default();
+    let topic_ok = !topic.is_empty()
+        && topic != "."
+        && topic != ".."
+        && topic.len() <= MAX_TOPIC
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !topic_ok {
+        return Err(InvalidSetting::new(
+            key("topic"),
+            format!("must name the topic: 1 to {MAX_TOPIC} of A-Z a-z 0-9 - _ . (Kafka's rule); e.g. topic = \"ptrain.events\""),
+        ));
+    }
+    let tls = match raw.tls.as_deref() {
+        None | Some("none") => false,
+        Some("tls") => true,
+        Some(other) => {
+            return Err(InvalidSetting::new(
+                key("tls"),
+                format!("{other:?} is not a Kafka TLS mode; use \"tls\" (SSL or SASL_SSL listeners) or \"none\""),
+            ))
+        }
+    };
+    if ca_file.is_some() && !tls {
+        return Err(InvalidSetting::new(
+            key("ca_file"),
+            "applies only with tls = \"tls\"; set it, or remove ca_file".into(),
+        ));
+    }
+    let sasl = match raw.sasl_mechanism.as_deref() {
+        None => None,
+        Some("plain") => Some(KafkaSasl::Plain),
+        Some("scram-sha-256") => Some(KafkaSasl::ScramSha256),
+        Some("scram-sha-512") => Some(KafkaSasl::ScramSha512),
+        Some(other) => {
+            return Err(InvalidSetting::new(
+                key("sasl_mechanism"),
+                format!("{other:?} is not a SASL mechanism ptrain speaks; use \"plain\", \"scram-sha-256\" or \"scram-sha-512\""),
+            ))
+        }
+    };
+    let login = raw.username.is_some() || raw.password_file.is_some();
+    if sasl.is_some() != login || raw.username.is_some() != raw.password_file.is_some() {
+        return Err(InvalidSetting::new(
+            key("sasl_mechanism"),
+            "username and password_file go together: set all three (the mechanism, the broker's user and a root-only file holding its password), or none for a listener without login".into(),
+        ));
+    }
+    if sasl == Some(KafkaSasl::Plain) && !tls {
+        return Err(InvalidSetting::new(
+            key("sasl_mechanism"),
+            "\"plain\" sends the password as it is: use it with tls = \"tls\", or use \"scram-sha-512\"".into(),
+        ));
+    }
+    let events = parse_stream_events(key, raw.events)?;
+    Ok(KafkaConfig {
+        bootstrap_servers: servers,
+        topic,
+        tls,
+        ca_file,
+        sasl,
+        username: raw.username,
+        password_file: absolute(&key("password_file"), raw.password_file)?,
         events,
     })
 }

@@ -31,6 +31,7 @@
 
 pub mod amqp;
 pub mod config;
+pub mod kafka;
 pub mod outbox;
 pub mod pacing;
 pub mod render;
@@ -553,6 +554,64 @@ mod tests {
             ),
         ] {
             let e = bad(&extra);
+            assert!(e.contains(says), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_kafka_channel_is_checked_with_the_fix() {
+        let parse = |extra: &str| {
+            let text = format!("[channels.stream]\nkind = \"kafka\"\n{extra}\n");
+            crate::config::Config::from_toml(std::path::Path::new("/etc/ptrain/ptrain.toml"), &text)
+        };
+        let servers = "bootstrap_servers = [\"kafka1:9093\", \"10.0.0.2:9092\"]";
+        let good = parse(&format!(
+            "{servers}\ntopic = \"ptrain.events\"\ntls = \"tls\"\nsasl_mechanism = \"scram-sha-512\"\nusername = \"ptrain\"\npassword_file = \"/etc/ptrain/kafka.password\"\nevents = [\"failed\"]"
+        ))
+        .unwrap();
+        let channel = &good.notifications.channels["stream"];
+        assert_eq!(channel.streamed_events(), Some(&[NotifyEvent::Failed][..]));
+        assert!(channel.ordered());
+        let super::config::ChannelKind::Kafka(k) = &channel.kind else {
+            panic!("{channel:?}")
+        };
+        assert_eq!(k.bootstrap_servers, ["kafka1:9093", "10.0.0.2:9092"]);
+        assert!(k.tls);
+        assert_eq!(k.sasl, Some(super::config::KafkaSasl::ScramSha512));
+        let topic = "topic = \"t\"";
+        for (extra, says) in [
+            (topic.to_owned(), "bootstrap_servers"),
+            (
+                format!("bootstrap_servers = [\"kafka://k:9092\"]\n{topic}"),
+                "not host:port",
+            ),
+            (
+                "bootstrap_servers = [\"k\"]\ntopic = \"t\"".to_owned(),
+                "not host:port",
+            ),
+            (servers.to_owned(), "must name the topic"),
+            (format!("{servers}\ntopic = \"a/b\""), "must name the topic"),
+            (format!("{servers}\n{topic}\ntls = \"starttls\""), "not a Kafka TLS mode"),
+            (
+                format!("{servers}\n{topic}\nca_file = \"/etc/ca.pem\""),
+                "only with tls",
+            ),
+            (
+                format!("{servers}\n{topic}\nusername = \"u\""),
+                "go together",
+            ),
+            (
+                format!("{servers}\n{topic}\nsasl_mechanism = \"gssapi\""),
+                "not a SASL mechanism",
+            ),
+            (
+                format!("{servers}\n{topic}\nsasl_mechanism = \"plain\"\nusername = \"u\"\npassword_file = \"/p\""),
+                "sends the password as it is",
+            ),
+            (format!("{servers}\n{topic}\nexchange = \"x\""), "does not apply"),
+            (format!("{servers}\n{topic}\nevents = []"), "would get nothing"),
+        ] {
+            let e = parse(&extra).unwrap_err().to_string();
             assert!(e.contains(says), "{extra}: {e}");
         }
     }

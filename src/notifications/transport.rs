@@ -1,7 +1,8 @@
 //! The I/O edge of notifications: one [`Transport`] per configured channel
 //! (webhook and WeCom over reqwest, email over lettre, both on rustls with
-//! the ring provider; AMQP in [`super::amqp`]). Each call makes one attempt and classifies the
-//! answer; retrying and pacing belong to the sender.
+//! the ring provider; AMQP in [`super::amqp`], Kafka in [`super::kafka`]).
+//! Each call makes one attempt and classifies the answer; retrying and
+//! pacing belong to the sender.
 //!
 //! Secrets are read here, once, when ptraind starts: only from files owned
 //! by root and closed to group and others, or from the config file when it
@@ -612,6 +613,8 @@ pub fn build_all(config: &NotificationsConfig) -> HashMap<String, Arc<dyn Transp
             ChannelKind::Amqp(cfg) => {
                 super::amqp::Amqp::new(name, cfg, config.attempt_timeout).map(|t| Arc::new(t) as _)
             }
+            ChannelKind::Kafka(cfg) => super::kafka::Kafka::new(name, cfg, config.attempt_timeout)
+                .map(|t| Arc::new(t) as _),
         };
         let transport = built.unwrap_or_else(|why| {
             tracing::error!(channel = %name, "notification channel unusable: {why}");

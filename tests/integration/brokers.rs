@@ -1,13 +1,15 @@
-//! Issue 25: every job event on a message bus. A real RabbitMQ (Debian's
-//! `rabbitmq-server`, started by the test on loopback ports of its own)
-//! and the real ptraind: a consumer reads every event of a pipeline and a
+//! Issue 25: every job event on a message bus. Real brokers started by
+//! the test on loopback ports of their own (RabbitMQ from Debian's
+//! `rabbitmq-server`; tansu, a Kafka-protocol broker from crates.io) and
+//! the real ptraind: a consumer reads every event of a pipeline and a
 //! sweep as CloudEvents, in order per job and each id once after dedup,
 //! through the broker stopped for 30 s mid-run and started again, and
-//! ptraind killed with -9 while its events wait; two misconfigured
-//! channels (an exchange that does not exist, a wrong password) are dead
+//! ptraind killed with -9 while its events wait; misconfigured channels
+//! (an exchange or topic that does not exist, a wrong password) are dead
 //! letters with the broker's words and hold nothing else up.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lapin::options::BasicGetOptions;
@@ -17,50 +19,32 @@ use crate::daemon::{text, Opts, TestDaemon, ALICE};
 use crate::harness::wait_for;
 use crate::notifications::{deliveries, Secrets};
 use crate::rabbit::{block_on, Rabbit};
+use crate::tansu::Tansu;
 
 const EXCHANGE: &str = "ptrain.events";
 const QUEUE: &str = "ptrain-test-events";
+const TOPIC: &str = "ptrain.events";
 
-/// One message as the consumer got it.
-struct Received {
-    message_id: String,
-    routing_key: String,
-    persistent: bool,
-    event: Value,
+/// A broker the scenario runs against, as its consumer sees it.
+trait Bus {
+    fn stop(&mut self);
+    fn boot(&mut self);
+    /// The channels' config: `bus`, which works, and the misconfigured
+    /// ones (each sent only `succeeded`) with words their dead letter
+    /// must hold.
+    fn channels(&self, secrets: &Secrets) -> (String, Vec<(&'static str, Vec<&'static str>)>);
+    /// Every event the consumer reads, in the order the broker keeps them
+    /// for one job, each checked for what its transport promises.
+    fn take_all(&self) -> Vec<Value>;
 }
 
-/// Takes every message waiting in the queue (acknowledged as taken).
-fn take_all(rabbit: &Rabbit) -> Vec<Received> {
-    block_on(async {
-        let (_conn, ch) = rabbit.channel().await;
-        let mut out = Vec::new();
-        while let Some(msg) = ch
-            .basic_get(QUEUE.into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        {
-            let d = &msg.delivery;
-            out.push(Received {
-                message_id: d
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .map(|s| s.to_string())
-                    .unwrap_or_default(),
-                routing_key: d.routing_key.to_string(),
-                persistent: d.properties.delivery_mode() == &Some(2),
-                event: serde_json::from_slice(&d.data).expect("a CloudEvent in JSON"),
-            });
-        }
-        out
-    })
-}
+struct AmqpBus(Rabbit);
 
-fn channel_toml(
+fn amqp_channel(
     name: &str,
     port: u16,
     exchange: &str,
-    password_file: &std::path::Path,
+    password_file: &Path,
     events: &str,
 ) -> String {
     format!(
@@ -69,33 +53,140 @@ fn channel_toml(
     )
 }
 
+impl Bus for AmqpBus {
+    fn stop(&mut self) {
+        self.0.stop();
+    }
+
+    fn boot(&mut self) {
+        self.0.boot();
+    }
+
+    fn channels(&self, secrets: &Secrets) -> (String, Vec<(&'static str, Vec<&'static str>)>) {
+        let rabbit = &self.0;
+        let password = secrets.file("rabbit.password", &rabbit.password);
+        let wrong = secrets.file("wrong.password", "not-the-password");
+        let only_ends = "events = [\"succeeded\"]";
+        let config = [
+            amqp_channel("bus", rabbit.port, EXCHANGE, &password, ""),
+            amqp_channel(
+                "nowhere",
+                rabbit.port,
+                "no.such.exchange",
+                &password,
+                only_ends,
+            ),
+            amqp_channel("wrongpass", rabbit.port, EXCHANGE, &wrong, only_ends),
+        ]
+        .concat();
+        (
+            config,
+            vec![
+                ("nowhere", vec!["NOT_FOUND", "no.such.exchange"]),
+                ("wrongpass", vec!["ACCESS_REFUSED"]),
+            ],
+        )
+    }
+
+    /// Takes every message waiting in the queue (acknowledged as taken):
+    /// each persistent, its message id the event's, its routing key
+    /// `ptrain.EVENT.OWNER`.
+    fn take_all(&self) -> Vec<Value> {
+        block_on(async {
+            let (_conn, ch) = self.0.channel().await;
+            let mut out = Vec::new();
+            while let Some(msg) = ch
+                .basic_get(QUEUE.into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap()
+            {
+                let d = &msg.delivery;
+                let event: Value = serde_json::from_slice(&d.data).expect("a CloudEvent in JSON");
+                let id = d.properties.message_id().as_ref().map(|s| s.to_string());
+                assert_eq!(event["id"].as_str(), id.as_deref());
+                assert_eq!(d.properties.delivery_mode(), &Some(2), "{event}");
+                let word = event["type"]
+                    .as_str()
+                    .unwrap()
+                    .strip_prefix("org.ptrain.job.")
+                    .unwrap();
+                assert_eq!(d.routing_key.as_str(), format!("ptrain.{word}.{ALICE}"));
+                out.push(event);
+            }
+            out
+        })
+    }
+}
+
+struct KafkaBus(Tansu);
+
+fn kafka_channel(name: &str, bootstrap: &str, topic: &str, events: &str) -> String {
+    format!(
+        "[channels.{name}]\nkind = \"kafka\"\nbootstrap_servers = [\"{bootstrap}\"]\ntopic = \"{topic}\"\n{events}\n"
+    )
+}
+
+impl Bus for KafkaBus {
+    fn stop(&mut self) {
+        self.0.stop();
+    }
+
+    fn boot(&mut self) {
+        self.0.boot();
+    }
+
+    fn channels(&self, _: &Secrets) -> (String, Vec<(&'static str, Vec<&'static str>)>) {
+        let bootstrap = self.0.bootstrap();
+        let config = [
+            kafka_channel("bus", &bootstrap, TOPIC, ""),
+            kafka_channel(
+                "nowhere",
+                &bootstrap,
+                "no.such.topic",
+                "events = [\"succeeded\"]",
+            ),
+        ]
+        .concat();
+        (config, vec![("nowhere", vec!["no topic", "no.such.topic"])])
+    }
+
+    /// Reads the topic from its start: each record keyed by its job, and
+    /// every event of a job in one partition.
+    fn take_all(&self) -> Vec<Value> {
+        let mut partition_of: HashMap<String, i32> = HashMap::new();
+        let mut out = Vec::new();
+        for (partition, value, key) in self.0.read_all(TOPIC) {
+            let event: Value = serde_json::from_slice(&value).expect("a CloudEvent in JSON");
+            let subject = event["subject"].as_str().unwrap().to_owned();
+            assert_eq!(key.as_deref(), Some(subject.as_bytes()), "{event}");
+            let first = *partition_of.entry(subject.clone()).or_insert(partition);
+            assert_eq!(first, partition, "{subject}'s events in two partitions");
+            out.push(event);
+        }
+        out
+    }
+}
+
 #[test]
-fn a_consumer_reads_every_event_once_in_order_through_a_broker_outage_and_a_kill_9() {
-    let mut rabbit = Rabbit::start("bus");
+fn a_consumer_reads_every_event_once_in_order_through_a_rabbitmq_outage_and_a_kill_9() {
+    let rabbit = Rabbit::start("bus");
     rabbit.bind_queue(EXCHANGE, QUEUE, "ptrain.#");
-    let secrets = Secrets::new("bus");
-    let password = secrets.file("rabbit.password", &rabbit.password);
-    let wrong = secrets.file("wrong.password", "not-the-password");
-    let config = format!(
-        "[notify]\ninitial_backoff = \"300ms\"\nmax_backoff = \"2s\"\n{}{}{}",
-        channel_toml("bus", rabbit.port, EXCHANGE, &password, ""),
-        channel_toml(
-            "nowhere",
-            rabbit.port,
-            "no.such.exchange",
-            &password,
-            "events = [\"succeeded\"]"
-        ),
-        channel_toml(
-            "wrongpass",
-            rabbit.port,
-            EXCHANGE,
-            &wrong,
-            "events = [\"succeeded\"]"
-        ),
-    );
+    every_event_once_in_order("bus", AmqpBus(rabbit));
+}
+
+#[test]
+fn a_consumer_reads_every_event_once_in_order_through_a_kafka_outage_and_a_kill_9() {
+    let tansu = Tansu::start("kbus");
+    tansu.create_topic(TOPIC, 3);
+    every_event_once_in_order("kbus", KafkaBus(tansu));
+}
+
+fn every_event_once_in_order(test: &str, mut bus: impl Bus) {
+    let secrets = Secrets::new(test);
+    let (channels, misconfigured) = bus.channels(&secrets);
+    let config = format!("[notify]\ninitial_backoff = \"300ms\"\nmax_backoff = \"2s\"\n{channels}");
     let d = TestDaemon::start_with(
-        "bus",
+        test,
         Opts {
             extra_config: config,
             ..Opts::default()
@@ -178,25 +269,20 @@ fn a_consumer_reads_every_event_once_in_order_through_a_broker_outage_and_a_kill
             },
         )
     };
-    let nowhere = dead("prep.succeeded.nowhere");
-    let why = nowhere["last_error"].as_str().unwrap();
-    assert!(
-        why.contains("NOT_FOUND") && why.contains("no.such.exchange"),
-        "{why}"
-    );
-    let refused = dead("prep.succeeded.wrongpass");
-    let why = refused["last_error"].as_str().unwrap();
-    assert!(
-        why.contains("ACCESS_REFUSED") || why.contains("403"),
-        "{why}"
-    );
-    assert!(
-        !why.contains("not-the-password"),
-        "the password leaked: {why}"
-    );
+    for (name, words) in &misconfigured {
+        let letter = dead(&format!("prep.succeeded.{name}"));
+        let why = letter["last_error"].as_str().unwrap();
+        for word in words {
+            assert!(why.contains(word), "{name}: {why}");
+        }
+        assert!(
+            !why.contains("not-the-password"),
+            "the password leaked: {why}"
+        );
+    }
 
     // The broker goes away for 30 s; the jobs go on.
-    rabbit.stop();
+    bus.stop();
     let down_at = Instant::now();
     std::fs::write(work.join("gate"), "").unwrap();
     let jobs = [
@@ -235,7 +321,7 @@ fn a_consumer_reads_every_event_once_in_order_through_a_broker_outage_and_a_kill
     // The outage itself lasts 30 s (the scenario, not a wait for a state).
     let outage = Duration::from_secs(30);
     std::thread::sleep(outage.saturating_sub(down_at.elapsed()));
-    rabbit.boot();
+    bus.boot();
 
     let expected: HashSet<String> = jobs
         .iter()
@@ -255,19 +341,20 @@ fn a_consumer_reads_every_event_once_in_order_through_a_broker_outage_and_a_kill
                 .then_some(())
         },
     );
-    let received = take_all(&rabbit);
+    let received = bus.take_all();
     // Dedup by id, keeping first-seen order per job.
     let mut seen = HashSet::new();
     let mut per_job: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for r in &received {
-        assert_eq!(r.event["id"], r.message_id.as_str());
-        assert_eq!(r.event["specversion"], "1.0");
-        assert!(r.persistent, "{}", r.message_id);
-        let kind = r.event["type"].as_str().unwrap();
-        let word = kind.strip_prefix("org.ptrain.job.").unwrap();
-        assert_eq!(r.routing_key, format!("ptrain.{word}.{ALICE}"));
-        if seen.insert(r.message_id.clone()) {
-            let subject = r.event["subject"].as_str().unwrap().to_owned();
+    for event in &received {
+        assert_eq!(event["specversion"], "1.0");
+        let id = event["id"].as_str().unwrap().to_owned();
+        let word = event["type"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("org.ptrain.job.")
+            .unwrap();
+        if seen.insert(id) {
+            let subject = event["subject"].as_str().unwrap().to_owned();
             per_job.entry(subject).or_default().push(word.to_owned());
         }
     }
@@ -284,16 +371,13 @@ fn a_consumer_reads_every_event_once_in_order_through_a_broker_outage_and_a_kill
     }
     let prep_end = received
         .iter()
-        .find(|r| r.message_id == "prep.succeeded.bus")
+        .find(|e| e["id"] == "prep.succeeded.bus")
         .unwrap();
-    assert_eq!(
-        prep_end.event["data"]["results"]["rows"], 3,
-        "{}",
-        prep_end.event
-    );
+    assert_eq!(prep_end["data"]["results"]["rows"], 3, "{prep_end}");
     // The misconfigured channels held nothing up and were tried no more.
     let all = deliveries(&d);
-    for key in ["prep.succeeded.nowhere", "prep.succeeded.wrongpass"] {
+    for (name, _) in &misconfigured {
+        let key = format!("prep.succeeded.{name}");
         let v = all.iter().find(|v| v["key"] == key).unwrap();
         assert_eq!(v["state"], "dead");
         assert_eq!(v["attempts"], 1, "{v}");

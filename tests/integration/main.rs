@@ -26,3 +26,4 @@ mod notifications;
 mod nvml;
 mod package;
 mod rabbit;
+mod tansu;
