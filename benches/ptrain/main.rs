@@ -35,6 +35,10 @@ mod images;
 #[path = "../../tests/integration/rabbit.rs"]
 mod rabbit;
 mod suite;
+// The consumer reads with its own client; the harness's reader is the tests'.
+#[allow(dead_code)]
+#[path = "../../tests/integration/tansu.rs"]
+mod tansu;
 
 use std::path::PathBuf;
 
