@@ -79,7 +79,7 @@
 //!    JSON shapes `--json` prints (pure).
 //! 8. [`notifications`]: a job's submission, start and end are announced
 //!    to the admin's channels (email, WeCom robot, webhook; every job's
-//!    events to an AMQP stream, in order per job) from an outbox written
+//!    events to an AMQP or Kafka stream, in order per job) from an outbox written
 //!    with the state change, by a sender task that retries and never holds
 //!    up the state task.
 //! 9. [`logs`]: a job's output, read from the journal (in-process through

@@ -1,5 +1,6 @@
 //! Notifications: when a job starts or ends, the admin-configured channels
-//! (email, WeCom group robot, generic webhook) hear about it at least once
+//! (email, WeCom group robot, generic webhook; every job's events on an
+//! AMQP exchange, [`amqp`], or a Kafka topic, [`kafka`]) hear about it at least once
 //! and, as far as the receiver can tell, exactly once.
 //!
 //! # Path of a notification
