@@ -20,13 +20,13 @@
 //!   too late for ptraind to hear can be written twice: a consumer that
 //!   drops ids it has seen sees each event once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use rskafka::client::error::{Error as KafkaError, ProtocolError};
-use rskafka::client::partition::{Compression, UnknownTopicHandling};
+use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder, Credentials, SaslConfig};
 use rskafka::record::Record;
 use rskafka::BackoffConfig;
@@ -72,6 +72,9 @@ struct Link {
     /// The topic's partition ids, ascending (Kafka's partitioner indexes
     /// them in that order).
     partitions: Vec<i32>,
+    /// A client per partition, made at its first event: it knows the
+    /// partition's leader, so a produce is one request.
+    producers: HashMap<i32, Arc<PartitionClient>>,
 }
 
 impl Kafka {
@@ -245,11 +248,14 @@ impl Inner {
     async fn connect(&self) -> Result<Link, Verdict> {
         let mut builder = ClientBuilder::new(self.bootstrap.clone())
             .client_id(concat!("ptraind-", env!("CARGO_PKG_VERSION")))
+            // The client's own retries end within half the attempt's time
+            // (the sender cancels an attempt at its end), so the error
+            // kept is the broker's or the network's, not a timeout.
             .backoff_config(BackoffConfig {
                 init_backoff: Duration::from_millis(100),
                 max_backoff: Duration::from_secs(1),
                 base: 2.,
-                deadline: Some(self.attempt_timeout),
+                deadline: Some(self.attempt_timeout / 2),
             });
         if let Some(tls) = &self.tls {
             builder = builder.tls_config(tls.clone());
@@ -280,11 +286,12 @@ impl Inner {
         Ok(Link {
             client,
             partitions: topic.partitions.into_iter().collect(),
+            producers: HashMap::new(),
         })
     }
 
     /// One attempt: each partition's share of `batch` as one request.
-    async fn produce(&self, link: &Link, batch: &[Intent]) -> Vec<Verdict> {
+    async fn produce(&self, link: &mut Link, batch: &[Intent]) -> Vec<Verdict> {
         let mut shares: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
         for (i, intent) in batch.iter().enumerate() {
             shares
@@ -294,11 +301,7 @@ impl Inner {
         }
         let mut verdicts = vec![Verdict::Delivered; batch.len()];
         for (partition, members) in shares {
-            let verdict = match link
-                .client
-                .partition_client(self.topic.clone(), partition, UnknownTopicHandling::Error)
-                .await
-            {
+            let verdict = match self.producer(link, partition).await {
                 Err(e) => verdict_of(&e, &self.redact),
                 Ok(producer) => {
                     let records = members.iter().map(|&i| record_of(&batch[i])).collect();
@@ -313,6 +316,23 @@ impl Inner {
             }
         }
         verdicts
+    }
+
+    async fn producer(
+        &self,
+        link: &mut Link,
+        partition: i32,
+    ) -> Result<Arc<PartitionClient>, KafkaError> {
+        if let Some(made) = link.producers.get(&partition) {
+            return Ok(made.clone());
+        }
+        let made = Arc::new(
+            link.client
+                .partition_client(self.topic.clone(), partition, UnknownTopicHandling::Error)
+                .await?,
+        );
+        link.producers.insert(partition, made.clone());
+        Ok(made)
     }
 }
 
@@ -330,37 +350,16 @@ impl Transport for Kafka {
     fn send_each(&self, batch: Vec<Intent>) -> BoxFuture<'static, Vec<Verdict>> {
         let this = self.0.clone();
         Box::pin(async move {
+            // The sender bounds the whole attempt by its timeout.
             let mut link = this.link.lock().await;
             if link.is_none() {
-                // The client retries within the attempt's time; past it,
-                // the sender's backoff takes over.
-                match tokio::time::timeout(this.attempt_timeout * 2, this.connect()).await {
-                    Ok(Ok(made)) => *link = Some(made),
-                    Ok(Err(verdict)) => return vec![verdict; batch.len()],
-                    Err(_) => {
-                        let why = format!(
-                            "Kafka: no broker of {} answered within {:?}",
-                            this.bootstrap.join(", "),
-                            this.attempt_timeout * 2
-                        );
-                        return vec![Verdict::Retry(why); batch.len()];
-                    }
+                match this.connect().await {
+                    Ok(made) => *link = Some(made),
+                    Err(verdict) => return vec![verdict; batch.len()],
                 }
             }
-            let made = link.as_ref().expect("connected above");
-            let verdicts =
-                match tokio::time::timeout(this.attempt_timeout * 2, this.produce(made, &batch))
-                    .await
-                {
-                    Ok(verdicts) => verdicts,
-                    Err(_) => vec![
-                        Verdict::Retry(format!(
-                            "Kafka: the produce took longer than {:?}",
-                            this.attempt_timeout * 2
-                        ));
-                        batch.len()
-                    ],
-                };
+            let made = link.as_mut().expect("connected above");
+            let verdicts = this.produce(made, &batch).await;
             if verdicts.iter().any(|v| matches!(v, Verdict::Retry(_))) {
                 // The client or the partitions may be stale: start clean.
                 *link = None;
