@@ -275,17 +275,20 @@ async fn consume_kafka(bootstrap: String, taken: Arc<Mutex<Taken>>) {
         .into_iter()
         .find(|t| t.name == TOPIC)
         .expect("the bench's topic");
-    let mut readers = Vec::new();
+    // A JoinSet: when the consumer is aborted its readers go with it.
+    let mut readers = tokio::task::JoinSet::new();
     for partition in topic.partitions {
         let pc = client
             .partition_client(TOPIC, partition, UnknownTopicHandling::Retry)
             .await
             .expect("a partition's client");
         let taken = taken.clone();
-        readers.push(tokio::spawn(async move {
-            let mut offset = pc.get_offset(OffsetAt::Latest).await.expect("the offset");
+        readers.spawn(async move {
+            // The topic is the bench's own, made empty: from its start.
+            let mut offset = pc.get_offset(OffsetAt::Earliest).await.expect("the offset");
             loop {
                 let Ok((records, _)) = pc.fetch_records(offset, 1..1_000_000, 500).await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 };
                 for r in records {
@@ -294,11 +297,9 @@ async fn consume_kafka(bootstrap: String, taken: Arc<Mutex<Taken>>) {
                     taken.lock().unwrap().lags_ms.push(lag);
                 }
             }
-        }));
+        });
     }
-    for reader in readers {
-        let _ = reader.await;
-    }
+    while readers.join_next().await.is_some() {}
 }
 
 /// Consumes the bench's queue for good, noting each event's lag: its

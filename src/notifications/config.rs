@@ -894,10 +894,18 @@ fn parse_kafka(
         ));
     }
     for (i, server) in servers.iter().enumerate() {
+        // A name or an IPv4 address; an IPv6 one in brackets.
         let ok = server.rsplit_once(':').is_some_and(|(host, port)| {
-            !host.is_empty()
-                && !host.contains('/')
-                && !host.contains('@')
+            let bare = host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(host);
+            !bare.is_empty()
+                && (bare == host || bare.parse::<std::net::Ipv6Addr>().is_ok())
+                && (bare != host
+                    || host
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')))
                 && port.parse::<u16>().is_ok_and(|p| p > 0)
         });
         if !ok {
@@ -933,6 +941,13 @@ fn parse_kafka(
             ))
         }
     };
+    if tls && servers.iter().any(|s| s.starts_with('[')) {
+        // The client takes a TLS server name up to the first ':'.
+        return Err(InvalidSetting::new(
+            key("bootstrap_servers"),
+            "names an IPv6 address, which ptrain cannot verify a certificate for; name the brokers by their DNS names".into(),
+        ));
+    }
     if ca_file.is_some() && !tls {
         return Err(InvalidSetting::new(
             key("ca_file"),
@@ -953,9 +968,16 @@ fn parse_kafka(
     };
     let login = raw.username.is_some() || raw.password_file.is_some();
     if sasl.is_some() != login || raw.username.is_some() != raw.password_file.is_some() {
+        let missing = if sasl.is_none() {
+            "sasl_mechanism"
+        } else if raw.username.is_none() {
+            "username"
+        } else {
+            "password_file"
+        };
         return Err(InvalidSetting::new(
-            key("sasl_mechanism"),
-            "username and password_file go together: set all three (the mechanism, the broker's user and a root-only file holding its password), or none for a listener without login".into(),
+            key(missing),
+            "is missing: sasl_mechanism, username and password_file go together: set all three (the mechanism, the broker's user and a root-only file holding its password), or none for a listener without login".into(),
         ));
     }
     if sasl == Some(KafkaSasl::Plain) && !tls {

@@ -8,12 +8,14 @@
 //!
 //! One client per ptrain channel, made at the first attempt and again
 //! after any failure. An attempt sends each partition's share of its batch
-//! as one produce request (acks from every in-sync replica, the default of
-//! the client) and each event gets that request's verdict:
+//! in produce requests of at most 512 KiB (acks from every in-sync
+//! replica, the client's setting) and each event gets its request's
+//! verdict:
 //! - acknowledged: delivered;
-//! - a topic the broker does not have, a topic or cluster the user may not
-//!   write, a refused login or an event too large: a dead letter with the
-//!   broker's words, since the same request would meet the same answer;
+//! - a topic the cluster does not list, a topic or cluster the user may not
+//!   write, a refused login or an event too large on its own: a dead letter
+//!   with the broker's words, since the same request would meet the same
+//!   answer;
 //! - anything else (the broker down, a lost connection, a leader moving):
 //!   retried, with the same CloudEvent id. The client has no idempotent
 //!   producer (`rskafka` does not implement one), so a request acknowledged
@@ -42,15 +44,34 @@ use super::Intent;
 const MAX_BATCH: usize = 256;
 
 /// Kafka's answers that the broker would give again to the same request.
-const DEFINITE_REFUSALS: [ProtocolError; 7] = [
-    ProtocolError::UnknownTopicOrPartition,
+/// (`UnknownTopicOrPartition` is not one: brokers give it while their
+/// metadata lags, and Java's producer retries it; a topic the cluster does
+/// not list at all is refused when the link is made.)
+const DEFINITE_REFUSALS: [ProtocolError; 10] = [
     ProtocolError::TopicAuthorizationFailed,
     ProtocolError::ClusterAuthorizationFailed,
-    ProtocolError::SaslAuthenticationFailed,
+    ProtocolError::MessageTooLarge,
+    ProtocolError::RecordListTooLarge,
+    ProtocolError::InvalidRecord,
+    ProtocolError::InvalidTopicException,
+    ProtocolError::InvalidRequiredAcks,
+    ProtocolError::InvalidTimestamp,
+    ProtocolError::UnsupportedForMessageFormat,
+    ProtocolError::PolicyViolation,
+];
+
+/// Answers about a produce request's whole record batch: a batch of more
+/// than one record that gets one is tried again record by record, so only
+/// the record at fault is refused.
+const BATCH_REFUSALS: [ProtocolError; 3] = [
     ProtocolError::MessageTooLarge,
     ProtocolError::RecordListTooLarge,
     ProtocolError::InvalidRecord,
 ];
+
+/// Most bytes of records one produce request carries, under Kafka's
+/// default `message.max.bytes` (1 MiB) with room for the batch's framing.
+const MAX_REQUEST_BYTES: usize = 512 * 1024;
 
 /// A ptrain channel's link to its brokers; cheap to clone into an attempt.
 #[derive(Clone)]
@@ -132,13 +153,13 @@ fn tls_config(
                         path.display()
                     )
                 })?;
-            if certs.is_empty() {
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
                 return Err(format!(
-                    "channels.{name}.ca_file: {} holds no certificate; put the CA's PEM certificate in it",
+                    "channels.{name}.ca_file: {} holds no usable certificate; put the CA's PEM certificate in it",
                     path.display()
                 ));
             }
-            roots.add_parsable_certificates(certs);
         }
         None => {
             let found = rustls_native_certs::load_native_certs();
@@ -218,12 +239,33 @@ fn verdict_of(e: &(dyn std::error::Error + 'static), redact: &Redactor) -> Verdi
                 return Verdict::Dead(format!("the broker refused it: {text}"));
             }
         }
-        if err.downcast_ref::<rskafka::SaslError>().is_some() {
-            return Verdict::Dead(format!("the broker refused the login: {text}"));
+        if let Some(sasl) = err.downcast_ref::<rskafka::SaslError>() {
+            // A lost connection mid-handshake is not a refusal.
+            if matches!(
+                sasl,
+                rskafka::SaslError::ApiError(_)
+                    | rskafka::SaslError::UnsupportedSaslMechanism
+                    | rskafka::SaslError::InvalidConfig(_)
+                    | rskafka::SaslError::InvalidSaslMechanism(_)
+            ) {
+                return Verdict::Dead(format!("the broker refused the login: {text}"));
+            }
         }
         cause = err.source();
     }
+    // rskafka folds the bootstrap brokers' errors into one message without
+    // a source: a refused login is then known by its words only.
+    if text.contains("Sasl handshake failed: API error")
+        || text.contains("Sasl handshake failed: unsupported sasl mechanism")
+    {
+        return Verdict::Dead(format!("the broker refused the login: {text}"));
+    }
     Verdict::Retry(format!("Kafka: {text}"))
+}
+
+/// Whether `verdict` came of an answer about a whole record batch.
+fn refused_the_batch(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::ServerError { protocol_error, .. } if BATCH_REFUSALS.contains(protocol_error))
 }
 
 /// An error and its causes, as one line.
@@ -248,9 +290,9 @@ impl Inner {
     async fn connect(&self) -> Result<Link, Verdict> {
         let mut builder = ClientBuilder::new(self.bootstrap.clone())
             .client_id(concat!("ptraind-", env!("CARGO_PKG_VERSION")))
-            // The client's own retries end within half the attempt's time
-            // (the sender cancels an attempt at its end), so the error
-            // kept is the broker's or the network's, not a timeout.
+            // The client's own retries sleep at most half the attempt's
+            // time per call (the sender cancels an attempt at its end), so
+            // the error kept is mostly the broker's or the network's.
             .backoff_config(BackoffConfig {
                 init_backoff: Duration::from_millis(100),
                 max_backoff: Duration::from_secs(1),
@@ -290,7 +332,8 @@ impl Inner {
         })
     }
 
-    /// One attempt: each partition's share of `batch` as one request.
+    /// One attempt: each partition's share of `batch` in requests of at
+    /// most [`MAX_REQUEST_BYTES`], the partitions side by side.
     async fn produce(&self, link: &mut Link, batch: &[Intent]) -> Vec<Verdict> {
         let mut shares: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
         for (i, intent) in batch.iter().enumerate() {
@@ -300,22 +343,92 @@ impl Inner {
                 .push(i);
         }
         let mut verdicts = vec![Verdict::Delivered; batch.len()];
+        let mut sends = Vec::new();
         for (partition, members) in shares {
-            let verdict = match self.producer(link, partition).await {
-                Err(e) => verdict_of(&e, &self.redact),
-                Ok(producer) => {
-                    let records = members.iter().map(|&i| record_of(&batch[i])).collect();
-                    match producer.produce(records, Compression::NoCompression).await {
-                        Ok(_) => Verdict::Delivered,
-                        Err(e) => verdict_of(&e, &self.redact),
+            match self.producer(link, partition).await {
+                Err(e) => {
+                    let verdict = verdict_of(&e, &self.redact);
+                    for i in members {
+                        verdicts[i] = verdict.clone();
                     }
                 }
-            };
-            for i in members {
-                verdicts[i] = verdict.clone();
+                Ok(producer) => sends.push(self.produce_share(producer, batch, members)),
+            }
+        }
+        for share in futures_util::future::join_all(sends).await {
+            for (i, verdict) in share {
+                verdicts[i] = verdict;
             }
         }
         verdicts
+    }
+
+    /// One partition's events, in order, each with its verdict. After a
+    /// failed request the rest of the share waits too (they may be later
+    /// events of the same jobs' partition).
+    async fn produce_share(
+        &self,
+        producer: Arc<PartitionClient>,
+        batch: &[Intent],
+        members: Vec<usize>,
+    ) -> Vec<(usize, Verdict)> {
+        let mut out = Vec::with_capacity(members.len());
+        let mut request: Vec<(usize, Record)> = Vec::new();
+        let mut bytes = 0;
+        let mut failed: Option<Verdict> = None;
+        let mut pending = members.into_iter().peekable();
+        while let Some(i) = pending.next() {
+            let record = record_of(&batch[i]);
+            bytes += record.approximate_size();
+            request.push((i, record));
+            let full = pending
+                .peek()
+                .is_none_or(|_| bytes >= MAX_REQUEST_BYTES || request.len() >= MAX_BATCH);
+            if !full {
+                continue;
+            }
+            let sent = std::mem::take(&mut request);
+            bytes = 0;
+            if let Some(verdict) = &failed {
+                out.extend(sent.into_iter().map(|(i, _)| (i, verdict.clone())));
+                continue;
+            }
+            let ids: Vec<usize> = sent.iter().map(|(i, _)| *i).collect();
+            let records: Vec<Record> = sent.into_iter().map(|(_, r)| r).collect();
+            match producer.produce(records, Compression::NoCompression).await {
+                Ok(_) => out.extend(ids.into_iter().map(|i| (i, Verdict::Delivered))),
+                Err(e) if ids.len() > 1 && refused_the_batch(&e) => {
+                    // Record by record: only the one at fault is refused.
+                    for i in ids {
+                        let verdict = match &failed {
+                            Some(v) => v.clone(),
+                            None => match producer
+                                .produce(vec![record_of(&batch[i])], Compression::NoCompression)
+                                .await
+                            {
+                                Ok(_) => Verdict::Delivered,
+                                Err(e) => {
+                                    let v = verdict_of(&e, &self.redact);
+                                    if matches!(v, Verdict::Retry(_)) {
+                                        failed = Some(v.clone());
+                                    }
+                                    v
+                                }
+                            },
+                        };
+                        out.push((i, verdict));
+                    }
+                }
+                Err(e) => {
+                    let verdict = verdict_of(&e, &self.redact);
+                    if matches!(verdict, Verdict::Retry(_)) {
+                        failed = Some(verdict.clone());
+                    }
+                    out.extend(ids.into_iter().map(|i| (i, verdict.clone())));
+                }
+            }
+        }
+        out
     }
 
     async fn producer(
@@ -350,19 +463,21 @@ impl Transport for Kafka {
     fn send_each(&self, batch: Vec<Intent>) -> BoxFuture<'static, Vec<Verdict>> {
         let this = self.0.clone();
         Box::pin(async move {
-            // The sender bounds the whole attempt by its timeout.
-            let mut link = this.link.lock().await;
-            if link.is_none() {
-                match this.connect().await {
-                    Ok(made) => *link = Some(made),
+            // The sender bounds the whole attempt by its timeout. The link
+            // is taken for the attempt and put back only after one that
+            // completed without a retry: a cancelled attempt (a broker
+            // that stopped answering) leaves none to reuse.
+            let mut slot = this.link.lock().await;
+            let mut link = match slot.take() {
+                Some(link) => link,
+                None => match this.connect().await {
+                    Ok(made) => made,
                     Err(verdict) => return vec![verdict; batch.len()],
-                }
-            }
-            let made = link.as_mut().expect("connected above");
-            let verdicts = this.produce(made, &batch).await;
-            if verdicts.iter().any(|v| matches!(v, Verdict::Retry(_))) {
-                // The client or the partitions may be stale: start clean.
-                *link = None;
+                },
+            };
+            let verdicts = this.produce(&mut link, &batch).await;
+            if !verdicts.iter().any(|v| matches!(v, Verdict::Retry(_))) {
+                *slot = Some(link);
             }
             verdicts
         })
@@ -395,11 +510,18 @@ mod tests {
         ] {
             assert_eq!(murmur2(key.as_bytes()), want, "{key}");
         }
-        // One job, one partition, whatever else is in the batch.
+        // Kafka's toPositive(murmur2(key)) % n, over the partitions in order.
+        assert_eq!(
+            partition_of("21", &[0, 1, 2]),
+            (-973_932_308i32 & 0x7fff_ffff) % 3
+        );
+        assert_eq!(partition_of("abc", &[10, 11, 12, 13]), 10 + 479_470_107 % 4);
+        // And jobs spread over every partition.
         let partitions = [0, 1, 2, 3, 4, 5];
-        let p = partition_of("train-1", &partitions);
-        assert!(partitions.contains(&p));
-        assert_eq!(partition_of("train-1", &partitions), p);
+        let used: std::collections::BTreeSet<i32> = (0..100)
+            .map(|n| partition_of(&format!("job-{n}"), &partitions))
+            .collect();
+        assert_eq!(used.len(), partitions.len(), "{used:?}");
     }
 
     #[test]

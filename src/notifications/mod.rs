@@ -590,6 +590,18 @@ mod tests {
                 "bootstrap_servers = [\"k\"]\ntopic = \"t\"".to_owned(),
                 "not host:port",
             ),
+            (
+                "bootstrap_servers = [\"k1:9092,k2:9092\"]\ntopic = \"t\"".to_owned(),
+                "not host:port",
+            ),
+            (
+                "bootstrap_servers = [\"::1:9092\"]\ntopic = \"t\"".to_owned(),
+                "not host:port",
+            ),
+            (
+                "bootstrap_servers = [\"[::1]:9093\"]\ntopic = \"t\"\ntls = \"tls\"".to_owned(),
+                "IPv6",
+            ),
             (servers.to_owned(), "must name the topic"),
             (format!("{servers}\ntopic = \"a/b\""), "must name the topic"),
             (format!("{servers}\n{topic}\ntls = \"starttls\""), "not a Kafka TLS mode"),
@@ -599,7 +611,7 @@ mod tests {
             ),
             (
                 format!("{servers}\n{topic}\nusername = \"u\""),
-                "go together",
+                "is missing: sasl_mechanism, username",
             ),
             (
                 format!("{servers}\n{topic}\nsasl_mechanism = \"gssapi\""),

@@ -5,8 +5,9 @@
 //! sweep as CloudEvents, in order per job and each id once after dedup,
 //! through the broker stopped for 30 s mid-run and started again, and
 //! ptraind killed with -9 while its events wait; misconfigured channels
-//! (an exchange or topic that does not exist, a wrong password) are dead
-//! letters with the broker's words and hold nothing else up.
+//! (an exchange that does not exist or a wrong password, with the broker's
+//! words; a topic the cluster does not list, named) are dead letters and
+//! hold nothing else up.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
