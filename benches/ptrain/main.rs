@@ -39,6 +39,8 @@ mod suite;
 #[allow(dead_code)]
 #[path = "../../tests/integration/tansu.rs"]
 mod tansu;
+#[path = "../../tests/integration/test_server.rs"]
+mod test_server;
 
 use std::path::PathBuf;
 

@@ -28,7 +28,7 @@ use tokio::sync::Mutex;
 use super::config::AmqpConfig;
 use super::render;
 use super::retry::Verdict;
-use super::transport::{read_secret_file, Redactor, Transport};
+use super::transport::{first_failure, read_secret_file, Redactor, Transport};
 use super::Intent;
 
 /// Most events one attempt publishes before it waits for their confirms.
@@ -212,13 +212,7 @@ async fn publish_all(
 
 impl Transport for Amqp {
     fn send(&self, batch: Vec<Intent>) -> BoxFuture<'static, Verdict> {
-        let each = self.send_each(batch);
-        Box::pin(async move {
-            each.await
-                .into_iter()
-                .find(|v| *v != Verdict::Delivered)
-                .unwrap_or(Verdict::Delivered)
-        })
+        first_failure(self.send_each(batch))
     }
 
     fn send_each(&self, batch: Vec<Intent>) -> BoxFuture<'static, Vec<Verdict>> {

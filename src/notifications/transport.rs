@@ -97,6 +97,18 @@ impl Redactor {
     }
 }
 
+/// The one verdict of a batch whose events each got their own (a
+/// broker's transport, [`Transport::send_each`]): its first failure, or
+/// delivered.
+pub(super) fn first_failure(each: BoxFuture<'static, Vec<Verdict>>) -> BoxFuture<'static, Verdict> {
+    Box::pin(async move {
+        each.await
+            .into_iter()
+            .find(|v| *v != Verdict::Delivered)
+            .unwrap_or(Verdict::Delivered)
+    })
+}
+
 /// Reads a secret from a root-only file: owned by root (or this process's
 /// user), no access for group or others, not a symlink. Surrounding
 /// whitespace (the trailing newline of `echo KEY > file`) is dropped.

@@ -20,7 +20,7 @@
 use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -38,6 +38,7 @@ use ptrain::images::{
 use serde_json::Value;
 
 use crate::harness::wait_for;
+use crate::test_server::free_port;
 
 const WAIT: Duration = Duration::from_secs(20);
 const REPO: &str = "ptrain/test";
@@ -80,14 +81,6 @@ fn skopeo() -> Command {
     // No dependence on the machine's /etc/containers/policy.json.
     cmd.arg("--insecure-policy");
     cmd
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 // ---------------------------------------------------------------------------

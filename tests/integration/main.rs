@@ -27,3 +27,4 @@ mod nvml;
 mod package;
 mod rabbit;
 mod tansu;
+mod test_server;

@@ -798,7 +798,7 @@ fn nvml_failing_to_initialise_with_backend_auto_falls_back_to_declared_once() {
 
 #[test]
 fn nvml_metrics_expose_memory_utilization_and_temperature() {
-    let port = crate::package::free_port();
+    let port = crate::test_server::free_port();
     let mut gpus = two_gpus();
     gpus[1].used_mib = 397;
     gpus[1].util = 64;

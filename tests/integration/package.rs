@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::daemon::{chown, text, ALICE, PTRAIN, PTRAIND};
 use crate::harness::{ensure_user, repo_root, wait_for, Harness};
+use crate::test_server::free_port;
 
 /// What the package creates outside its own files, and purge removes.
 const DATA_DIRS: [&str; 4] = [
@@ -204,15 +205,6 @@ fn examples() -> Vec<(PathBuf, String, Value)> {
         ordered.push(files.remove(ready));
     }
     ordered
-}
-
-/// A port nothing listens on (bound, then released).
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `GET path` over plain HTTP/1.1; (status code, body).

@@ -13,6 +13,9 @@ use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 
 use crate::harness::wait_for;
+use crate::test_server::{boot_with_tries, free_port, stop_group};
+
+const WHAT: &str = "rabbitmq-server";
 
 const RABBITMQ_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 /// RabbitMQ takes a few seconds to boot (more on a loaded 2-core host).
@@ -20,14 +23,6 @@ const BOOT: Duration = Duration::from_secs(90);
 /// How long a stop may take before the node is killed (a loaded host
 /// slows the VM's orderly shutdown).
 const STOP: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// One RabbitMQ node, its data kept in `dir` across a stop and a start.
 pub(crate) struct Rabbit {
@@ -42,11 +37,6 @@ pub(crate) struct Rabbit {
     /// on a loaded host, and outlives the test.
     epmd: Option<(Child, u16)>,
 }
-
-/// How many times a node that exits while booting is started again:
-/// a port another test took in between, or the port mapper coming up
-/// late, end a boot without saying anything about ptrain.
-const BOOT_TRIES: usize = 3;
 
 impl Rabbit {
     pub(crate) fn start(test: &str) -> Rabbit {
@@ -69,17 +59,11 @@ impl Rabbit {
         };
         // A first boot that fails starts afresh on new ports: one another
         // test took in between is the likeliest cause.
-        for attempt in 1..=BOOT_TRIES {
+        boot_with_tries(WHAT, |_| {
             rabbit.fresh_node();
-            match rabbit.try_boot() {
-                Ok(()) => return rabbit,
-                Err(why) if attempt < BOOT_TRIES => {
-                    eprintln!("rabbit: first boot {attempt} of {BOOT_TRIES} failed, starting afresh: {why}");
-                }
-                Err(why) => panic!("{why}"),
-            }
-        }
-        unreachable!("the last try returns or panics")
+            rabbit.try_boot()
+        });
+        rabbit
     }
 
     /// An empty data dir and a config on ports nobody uses now.
@@ -105,15 +89,7 @@ impl Rabbit {
     /// node's words.
     pub(crate) fn boot(&mut self) {
         assert!(self.child.is_none(), "already running");
-        for attempt in 1..=BOOT_TRIES {
-            match self.try_boot() {
-                Ok(()) => return,
-                Err(why) if attempt < BOOT_TRIES => {
-                    eprintln!("rabbit: boot {attempt} of {BOOT_TRIES} failed, trying again: {why}");
-                }
-                Err(why) => panic!("{why}"),
-            }
-        }
+        boot_with_tries(WHAT, |_| self.try_boot());
     }
 
     /// Starts the port mapper once, on a port of the node's own, and
@@ -203,26 +179,8 @@ impl Rabbit {
     /// longer than [`STOP`]) and waits until no process of the group is
     /// left, the Erlang VM included, so its port is free.
     pub(crate) fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let group = child.id() as i32;
-        // SAFETY: kill has no memory preconditions; the group is the child's.
-        unsafe { libc::kill(-group, libc::SIGTERM) };
-        let graceful_until = Instant::now() + STOP;
-        loop {
-            // Reaped, or the group's leader would linger as a zombie.
-            let _ = child.try_wait();
-            // SAFETY: signal 0 only asks whether the group has a member.
-            if unsafe { libc::kill(-group, 0) } != 0 {
-                break;
-            }
-            if Instant::now() > graceful_until {
-                // SAFETY: as above. Confirmed persistent messages are on
-                // disk already: a kill loses none of them.
-                unsafe { libc::kill(-group, libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(child) = self.child.take() {
+            stop_group(child, STOP);
         }
     }
 

@@ -15,6 +15,9 @@ use rskafka::client::partition::{OffsetAt, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
 
 use crate::rabbit::block_on;
+use crate::test_server::{boot_with_tries, free_port, stop_group};
+
+const WHAT: &str = "tansu";
 
 /// Where `tests/install-deps.sh` installs the broker.
 pub(crate) const TANSU: &str = "/opt/ptrain-tests/bin/tansu";
@@ -23,17 +26,6 @@ pub(crate) const TANSU: &str = "/opt/ptrain-tests/bin/tansu";
 const BOOT: Duration = Duration::from_secs(60);
 /// How long a stop may take before the broker is killed.
 const STOP: Duration = Duration::from_secs(20);
-/// How many times a broker that exits while booting is started again (a
-/// port another test took in between).
-const BOOT_TRIES: usize = 3;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// One tansu broker, its SQLite database in `dir` across a stop and a start.
 pub(crate) struct Tansu {
@@ -57,34 +49,22 @@ impl Tansu {
             port: 0,
             child: None,
         };
-        for attempt in 1..=BOOT_TRIES {
+        // A first boot that fails starts afresh on a new port: one another
+        // test took in between is the likeliest cause.
+        boot_with_tries(WHAT, |_| {
             let _ = std::fs::remove_dir_all(&tansu.dir);
             std::fs::create_dir_all(&tansu.dir).unwrap();
             tansu.port = free_port();
-            match tansu.try_boot() {
-                Ok(()) => return tansu,
-                Err(why) if attempt < BOOT_TRIES => {
-                    eprintln!("tansu: first boot {attempt} of {BOOT_TRIES} failed, starting afresh: {why}");
-                }
-                Err(why) => panic!("{why}"),
-            }
-        }
-        unreachable!("the last try returns or panics")
+            tansu.try_boot()
+        });
+        tansu
     }
 
     /// Starts the broker again on its port and data; returns once it
     /// answers a metadata request.
     pub(crate) fn boot(&mut self) {
         assert!(self.child.is_none(), "already running");
-        for attempt in 1..=BOOT_TRIES {
-            match self.try_boot() {
-                Ok(()) => return,
-                Err(why) if attempt < BOOT_TRIES => {
-                    eprintln!("tansu: boot {attempt} of {BOOT_TRIES} failed, trying again: {why}");
-                }
-                Err(why) => panic!("{why}"),
-            }
-        }
+        boot_with_tries(WHAT, |_| self.try_boot());
     }
 
     fn try_boot(&mut self) -> Result<(), String> {
@@ -156,24 +136,8 @@ impl Tansu {
     /// Stops the broker (SIGTERM to its process group, SIGKILL past
     /// [`STOP`]) and waits until none of it is left, so its port is free.
     pub(crate) fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let group = child.id() as i32;
-        // SAFETY: kill has no memory preconditions; the group is the child's.
-        unsafe { libc::kill(-group, libc::SIGTERM) };
-        let graceful_until = Instant::now() + STOP;
-        loop {
-            let _ = child.try_wait();
-            // SAFETY: signal 0 only asks whether the group has a member.
-            if unsafe { libc::kill(-group, 0) } != 0 {
-                break;
-            }
-            if Instant::now() > graceful_until {
-                // SAFETY: as above.
-                unsafe { libc::kill(-group, libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(child) = self.child.take() {
+            stop_group(child, STOP);
         }
     }
 
