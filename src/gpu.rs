@@ -88,6 +88,12 @@ pub trait GpuInventory: Send + Sync {
     fn take_new_warnings(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// The last look at the GPUs, when some GPU's health (in the pool or
+    /// out) differs from the look last taken: for the health ledger
+    /// ([`crate::gpu_health`]); only the [`PoolMonitor`] keeps it.
+    fn take_health(&self) -> Option<Vec<GpuInfo>> {
+        None
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -792,6 +798,15 @@ pub struct PoolMonitor {
     /// again (see `set_holders`) is noted again; one that came back, or
     /// went from the inventory, before the restart is not.
     warnings: Mutex<JobWarnings>,
+    health: Mutex<HealthSeen>,
+}
+
+/// Each GPU's health at the last look, and that look when it differs
+/// from the one last taken ([`GpuInventory::take_health`]).
+#[derive(Default)]
+struct HealthSeen {
+    taken: Option<Vec<(String, bool)>>,
+    pending: Option<Vec<GpuInfo>>,
 }
 
 impl PoolMonitor {
@@ -801,6 +816,7 @@ impl PoolMonitor {
             tracker: Mutex::new(PoolTracker::default()),
             holders: Mutex::new(BTreeMap::new()),
             warnings: Mutex::new(JobWarnings::default()),
+            health: Mutex::new(HealthSeen::default()),
         }
     }
 }
@@ -828,6 +844,13 @@ impl GpuInventory for PoolMonitor {
 
     fn take_new_warnings(&self) -> Vec<(String, String)> {
         lock(&self.warnings).take_new()
+    }
+
+    fn take_health(&self) -> Option<Vec<GpuInfo>> {
+        let mut seen = lock(&self.health);
+        let snapshot = seen.pending.take()?;
+        seen.taken = Some(health_of(&snapshot));
+        Some(snapshot)
     }
 
     fn snapshot(&self) -> Result<Vec<GpuInfo>, GpuError> {
@@ -877,8 +900,21 @@ impl GpuInventory for PoolMonitor {
                 lock(&self.warnings).note(&job, index, "UUID unreadable", UNLISTED);
             }
         }
+        let mut seen = lock(&self.health);
+        if seen.taken.as_ref() != Some(&health_of(&snapshot)) {
+            seen.pending = Some(snapshot.clone());
+        }
+        drop(seen);
         Ok(snapshot)
     }
+}
+
+/// Each GPU's UUID and whether it is out of the pool.
+fn health_of(snapshot: &[GpuInfo]) -> Vec<(String, bool)> {
+    snapshot
+        .iter()
+        .map(|g| (g.uuid.clone(), g.unhealthy.is_some()))
+        .collect()
 }
 
 /// Builds the inventory `cfg` asks for. `auto` tries NVML and falls back to

@@ -247,10 +247,18 @@ pub enum NotifyEvent {
     /// An attempt ended and the job runs again (`retries`,
     /// `requeue_exit_code`): told only when `notify_on` names it.
     Retry,
+    /// A spool file was refused (it never became a job): told only to
+    /// stream channels, with the file's name and the reason.
+    Refused,
+    /// A GPU left the pool (lost from the bus, uncorrected ECC errors),
+    /// whether or not a job holds it: a host event, told only to streams.
+    GpuUnhealthy,
+    /// A GPU that had left the pool is healthy and back: a host event.
+    GpuHealthy,
 }
 
 impl NotifyEvent {
-    pub const ALL: [NotifyEvent; 11] = [
+    pub const ALL: [NotifyEvent; 14] = [
         NotifyEvent::Submitted,
         NotifyEvent::Started,
         NotifyEvent::Succeeded,
@@ -262,7 +270,23 @@ impl NotifyEvent {
         NotifyEvent::Stopped,
         NotifyEvent::GpuLost,
         NotifyEvent::Retry,
+        NotifyEvent::Refused,
+        NotifyEvent::GpuUnhealthy,
+        NotifyEvent::GpuHealthy,
     ];
+
+    /// Events of no job (a refused file never became one; a GPU's health
+    /// is the host's): only stream channels hear them, and a job's
+    /// `notify_on` cannot name them.
+    pub const NOT_OF_A_JOB: [NotifyEvent; 3] = [
+        NotifyEvent::Refused,
+        NotifyEvent::GpuUnhealthy,
+        NotifyEvent::GpuHealthy,
+    ];
+
+    pub fn is_of_a_job(self) -> bool {
+        !NotifyEvent::NOT_OF_A_JOB.contains(&self)
+    }
 
     /// Every end: what a job hears about when it names no `notify_on`.
     pub const ENDS: [NotifyEvent; 7] = [
@@ -288,6 +312,9 @@ impl NotifyEvent {
             NotifyEvent::Stopped => "stopped",
             NotifyEvent::GpuLost => "gpu-lost",
             NotifyEvent::Retry => "retry",
+            NotifyEvent::Refused => "refused",
+            NotifyEvent::GpuUnhealthy => "gpu-unhealthy",
+            NotifyEvent::GpuHealthy => "gpu-healthy",
         }
     }
 
@@ -295,7 +322,7 @@ impl NotifyEvent {
     /// recorded at the same instant (a start ptraind learns of with its end).
     pub fn lifecycle_rank(self) -> u8 {
         match self {
-            NotifyEvent::Submitted => 0,
+            NotifyEvent::Submitted | NotifyEvent::Refused => 0,
             NotifyEvent::Started => 1,
             NotifyEvent::GpuLost => 2,
             _ => 3,

@@ -81,7 +81,10 @@
 //!    to the admin's channels (email, WeCom robot, webhook; every job's
 //!    events to an AMQP or Kafka stream, in order per job) from an outbox written
 //!    with the state change, by a sender task that retries and never holds
-//!    up the state task.
+//!    up the state task. Events of no job go to the streams too: a refused
+//!    file's (its outbox record is its quarantine entry) and a GPU leaving
+//!    or rejoining the pool ([`gpu_health`], the health last told, kept
+//!    across restarts).
 //! 9. [`logs`]: a job's output, read from the journal (in-process through
 //!    libsystemd, [`logs::sd_journal`], or `journalctl --follow` for a live
 //!    reader) or its archive, and served to its owner; the idle-output
@@ -174,6 +177,7 @@ pub mod docgen;
 pub mod fair_share;
 pub mod fsutil;
 pub mod gpu;
+pub mod gpu_health;
 pub mod history;
 pub mod images;
 pub mod job;

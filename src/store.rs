@@ -398,6 +398,19 @@ pub struct RejectRecord {
     pub dev: Option<u64>,
     #[serde(default)]
     pub ino: Option<u64>,
+    /// The `refused` event's intents (one per stream channel that takes
+    /// it), durable in the same write as the refusal: the quarantine is
+    /// their outbox record, as a job's record is for its events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notifications: Vec<Intent>,
+}
+
+/// One quarantine entry as ptraind keeps track of it.
+pub struct QuarantineEntry {
+    /// The entry's name ([`quarantine_name`]).
+    pub name: String,
+    pub uid: Option<u32>,
+    pub notifications: Vec<Intent>,
 }
 
 /// What the unit's own ExecStopPost recorder (`ptraind record-exit`)
@@ -795,7 +808,7 @@ impl Store {
         mut record: RejectRecord,
         bytes: Option<&[u8]>,
     ) -> Result<String, StoreError> {
-        let base = format!("{}-{}", record.rejected_at, sanitize(&record.file));
+        let base = quarantine_name(record.rejected_at, &record.file);
         if let Some(bytes) = bytes {
             let name = format!("{base}.data");
             write_atomic(&self.rejected_dir, &name, bytes)
@@ -809,8 +822,8 @@ impl Store {
         Ok(base)
     }
 
-    /// Every quarantine entry's name and owner uid, for retention.
-    pub fn rejected_entries(&self) -> Result<Vec<(String, Option<u32>)>, StoreError> {
+    /// Every quarantine entry, for retention and its events.
+    pub fn rejected_entries(&self) -> Result<Vec<QuarantineEntry>, StoreError> {
         let entries =
             std::fs::read_dir(&self.rejected_dir).map_err(io_err("read", &self.rejected_dir))?;
         let mut out = Vec::new();
@@ -822,20 +835,32 @@ impl Store {
             if base.starts_with('.') {
                 continue;
             }
-            let uid = std::fs::read(entry.path())
+            let record = std::fs::read(entry.path())
                 .ok()
-                .and_then(|b| serde_json::from_slice::<RejectRecord>(&b).ok())
-                .and_then(|r| r.uid);
-            out.push((base.to_owned(), uid));
+                .and_then(|b| serde_json::from_slice::<RejectRecord>(&b).ok());
+            let (uid, notifications) = record.map_or((None, Vec::new()), |r| (r.uid, r.notifications));
+            out.push(QuarantineEntry {
+                name: base.to_owned(),
+                uid,
+                notifications,
+            });
         }
         Ok(out)
     }
 
     /// Removes one quarantine entry (its reason and its saved bytes).
-    pub fn forget_rejected(&self, base: &str) {
+    /// Returns the keys of its event's intents, whose outbox entries go
+    /// with it.
+    pub fn forget_rejected(&self, base: &str) -> Vec<String> {
+        let keys = std::fs::read(self.rejected_dir.join(format!("{base}.reason.json")))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<RejectRecord>(&b).ok())
+            .map(|r| r.notifications.into_iter().map(|i| i.key).collect())
+            .unwrap_or_default();
         for name in [format!("{base}.reason.json"), format!("{base}.data")] {
             let _ = std::fs::remove_file(self.rejected_dir.join(name));
         }
+        keys
     }
 
     /// Every rejection on record, oldest first.
@@ -849,7 +874,9 @@ impl Store {
                 continue;
             }
             if let Ok(bytes) = std::fs::read(entry.path()) {
-                if let Ok(record) = serde_json::from_slice::<RejectRecord>(&bytes) {
+                if let Ok(mut record) = serde_json::from_slice::<RejectRecord>(&bytes) {
+                    // ptraind's to deliver, not the owner's to read.
+                    record.notifications.clear();
                     out.push(record);
                 }
             }
@@ -955,8 +982,15 @@ fn parse_record(path: &Path, bytes: &[u8]) -> Result<JobRecord, StoreError> {
         })
 }
 
-/// A file name as one safe, printable path component for the quarantine.
-fn sanitize(name: &str) -> String {
+/// A quarantine entry's name: when the file was refused (µs since the
+/// epoch, so name order is age order), then its name made printable.
+pub fn quarantine_name(rejected_at: u64, file: &str) -> String {
+    format!("{rejected_at}-{}", printable_file_name(file))
+}
+
+/// A file name as one safe, printable path component: for the quarantine,
+/// and as a `refused` event's subject.
+pub fn printable_file_name(name: &str) -> String {
     let mut s: String = name
         .chars()
         .map(|c| {
@@ -1156,6 +1190,7 @@ mod tests {
             saved_as: None,
             dev: Some(1),
             ino: Some(2),
+            notifications: Vec::new(),
         };
         store.reject(rec, Some(b"data")).unwrap();
         let listed = store.rejected().unwrap();

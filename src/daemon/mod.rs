@@ -253,6 +253,9 @@ pub struct Daemon {
     notifier: crate::notifications::Notifier,
     /// Delivery status per notification key, read before compacting a job.
     outbox: crate::notifications::outbox::Outbox,
+    /// What ptraind last told of each GPU's health (`gpu-unhealthy`,
+    /// `gpu-healthy`), across restarts.
+    gpu_health: crate::gpu_health::Ledger,
     /// What the Prometheus endpoint reports; updated as jobs move.
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Output readers, the idle-output watchdog and archives.
@@ -447,6 +450,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         "the notification outbox",
         &config.state_dir.join("outbox"),
     ))?;
+    let gpu_health = crate::gpu_health::Ledger::load(&config.state_dir).map_err(setup(
+        "the GPU health ledger",
+        &config.state_dir.join("gpu-health.json"),
+    ))?;
     // What must finish before ptraind exits ([`Daemon::shut_down`]).
     let tasks = tokio_util::task::TaskTracker::new();
     let job_signals = spawn_job_signals(&tasks, systemd.connection().clone());
@@ -463,6 +470,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         job_signals,
         notifier,
         outbox,
+        gpu_health,
         config,
         store,
         systemd,
@@ -1479,11 +1487,27 @@ impl Daemon {
         // The newest ends were read and dropped: the blocks go back.
         crate::memory::release_freed_memory();
         let per_user = self.config.retention.rejected_per_user;
-        for (entry, uid) in self.store.rejected_entries()? {
-            for gone in self.quarantine.add(uid, entry, per_user) {
-                self.store.forget_rejected(&gone);
+        let mut unsent = Vec::new();
+        for entry in self.store.rejected_entries()? {
+            // A refusal's event not yet delivered or dead goes out again,
+            // under its key.
+            unsent.extend(
+                entry
+                    .notifications
+                    .into_iter()
+                    .filter(|i| !self.outbox.is_final(&i.key).unwrap_or(false)),
+            );
+            for gone in self.quarantine.add(entry.uid, entry.name, per_user) {
+                self.forget_rejected(&gone);
             }
         }
+        unsent.extend(
+            self.gpu_health
+                .intents()
+                .filter(|i| !self.outbox.is_final(&i.key).unwrap_or(false))
+                .cloned(),
+        );
+        self.notifier.deliver(unsent);
         let mut members = members;
         members.sort();
         for (_, id, group) in members {
@@ -2184,7 +2208,7 @@ impl Daemon {
             reason,
             "rejected job file {name:?}: {reason}"
         );
-        let record = RejectRecord {
+        let mut record = RejectRecord {
             file: name.to_owned(),
             uid,
             owner,
@@ -2193,12 +2217,27 @@ impl Daemon {
             saved_as: None,
             dev: identity.map(|i| i.dev),
             ino: identity.map(|i| i.ino),
+            notifications: Vec::new(),
         };
+        let config = &self.config.notifications;
+        if let Some(notice) =
+            crate::notifications::Notice::refused(&record, &crate::store::printable_file_name(name), &config.host())
+        {
+            let which = crate::store::quarantine_name(record.rejected_at, name);
+            record.notifications = crate::notifications::intents_not_of_a_job(
+                config,
+                &notice,
+                &which,
+                record.rejected_at,
+            );
+        }
+        let told = record.notifications.clone();
         match self.store.reject(record, bytes) {
             Ok(entry) => {
+                self.notifier.deliver(told);
                 let per_user = self.config.retention.rejected_per_user;
                 for gone in self.quarantine.add(uid, entry, per_user) {
-                    self.store.forget_rejected(&gone);
+                    self.forget_rejected(&gone);
                 }
             }
             Err(e) => {
@@ -2213,6 +2252,16 @@ impl Daemon {
             Some(identity) => self.remove_spool_entry(name, &identity, is_dir),
             None => {
                 let _ = fsutil::unlink_at(&self.spool_fd, name, is_dir);
+            }
+        }
+    }
+
+    /// Drops a quarantine entry past `[retention]`, with its event's
+    /// outbox entries.
+    fn forget_rejected(&mut self, entry: &str) {
+        for key in self.store.forget_rejected(entry) {
+            if let Err(e) = self.outbox.remove(&key) {
+                warn!(key, error = %e, "cannot remove a forgotten refusal's outbox entry");
             }
         }
     }
@@ -2276,8 +2325,19 @@ impl Daemon {
     /// the first look after its plan, has none). An idle ptraind (no job
     /// holds a GPU) does not wake up for it.
     fn watch_held_gpus(&mut self) {
-        if self.live.held().is_empty() || self.inventory.backend() != "nvml" {
+        let health_streamed = self.config.notifications.channels.values().any(|c| {
+            c.streamed_events().is_some_and(|events| {
+                events.contains(&crate::notifications::NotifyEvent::GpuUnhealthy)
+                    || events.contains(&crate::notifications::NotifyEvent::GpuHealthy)
+            })
+        });
+        if (self.live.held().is_empty() && !health_streamed) || self.inventory.backend() != "nvml"
+        {
             self.gpu_watch_at = None;
+            // A look someone asked for (`ptrain gpus`) may have noticed.
+            if let Some(snapshot) = self.inventory.take_health() {
+                self.tell_gpu_health(&snapshot);
+            }
             return;
         }
         let interval = match self.config.accounting.enabled {
@@ -2436,6 +2496,51 @@ impl Daemon {
             }
             self.notifier.deliver(intents);
         }
+        if let Some(snapshot) = self.inventory.take_health() {
+            self.tell_gpu_health(&snapshot);
+        }
+    }
+
+    /// Tells the streams that take them of GPUs leaving or rejoining the
+    /// pool since the health last told ([`crate::gpu_health`]), whether
+    /// or not a job holds them. The ledger, with the intents, is durable
+    /// before they are handed to the sender.
+    fn tell_gpu_health(&mut self, snapshot: &[crate::gpu::GpuInfo]) {
+        let now = now_micros();
+        let (changes, changed) = self.gpu_health.observe(snapshot, now);
+        let config = &self.config.notifications;
+        let host = config.host();
+        let mut told = Vec::new();
+        let mut replaced = Vec::new();
+        for change in changes {
+            let uuid = change.gpu.uuid.clone();
+            let since = self.gpu_health.since(&uuid).unwrap_or(now);
+            let notice = crate::notifications::Notice::gpu_health(
+                change.gpu,
+                change.unhealthy.as_deref(),
+                since,
+                &host,
+            );
+            let which = format!("{since}-{}", crate::store::printable_file_name(&uuid));
+            let intents =
+                crate::notifications::intents_not_of_a_job(config, &notice, &which, since);
+            told.extend(intents.iter().cloned());
+            replaced.extend(self.gpu_health.record_intents(&uuid, intents));
+        }
+        if changed {
+            if let Err(e) = self.gpu_health.save() {
+                // Sent all the same; a restart before they are delivered
+                // tells the GPUs' health afresh.
+                error!(error = %e, path = %self.config.state_dir.join("gpu-health.json").display(), "cannot record the GPUs' health; check the state directory's disk");
+            }
+        }
+        for key in replaced {
+            // A change replaced by a newer one is forgotten once done with.
+            if self.outbox.is_final(&key).unwrap_or(false) {
+                let _ = self.outbox.remove(&key);
+            }
+        }
+        self.notifier.deliver(told);
     }
 
     /// Tells the inventory which job holds each GPU, so that a GPU leaving
@@ -3312,7 +3417,7 @@ impl Daemon {
         let now = now_micros();
         let cutoff = now.saturating_sub(retention.rejected_max_age.as_micros() as u64);
         for gone in self.quarantine.expire(cutoff) {
-            self.store.forget_rejected(&gone);
+            self.forget_rejected(&gone);
         }
         loop {
             let oldest = match self.end_order.oldest() {

@@ -239,6 +239,10 @@ pub struct WebhookConfig {
     pub token_file: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
     pub format: WebhookFormat,
+    /// Set: a stream, told every job's events it lists (and the host's),
+    /// whatever the jobs name; unset: told the events of the jobs that
+    /// name it (or have it by default).
+    pub events: Option<Vec<NotifyEvent>>,
 }
 
 /// What a webhook's body is.
@@ -310,6 +314,7 @@ impl std::fmt::Debug for WebhookConfig {
             .field("token_file", &self.token_file)
             .field("ca_file", &self.ca_file)
             .field("format", &self.format)
+            .field("events", &self.events)
             .finish()
     }
 }
@@ -343,6 +348,7 @@ impl ChannelConfig {
         match &self.kind {
             ChannelKind::Amqp(cfg) => Some(&cfg.events),
             ChannelKind::Kafka(cfg) => Some(&cfg.events),
+            ChannelKind::Webhook(cfg) => cfg.events.as_deref(),
             _ => None,
         }
     }
@@ -585,7 +591,7 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
         ("sasl_mechanism", raw.sasl_mechanism.is_some()),
     ];
     let allowed: &[&str] = match kind {
-        "webhook" => &["url", "secret_file", "token_file", "format"],
+        "webhook" => &["url", "secret_file", "token_file", "format", "events"],
         "wecom" => &["url", "key_file", "format", "per_minute"],
         "amqp" => &["url", "username", "password_file", "exchange", "events"],
         "kafka" => &[
@@ -628,6 +634,10 @@ fn parse_channel(name: &str, raw: RawChannel) -> Result<ChannelConfig, InvalidSe
         "amqp" => ChannelKind::Amqp(parse_amqp(&key, raw, ca_file)?),
         "kafka" => ChannelKind::Kafka(parse_kafka(&key, raw, ca_file)?),
         "webhook" => ChannelKind::Webhook(WebhookConfig {
+            events: match raw.events {
+                Some(words) => Some(parse_stream_events(&key, Some(words))?),
+                None => None,
+            },
             url: parse_url(&key("url"), raw.url, "https://hooks.example.com/ptrain")?,
             secret_file: absolute(&key("secret_file"), raw.secret_file)?,
             token_file: absolute(&key("token_file"), raw.token_file)?,

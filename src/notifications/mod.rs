@@ -189,6 +189,101 @@ pub fn intents_for(
     out
 }
 
+/// The intents of an event of no job (a refused file, a GPU's health):
+/// one for each stream channel the admin sends `notice.event` to, keyed
+/// `EVENT.WHICH.CHANNEL`. `which` tells this event from every other of its
+/// kind (it starts with the event's time in µs, then names its subject),
+/// and its second part, digits, can be no job's event word, so no key is
+/// a job's. Pure.
+pub fn intents_not_of_a_job(
+    config: &NotificationsConfig,
+    notice: &Notice,
+    which: &str,
+    created_at: u64,
+) -> Vec<Intent> {
+    config
+        .channels
+        .iter()
+        .filter(|(_, cfg)| {
+            cfg.streamed_events()
+                .is_some_and(|events| events.contains(&notice.event))
+        })
+        .map(|(name, _)| Intent {
+            key: format!("{}.{which}.{name}", notice.event.as_str()),
+            channel: name.clone(),
+            created_at,
+            notice: notice.clone(),
+        })
+        .collect()
+}
+
+impl Notice {
+    /// A refused spool file as an event: its subject is the file's name
+    /// (made printable), its detail the reason its owner was given. `None`
+    /// when the owner is unknown (the file went before it could be
+    /// looked at): no one to name.
+    pub fn refused(record: &crate::store::RejectRecord, file: &str, host: &str) -> Option<Notice> {
+        let uid = record.uid?;
+        Some(Notice {
+            job_id: file.to_owned(),
+            owner: record.owner.clone().unwrap_or_else(|| uid.to_string()),
+            uid,
+            event: NotifyEvent::Refused,
+            status: "refused".into(),
+            detail: record.reason.clone(),
+            exit_code: None,
+            signal: None,
+            submitted_at: record.rejected_at,
+            started_at: None,
+            ended_at: None,
+            gpus: Vec::new(),
+            host: host.to_owned(),
+            unit: String::new(),
+            results: None,
+            invocation_id: None,
+            output_tail: None,
+        })
+    }
+
+    /// A GPU's health change as an event of the host (owner root): its
+    /// subject is the GPU's UUID, its detail why it left the pool (or
+    /// that it is back).
+    pub fn gpu_health(
+        gpu: NoticeGpu,
+        unhealthy: Option<&str>,
+        since: u64,
+        host: &str,
+    ) -> Notice {
+        let (event, status, detail) = match unhealthy {
+            Some(reason) => (NotifyEvent::GpuUnhealthy, "unhealthy", reason.to_owned()),
+            None => (
+                NotifyEvent::GpuHealthy,
+                "healthy",
+                "healthy again and back in the pool".to_owned(),
+            ),
+        };
+        Notice {
+            job_id: gpu.uuid.clone(),
+            owner: "root".into(),
+            uid: 0,
+            event,
+            status: status.into(),
+            detail,
+            exit_code: None,
+            signal: None,
+            submitted_at: since,
+            started_at: None,
+            ended_at: None,
+            gpus: vec![gpu],
+            host: host.to_owned(),
+            unit: String::new(),
+            results: None,
+            invocation_id: None,
+            output_tail: None,
+        }
+    }
+}
+
 /// The ingestion check: every channel a job names must be configured and
 /// able to reach it. Returns the reason shown to the job's owner.
 pub fn check_job(

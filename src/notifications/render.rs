@@ -58,6 +58,9 @@ pub fn outcome_words(n: &Notice) -> String {
         NotifyEvent::NotNeeded => "did not run: not needed".into(),
         NotifyEvent::Stopped => "was stopped".into(),
         NotifyEvent::GpuLost => "lost a GPU".into(),
+        NotifyEvent::Refused => "was refused".into(),
+        NotifyEvent::GpuUnhealthy => "left the pool".into(),
+        NotifyEvent::GpuHealthy => "is back in the pool".into(),
         // The detail says which attempt ended how, and when the next runs.
         NotifyEvent::Retry => format!("runs again: {}", n.detail),
         NotifyEvent::Failed => match (n.exit_code, n.signal) {
@@ -71,6 +74,20 @@ pub fn outcome_words(n: &Notice) -> String {
 
 /// One line: "job resnet-lr01 failed (exit code 3) after 6h 2m".
 pub fn title(n: &Notice) -> String {
+    match n.event {
+        NotifyEvent::Refused => {
+            return format!("job file {} was refused: {}", n.job_id, clip(&n.detail, 200))
+        }
+        NotifyEvent::GpuUnhealthy | NotifyEvent::GpuHealthy => {
+            let index = n.gpus.first().map_or(String::new(), |g| format!(" {}", g.index));
+            let mut t = format!("GPU{index} ({}) on {} {}", n.job_id, n.host, outcome_words(n));
+            if n.event == NotifyEvent::GpuUnhealthy {
+                t.push_str(&format!(": {}", clip(&n.detail, 200)));
+            }
+            return t;
+        }
+        _ => {}
+    }
     let mut t = format!("job {} {}", n.job_id, outcome_words(n));
     match (n.event, n.duration_micros()) {
         (NotifyEvent::Submitted | NotifyEvent::Started | NotifyEvent::GpuLost, _) => {
@@ -326,7 +343,11 @@ pub fn webhook_payload(intent: &Intent) -> WebhookPayload<'_> {
         gpus: &n.gpus,
         host: &n.host,
         unit: &n.unit,
-        logs_command: format!("ptrain logs {}", n.job_id),
+        logs_command: match n.event {
+            NotifyEvent::Refused => "ptrain rejected".into(),
+            NotifyEvent::GpuUnhealthy | NotifyEvent::GpuHealthy => "ptrain gpus".into(),
+            _ => format!("ptrain logs {}", n.job_id),
+        },
         results: n.results.as_ref(),
         output_tail: n.output_tail.as_deref().unwrap_or(&[]),
     }
@@ -340,8 +361,21 @@ pub fn webhook_body(intent: &Intent) -> Vec<u8> {
 
 /// The CloudEvents spec version of [`cloudevent`].
 pub const CLOUDEVENTS_VERSION: &str = "1.0";
-/// The prefix of every event's `type`: `org.ptrain.job.succeeded`.
+/// The prefix of the `type` of a job's event (and a refused job file's):
+/// `org.ptrain.job.succeeded`.
 pub const CLOUDEVENT_TYPE_PREFIX: &str = "org.ptrain.job.";
+/// The prefix of the `type` of a host's event: `org.ptrain.host.gpu-unhealthy`.
+pub const CLOUDEVENT_HOST_TYPE_PREFIX: &str = "org.ptrain.host.";
+
+/// An event's CloudEvents `type`.
+pub fn cloudevent_type(event: NotifyEvent) -> String {
+    match event {
+        NotifyEvent::GpuUnhealthy | NotifyEvent::GpuHealthy => {
+            format!("{CLOUDEVENT_HOST_TYPE_PREFIX}{}", event.as_str())
+        }
+        _ => format!("{CLOUDEVENT_TYPE_PREFIX}{}", event.as_str()),
+    }
+}
 /// The media type of an event in structured mode.
 pub const CLOUDEVENTS_CONTENT_TYPE: &str = "application/cloudevents+json; charset=utf-8";
 
@@ -370,7 +404,7 @@ pub fn cloudevent(intent: &Intent) -> CloudEvent<'_> {
         specversion: CLOUDEVENTS_VERSION,
         id: &intent.key,
         source: format!("ptrain://{}", n.host),
-        kind: format!("{CLOUDEVENT_TYPE_PREFIX}{}", n.event.as_str()),
+        kind: cloudevent_type(n.event),
         subject: &n.job_id,
         time: humantime::format_rfc3339_micros(
             UNIX_EPOCH + Duration::from_micros(intent.created_at),
@@ -697,10 +731,7 @@ mod tests {
         ))
         .expect("the schema is JSON");
         // Every event ptrain tells is in the schema's list, and nothing else.
-        let types: Vec<String> = NotifyEvent::ALL
-            .iter()
-            .map(|e| format!("{CLOUDEVENT_TYPE_PREFIX}{}", e.as_str()))
-            .collect();
+        let types: Vec<String> = NotifyEvent::ALL.into_iter().map(cloudevent_type).collect();
         let listed: Vec<String> = schema["properties"]["type"]["enum"]
             .as_array()
             .unwrap()
@@ -708,19 +739,55 @@ mod tests {
             .map(|t| t.as_str().unwrap().to_owned())
             .collect();
         assert_eq!(listed, types);
+        let refusal = crate::store::RejectRecord {
+            file: "bad job.json".into(),
+            uid: Some(1000),
+            owner: Some("alice".into()),
+            rejected_at: 1_700_000_000_123_456,
+            reason: "field `gpus` must be a number".into(),
+            saved_as: None,
+            dev: None,
+            ino: None,
+            notifications: Vec::new(),
+        };
+        let gpu = || NoticeGpu {
+            index: 1,
+            uuid: "GPU-1".into(),
+        };
         for event in NotifyEvent::ALL {
+            let (notice, subject, kind) = match event {
+                NotifyEvent::Refused => (
+                    Notice::refused(&refusal, "bad_job.json", "gpu01").unwrap(),
+                    "bad_job.json",
+                    "org.ptrain.job.refused",
+                ),
+                NotifyEvent::GpuUnhealthy => (
+                    Notice::gpu_health(gpu(), Some("lost from the bus"), 1, "gpu01"),
+                    "GPU-1",
+                    "org.ptrain.host.gpu-unhealthy",
+                ),
+                NotifyEvent::GpuHealthy => (
+                    Notice::gpu_health(gpu(), None, 1, "gpu01"),
+                    "GPU-1",
+                    "org.ptrain.host.gpu-healthy",
+                ),
+                e => (notice(e), "resnet-lr01", ""),
+            };
             let mut intent = Intent {
                 key: format!("resnet-lr01.{}.hook", event.as_str()),
                 channel: "hook".into(),
                 created_at: 1_700_000_000_123_456,
-                notice: notice(event),
+                notice,
             };
             intent.notice.output_tail = Some(vec!["epoch 9".into()]);
             let v: serde_json::Value = serde_json::from_slice(&cloudevent_body(&intent)).unwrap();
             conforms(&schema, &schema, &v, "event");
             assert_eq!(v["id"], intent.key);
-            assert_eq!(v["type"], format!("org.ptrain.job.{}", event.as_str()));
-            assert_eq!(v["subject"], "resnet-lr01");
+            match kind {
+                "" => assert_eq!(v["type"], format!("org.ptrain.job.{}", event.as_str())),
+                kind => assert_eq!(v["type"], kind),
+            }
+            assert_eq!(v["subject"], subject);
             assert_eq!(v["source"], "ptrain://gpu01");
             assert_eq!(v["time"], "2023-11-14T22:13:20.123456Z");
             // The data is the ptrain webhook's payload, byte for byte.

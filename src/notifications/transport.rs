@@ -817,6 +817,7 @@ mod tests {
                 token_file: None,
                 ca_file,
                 format: Default::default(),
+                events: None,
             };
             Webhook::new("hook", &cfg, Duration::from_secs(5)).unwrap()
         };

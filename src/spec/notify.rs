@@ -63,6 +63,7 @@ pub fn parse_notify(v: &serde_json::Value) -> Result<Vec<String>, String> {
 pub fn parse_notify_on(v: &serde_json::Value) -> Result<Vec<NotifyEvent>, String> {
     let known = NotifyEvent::ALL
         .iter()
+        .filter(|e| e.is_of_a_job())
         .map(|e| format!("\"{e}\""))
         .collect::<Vec<_>>()
         .join(", ");
@@ -77,6 +78,12 @@ pub fn parse_notify_on(v: &serde_json::Value) -> Result<Vec<NotifyEvent>, String
             .as_str()
             .and_then(NotifyEvent::parse)
             .ok_or_else(|| format!("field `notify_on[{i}]` must be one of {known}"))?;
+        if !event.is_of_a_job() {
+            return Err(format!(
+                "field `notify_on[{i}]`: \"{event}\" is no event of a job, so a job cannot ask \
+                 for it; the admin sends it to a stream channel (its `events`); remove it"
+            ));
+        }
         if events.contains(&event) {
             return Err(format!(
                 "field `notify_on` lists \"{event}\" twice; list it once"
