@@ -838,7 +838,8 @@ impl Store {
             let record = std::fs::read(entry.path())
                 .ok()
                 .and_then(|b| serde_json::from_slice::<RejectRecord>(&b).ok());
-            let (uid, notifications) = record.map_or((None, Vec::new()), |r| (r.uid, r.notifications));
+            let (uid, notifications) =
+                record.map_or((None, Vec::new()), |r| (r.uid, r.notifications));
             out.push(QuarantineEntry {
                 name: base.to_owned(),
                 uid,

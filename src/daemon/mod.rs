@@ -2220,9 +2220,11 @@ impl Daemon {
             notifications: Vec::new(),
         };
         let config = &self.config.notifications;
-        if let Some(notice) =
-            crate::notifications::Notice::refused(&record, &crate::store::printable_file_name(name), &config.host())
-        {
+        if let Some(notice) = crate::notifications::Notice::refused(
+            &record,
+            &crate::store::printable_file_name(name),
+            &config.host(),
+        ) {
             let which = crate::store::quarantine_name(record.rejected_at, name);
             record.notifications = crate::notifications::intents_not_of_a_job(
                 config,
@@ -2331,8 +2333,7 @@ impl Daemon {
                     || events.contains(&crate::notifications::NotifyEvent::GpuHealthy)
             })
         });
-        if (self.live.held().is_empty() && !health_streamed) || self.inventory.backend() != "nvml"
-        {
+        if (self.live.held().is_empty() && !health_streamed) || self.inventory.backend() != "nvml" {
             self.gpu_watch_at = None;
             // A look someone asked for (`ptrain gpus`) may have noticed.
             if let Some(snapshot) = self.inventory.take_health() {

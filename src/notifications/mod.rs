@@ -248,12 +248,7 @@ impl Notice {
     /// A GPU's health change as an event of the host (owner root): its
     /// subject is the GPU's UUID, its detail why it left the pool (or
     /// that it is back).
-    pub fn gpu_health(
-        gpu: NoticeGpu,
-        unhealthy: Option<&str>,
-        since: u64,
-        host: &str,
-    ) -> Notice {
+    pub fn gpu_health(gpu: NoticeGpu, unhealthy: Option<&str>, since: u64, host: &str) -> Notice {
         let (event, status, detail) = match unhealthy {
             Some(reason) => (NotifyEvent::GpuUnhealthy, "unhealthy", reason.to_owned()),
             None => (
@@ -652,6 +647,87 @@ mod tests {
             let e = bad(&extra);
             assert!(e.contains(says), "{extra}: {e}");
         }
+    }
+
+    #[test]
+    fn events_of_no_job_go_to_the_streams_that_take_them_only() {
+        let text = r#"
+            [notify]
+            host = "gpu01"
+            default_channels = ["ops"]
+            [channels.ops]
+            kind = "webhook"
+            url = "https://hooks.example.com/ops"
+            [channels.bus]
+            kind = "webhook"
+            url = "https://hooks.example.com/bus"
+            format = "cloudevents"
+            events = ["refused", "gpu-unhealthy"]
+            [channels.all]
+            kind = "amqp"
+            url = "amqp://rabbit/%2f"
+            exchange = "x"
+        "#;
+        let c =
+            crate::config::Config::from_toml(std::path::Path::new("/etc/ptrain/ptrain.toml"), text)
+                .unwrap()
+                .notifications;
+        // A webhook that lists events is a stream; one that does not is not.
+        assert!(c.channels["bus"].ordered());
+        assert!(!c.channels["ops"].ordered());
+        let rejection = crate::store::RejectRecord {
+            file: "x.json".into(),
+            uid: Some(1000),
+            owner: Some("alice".into()),
+            rejected_at: 42,
+            reason: "bad".into(),
+            saved_as: None,
+            dev: None,
+            ino: None,
+            notifications: Vec::new(),
+        };
+        let notice = Notice::refused(&rejection, "x.json", "gpu01").unwrap();
+        let i = intents_not_of_a_job(&c, &notice, "42-x.json", 42);
+        assert_eq!(keys(&i), ["refused.42-x.json.all", "refused.42-x.json.bus"]);
+        // Nobody to name: no event.
+        let unknown = crate::store::RejectRecord {
+            uid: None,
+            ..rejection
+        };
+        assert!(Notice::refused(&unknown, "x.json", "gpu01").is_none());
+        let gpu = NoticeGpu {
+            index: 1,
+            uuid: "GPU-1".into(),
+        };
+        let back = Notice::gpu_health(gpu.clone(), None, 7, "gpu01");
+        assert_eq!(back.event, NotifyEvent::GpuHealthy);
+        let i = intents_not_of_a_job(&c, &back, "7-GPU-1", 7);
+        assert_eq!(keys(&i), ["gpu-healthy.7-GPU-1.all"]);
+        let out = Notice::gpu_health(gpu, Some("ECC"), 7, "gpu01");
+        assert_eq!(
+            crate::notifications::render::title(&out),
+            "GPU 1 (GPU-1) on gpu01 left the pool: ECC"
+        );
+        // A job's own events never reach a stream as a host's, and a job
+        // naming no channel tells the job-named channels nothing here.
+        let r = record(r#"{"version": 1, "command": ["true"]}"#, "alice");
+        let i = intents_for(&c, &r, NotifyEvent::Succeeded, 1);
+        assert_eq!(keys(&i), ["job1.succeeded.ops", "job1.succeeded.all"]);
+        // A webhook stream's `events` is checked like a bus's.
+        let bad = crate::config::Config::from_toml(
+            std::path::Path::new("/etc/ptrain/ptrain.toml"),
+            "[channels.h]\nkind = \"webhook\"\nurl = \"https://h.example/\"\nevents = [\"ended\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.contains("channels.h.events[0]") && bad.contains("\"refused\""),
+            "{bad}"
+        );
+        // And a job cannot ask for an event of no job.
+        let why =
+            crate::spec::notify::parse_notify_on(&serde_json::json!(["gpu-healthy"])).unwrap_err();
+        assert!(why.contains("no event of a job"), "{why}");
     }
 
     #[test]

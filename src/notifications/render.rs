@@ -76,11 +76,23 @@ pub fn outcome_words(n: &Notice) -> String {
 pub fn title(n: &Notice) -> String {
     match n.event {
         NotifyEvent::Refused => {
-            return format!("job file {} was refused: {}", n.job_id, clip(&n.detail, 200))
+            return format!(
+                "job file {} was refused: {}",
+                n.job_id,
+                clip(&n.detail, 200)
+            )
         }
         NotifyEvent::GpuUnhealthy | NotifyEvent::GpuHealthy => {
-            let index = n.gpus.first().map_or(String::new(), |g| format!(" {}", g.index));
-            let mut t = format!("GPU{index} ({}) on {} {}", n.job_id, n.host, outcome_words(n));
+            let index = n
+                .gpus
+                .first()
+                .map_or(String::new(), |g| format!(" {}", g.index));
+            let mut t = format!(
+                "GPU{index} ({}) on {} {}",
+                n.job_id,
+                n.host,
+                outcome_words(n)
+            );
             if n.event == NotifyEvent::GpuUnhealthy {
                 t.push_str(&format!(": {}", clip(&n.detail, 200)));
             }

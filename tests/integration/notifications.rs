@@ -1110,3 +1110,92 @@ fn a_stop_waits_for_the_notification_under_way_and_sends_it_once() {
     wait_delivery(&d, "stopped.succeeded.hook", "delivered");
     assert_eq!(server.requests().len(), 1, "{:?}", server.requests());
 }
+
+#[test]
+fn a_refused_file_is_a_stream_event_once_through_a_kill_9() {
+    // The first POST is held unanswered: ptraind is killed with the
+    // refusal's event sent and not recorded as delivered.
+    let server = HttpServer::start(vec![Reply::Hang], Reply::Status(200, "{}"));
+    let d = TestDaemon::start_with(
+        "notify-refused",
+        Opts {
+            extra_config: format!(
+                "[notify]\nattempt_timeout = \"2m\"\n\
+                 [channels.bus]\nkind = \"webhook\"\nurl = \"{}\"\nformat = \"cloudevents\"\n\
+                 events = [\"refused\", \"submitted\"]\n",
+                server.url("/bus")
+            ),
+            ..Opts::default()
+        },
+    );
+    d.drop_job(BOB, "bad job.json", r#"{"version": 1, "gpus": 1}"#);
+    let rejected = d.wait_rejected(BOB, "bad job.json");
+    let first = server.wait_requests(1, WAIT);
+    let (ok, out) = d
+        .harness
+        .systemctl(&["kill", "-s", "KILL", "ptraind.service"]);
+    assert!(ok, "{out}");
+    let all = server.wait_requests(2, WAIT);
+    server.release();
+    let id = first[0].header("idempotency-key").unwrap().to_owned();
+    assert!(
+        id.starts_with("refused.") && id.ends_with("-bad_job.json.bus"),
+        "{id}"
+    );
+    wait_delivery(&d, &id, "delivered");
+    assert_eq!(all[1].header("idempotency-key"), Some(id.as_str()));
+    assert_eq!(all[0].body, all[1].body, "the re-sent event differs");
+    let event = all[1].json();
+    assert_eq!(event["type"], "org.ptrain.job.refused", "{event:#}");
+    assert_eq!(event["id"], id.as_str());
+    assert_eq!(event["subject"], "bad_job.json");
+    let data = &event["data"];
+    assert_eq!(data["event"], "refused");
+    assert_eq!(data["owner"], BOB);
+    assert_eq!(data["status"], "refused");
+    assert_eq!(data["detail"], rejected["reason"], "{data:#}");
+    assert_eq!(data["logs_command"], "ptrain rejected");
+    assert!(
+        data["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("job file bad_job.json was refused: "),
+        "{data:#}"
+    );
+    // The owner's listing shows the refusal, not ptraind's intents.
+    let listing = text(&d.ptrain(BOB, &["rejected", "--json"]));
+    assert!(
+        listing.contains("bad job.json") && !listing.contains("\"notifications\""),
+        "{listing}"
+    );
+
+    // A job cannot ask for an event of no job; the refusal is itself an
+    // event, and a good job's submission is one too: each told once.
+    let job = serde_json::json!({"version": 1, "command": ["true"], "notify_on": ["refused"]});
+    d.drop_job(ALICE, "asks-refused.json", &job.to_string());
+    let r = d.wait_rejected(ALICE, "asks-refused.json");
+    assert!(
+        r["reason"].as_str().unwrap().contains("no event of a job"),
+        "{r}"
+    );
+    d.drop_job(ALICE, "fine.json", r#"{"version": 1, "command": ["true"]}"#);
+    assert_eq!(d.wait_ended("fine")["status"], "succeeded");
+    wait_delivery(&d, "fine.submitted.bus", "delivered");
+    let keys: Vec<String> = wait_for("the second refusal's event", WAIT, || {
+        let keys: Vec<String> = server
+            .requests()
+            .iter()
+            .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
+            .collect();
+        keys.iter()
+            .any(|k| k.ends_with("-asks-refused.json.bus"))
+            .then_some(keys)
+    });
+    let unique: std::collections::BTreeSet<&String> = keys.iter().collect();
+    assert_eq!(unique.len(), 3, "{keys:?}");
+    assert_eq!(
+        keys.len(),
+        4,
+        "only the interrupted one went twice: {keys:?}"
+    );
+}

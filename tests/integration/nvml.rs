@@ -663,6 +663,104 @@ fn nvml_a_gpu_failing_under_a_job_is_noticed_with_nobody_asking() {
 }
 
 #[test]
+fn nvml_gpu_health_reaches_a_stream_once_with_no_job_and_across_restarts() {
+    use crate::notifications::{HttpServer, Reply};
+    let mut gpus = two_gpus();
+    let bus = HttpServer::start(vec![], Reply::Status(200, "{}"));
+    let d = TestDaemon::start_with(
+        "nvmlhostev",
+        Opts {
+            gpus: 2,
+            fake_nvml: Some(render(&gpus)),
+            extra_config: format!(
+                "[notify]\ninitial_backoff = \"200ms\"\n\
+                 [channels.bus]\nkind = \"webhook\"\nurl = \"{}\"\nformat = \"cloudevents\"\n\
+                 events = [\"gpu-unhealthy\", \"gpu-healthy\"]\n",
+                bus.url("/bus")
+            ),
+            ..Opts::default()
+        },
+    );
+    let events = || -> Vec<Value> { bus.requests().iter().map(|r| r.json()).collect() };
+    let wait_events = |n: usize, within: Duration| -> Vec<Value> {
+        wait_for(&format!("{n} GPU health event(s)"), within, || {
+            let e = events();
+            (e.len() >= n).then_some(e)
+        })
+    };
+    // No job runs and nobody asks: a stream that takes GPU health makes
+    // ptraind look at an idle host's GPUs by itself.
+    gpus[1].ecc_uncorrected = 2;
+    set_state(&d, &gpus);
+    let out = wait_events(1, REPLAN_WAIT);
+    let e = &out[0];
+    assert_eq!(e["type"], "org.ptrain.host.gpu-unhealthy", "{e:#}");
+    assert_eq!(e["subject"], UUID1);
+    assert_eq!(e["data"]["gpus"][0]["index"], 1);
+    assert_eq!(e["data"]["owner"], "root");
+    let detail = e["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("ECC"), "{detail}");
+    let id = e["id"].as_str().unwrap().to_owned();
+    assert!(
+        id.starts_with("gpu-unhealthy.") && id.ends_with(&format!("-{UUID1}.bus")),
+        "{id}"
+    );
+    // Back: told at the next look (`ptrain gpus` is one).
+    gpus[1].ecc_uncorrected = 0;
+    set_state(&d, &gpus);
+    wait_for("GPU 1 back in the pool", crate::daemon::WAIT, || {
+        (gpus_view(&d).1[1]["state"] != "unhealthy").then_some(())
+    });
+    let out = wait_events(2, crate::daemon::WAIT);
+    assert_eq!(
+        out[1]["type"], "org.ptrain.host.gpu-healthy",
+        "{:#}",
+        out[1]
+    );
+    assert_eq!(out[1]["subject"], UUID1);
+
+    // GPU 0 fails while ptraind is down; GPU 1 stays healthy. After the
+    // start, GPU 0 is told once and GPU 1's earlier changes are not told
+    // again (the ledger, not the fresh pool tracker, decides).
+    let (ok, out) = d.harness.systemctl(&["stop", "ptraind.service"]);
+    assert!(ok, "stop: {out}");
+    gpus[0].ecc_uncorrected = 5;
+    set_state(&d, &gpus);
+    let (ok, out) = d.harness.systemctl(&["start", "ptraind.service"]);
+    assert!(ok, "start: {out}");
+    let out = wait_events(3, REPLAN_WAIT);
+    assert_eq!(
+        out[2]["type"], "org.ptrain.host.gpu-unhealthy",
+        "{:#}",
+        out[2]
+    );
+    assert_eq!(out[2]["subject"], UUID0);
+    let ids: Vec<String> = wait_for("every event delivered", crate::daemon::WAIT, || {
+        let list = crate::notifications::deliveries(&d);
+        let ids: Vec<String> = list
+            .iter()
+            .filter(|v| v["state"] == "delivered")
+            .map(|v| v["key"].as_str().unwrap().to_owned())
+            .collect();
+        (ids.len() == 3).then_some(ids)
+    });
+    // Delivered: a restart and more looks tell nothing again.
+    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+    assert!(ok, "restart: {out}");
+    for _ in 0..3 {
+        gpus_view(&d);
+    }
+    d.assert_alive();
+    let posted: std::collections::BTreeSet<String> = events()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(posted.len(), 3, "{:#?}", events());
+    assert_eq!(events().len(), 3, "told once each: {:#?}", events());
+    assert!(ids.iter().all(|k| posted.contains(k)), "{ids:?} {posted:?}");
+}
+
+#[test]
 fn nvml_topology_and_model_place_jobs() {
     // Four GPUs on one NUMA node; 0 and 2 share a PCIe switch, as do 1 and
     // 3; GPU 3 is the only A100.
