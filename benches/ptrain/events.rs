@@ -287,7 +287,10 @@ async fn consume_kafka(bootstrap: String, taken: Arc<Mutex<Taken>>) {
             // The topic is the bench's own, made empty: from its start.
             let mut offset = pc.get_offset(OffsetAt::Earliest).await.expect("the offset");
             loop {
-                let Ok((records, _)) = pc.fetch_records(offset, 1..1_000_000, 500).await else {
+                // A short wait: tansu answers a fetch when its wait is up,
+                // not when the first byte arrives as Kafka does, so a long
+                // wait would be counted as the stream's lag.
+                let Ok((records, _)) = pc.fetch_records(offset, 1..1_000_000, 20).await else {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 };

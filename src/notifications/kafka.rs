@@ -226,6 +226,9 @@ fn record_of(intent: &Intent) -> Record {
     }
 }
 
+/// A SCRAM server's final answers that are no verdict on the login.
+const SCRAM_PASSING_OUTCOMES: [&str; 2] = ["no resources", "other error"];
+
 /// What a failed Kafka call means for the events it carried: the first
 /// definite refusal found in its chain of causes, else a retry.
 fn verdict_of(e: &(dyn std::error::Error + 'static), redact: &Redactor) -> Verdict {
@@ -254,7 +257,19 @@ fn verdict_of(e: &(dyn std::error::Error + 'static), redact: &Redactor) -> Verdi
         cause = err.source();
     }
     // rskafka folds the bootstrap brokers' errors into one message without
-    // a source: a refused login is then known by its words only.
+    // a source: a refused login is then known by its words only. A SCRAM
+    // server refuses a wrong password or user in its final message (RFC
+    // 5802's `e=`), which the SASL library words as an outcome error; of
+    // those, only a server short of resources or failing otherwise may
+    // answer differently next time.
+    if let Some((_, outcome)) = text.split_once("SCRAM outcome error: ") {
+        if !SCRAM_PASSING_OUTCOMES
+            .iter()
+            .any(|o| outcome.starts_with(o))
+        {
+            return Verdict::Dead(format!("the broker refused the login: {text}"));
+        }
+    }
     if text.contains("Sasl handshake failed: API error")
         || text.contains("Sasl handshake failed: unsupported sasl mechanism")
     {
@@ -556,6 +571,26 @@ mod tests {
         assert!(matches!(verdict_of(&moving, &redact), Verdict::Retry(_)));
         assert!(matches!(
             verdict_of(&KafkaError::Timeout, &redact),
+            Verdict::Retry(_)
+        ));
+        // A wrong SCRAM password, as rskafka folds it (the words tansu's
+        // refusal gave in `brokers::…kafka…`): dead; a server short of
+        // resources: retried.
+        let folded = |outcome: &str| {
+            std::io::Error::other(format!(
+                "Connection error: all retries failed: Retry exceeded deadline. Source: Sasl \
+                 handshake failed: Sasl session error: internal mechanism error: SCRAM outcome \
+                 error: {outcome}"
+            ))
+        };
+        for outcome in ["invalid proof", "unknown user"] {
+            assert!(
+                matches!(verdict_of(&folded(outcome), &redact), Verdict::Dead(why) if why.contains("refused the login")),
+                "{outcome}"
+            );
+        }
+        assert!(matches!(
+            verdict_of(&folded("no resources"), &redact),
             Verdict::Retry(_)
         ));
     }

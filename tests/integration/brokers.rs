@@ -121,9 +121,21 @@ impl Bus for AmqpBus {
 
 struct KafkaBus(Tansu);
 
-fn kafka_channel(name: &str, bootstrap: &str, topic: &str, events: &str) -> String {
+/// The SCRAM user ptraind logs in to tansu as.
+const KAFKA_USER: &str = "ptrain";
+const KAFKA_PASSWORD: &str = "kafka-scram-secret-77";
+
+fn kafka_channel(
+    name: &str,
+    bootstrap: &str,
+    topic: &str,
+    password_file: &Path,
+    events: &str,
+) -> String {
     format!(
-        "[channels.{name}]\nkind = \"kafka\"\nbootstrap_servers = [\"{bootstrap}\"]\ntopic = \"{topic}\"\n{events}\n"
+        "[channels.{name}]\nkind = \"kafka\"\nbootstrap_servers = [\"{bootstrap}\"]\ntopic = \"{topic}\"\n\
+         sasl_mechanism = \"scram-sha-512\"\nusername = \"{KAFKA_USER}\"\npassword_file = \"{}\"\n{events}\n",
+        password_file.display()
     )
 }
 
@@ -136,19 +148,24 @@ impl Bus for KafkaBus {
         self.0.boot();
     }
 
-    fn channels(&self, _: &Secrets) -> (String, Vec<(&'static str, Vec<&'static str>)>) {
+    fn channels(&self, secrets: &Secrets) -> (String, Vec<(&'static str, Vec<&'static str>)>) {
         let bootstrap = self.0.bootstrap();
+        let password = secrets.file("kafka.password", KAFKA_PASSWORD);
+        let wrong = secrets.file("wrong.password", "not-the-password");
+        let only_ends = "events = [\"succeeded\"]";
         let config = [
-            kafka_channel("bus", &bootstrap, TOPIC, ""),
-            kafka_channel(
-                "nowhere",
-                &bootstrap,
-                "no.such.topic",
-                "events = [\"succeeded\"]",
-            ),
+            kafka_channel("bus", &bootstrap, TOPIC, &password, ""),
+            kafka_channel("nowhere", &bootstrap, "no.such.topic", &password, only_ends),
+            kafka_channel("wrongpass", &bootstrap, TOPIC, &wrong, only_ends),
         ]
         .concat();
-        (config, vec![("nowhere", vec!["no topic", "no.such.topic"])])
+        (
+            config,
+            vec![
+                ("nowhere", vec!["no topic", "no.such.topic"]),
+                ("wrongpass", vec!["refused the login"]),
+            ],
+        )
     }
 
     /// Reads the topic from its start: each record keyed by its job, and
@@ -177,7 +194,9 @@ fn a_consumer_reads_every_event_once_in_order_through_a_rabbitmq_outage_and_a_ki
 
 #[test]
 fn a_consumer_reads_every_event_once_in_order_through_a_kafka_outage_and_a_kill_9() {
-    let tansu = Tansu::start("kbus");
+    // The broker requires a SCRAM login: the working channels log in,
+    // and one with a wrong password is a dead letter.
+    let tansu = Tansu::start_with_login("kbus", KAFKA_USER, KAFKA_PASSWORD);
     tansu.create_topic(TOPIC, 3);
     every_event_once_in_order("kbus", KafkaBus(tansu));
 }

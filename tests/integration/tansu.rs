@@ -32,6 +32,9 @@ pub(crate) struct Tansu {
     dir: PathBuf,
     pub(crate) port: u16,
     child: Option<Child>,
+    /// Set: the broker requires a SASL login (SCRAM-SHA-512), and the
+    /// test's own client logs in as this user.
+    login: Option<(String, String)>,
 }
 
 impl Tansu {
@@ -48,6 +51,7 @@ impl Tansu {
             dir,
             port: 0,
             child: None,
+            login: None,
         };
         // A first boot that fails starts afresh on a new port: one another
         // test took in between is the likeliest cause.
@@ -57,6 +61,31 @@ impl Tansu {
             tansu.port = free_port();
             tansu.try_boot()
         });
+        tansu
+    }
+
+    /// A broker that requires a SASL login, with one SCRAM-SHA-512 user.
+    /// tansu adds users through the Kafka protocol only, so the user is
+    /// made while the broker still lets anyone in; it then boots again, on
+    /// the same data, with `--authentication`.
+    pub(crate) fn start_with_login(test: &str, user: &str, password: &str) -> Tansu {
+        let mut tansu = Tansu::start(test);
+        let out = Command::new(TANSU)
+            .args(["user", "create", user, password, "--mechanism", "scram512"])
+            .args(["--broker", &format!("tcp://127.0.0.1:{}", tansu.port)])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .expect("run tansu user create");
+        assert!(
+            out.status.success(),
+            "tansu user create: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tansu.stop();
+        tansu.login = Some((user.to_owned(), password.to_owned()));
+        tansu.boot();
         tansu
     }
 
@@ -80,6 +109,7 @@ impl Tansu {
             .args(["--advertised-listener-url", &url])
             // Relative to its working directory: the test's data dir.
             .args(["--storage-engine", "sqlite://tansu.db"])
+            .args(self.login.as_ref().map(|_| "--authentication"))
             .current_dir(&self.dir)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -112,13 +142,17 @@ impl Tansu {
     }
 
     async fn try_client(&self) -> Result<Client, rskafka::client::error::Error> {
-        ClientBuilder::new(vec![self.bootstrap()])
-            .backoff_config(rskafka::BackoffConfig {
+        let mut builder =
+            ClientBuilder::new(vec![self.bootstrap()]).backoff_config(rskafka::BackoffConfig {
                 deadline: Some(Duration::from_secs(2)),
                 ..Default::default()
-            })
-            .build()
-            .await
+            });
+        if let Some((user, password)) = &self.login {
+            builder = builder.sasl_config(rskafka::client::SaslConfig::ScramSha512(
+                rskafka::client::Credentials::new(user.clone(), password.clone()),
+            ));
+        }
+        builder.build().await
     }
 
     /// A client of the test's own.
