@@ -265,6 +265,20 @@ fn every_event_once_in_order(test: &str, mut bus: impl Bus) {
             json!({"sweep": {"lr": [1, 2], "bs": [8, 16]}, "max_parallel": 2}),
         ),
     );
+    // A file that is no job: its refusal is an event on the bus too.
+    d.drop_job(ALICE, "broken.json", "{\"version\": 1, \"command\": ");
+    d.wait_rejected(ALICE, "broken.json");
+    let refused_key = wait_for(
+        "the refusal's event recorded",
+        Duration::from_secs(30),
+        || {
+            deliveries(&d).into_iter().find_map(|v| {
+                let key = v["key"].as_str()?;
+                (key.starts_with("refused.") && key.ends_with("-broken.json.bus"))
+                    .then(|| key.to_owned())
+            })
+        },
+    );
     // prep's events reach the bus; train is running.
     assert_eq!(d.wait_ended("prep")["status"], "succeeded");
     d.wait_running("train");
@@ -343,10 +357,11 @@ fn every_event_once_in_order(test: &str, mut bus: impl Bus) {
     std::thread::sleep(outage.saturating_sub(down_at.elapsed()));
     bus.boot();
 
-    let expected: HashSet<String> = jobs
+    let mut expected: HashSet<String> = jobs
         .iter()
         .flat_map(|j| ["submitted", "started", "succeeded"].map(|e| format!("{j}.{e}.bus")))
         .collect();
+    expected.insert(refused_key);
     wait_for(
         "every event delivered to the bus",
         Duration::from_secs(60),
@@ -389,6 +404,7 @@ fn every_event_once_in_order(test: &str, mut bus: impl Bus) {
             "{j}: out of order"
         );
     }
+    assert_eq!(per_job["broken.json"], ["refused"]);
     let prep_end = received
         .iter()
         .find(|e| e["id"] == "prep.succeeded.bus")
