@@ -4,10 +4,11 @@
 //! the real ptraind: a consumer reads every event of a pipeline and a
 //! sweep as CloudEvents, in order per job and each id once after dedup,
 //! through the broker stopped for 30 s mid-run and started again, and
-//! ptraind killed with -9 while its events wait; misconfigured channels
-//! (an exchange that does not exist or a wrong password, with the broker's
-//! words; a topic the cluster does not list, named) are dead letters and
-//! hold nothing else up.
+//! ptraind killed with -9 while its events wait, a refused file's event
+//! among them; misconfigured channels (an exchange that does not exist or
+//! a wrong password, with the broker's words; a topic the cluster does not
+//! list, named; a wrong SCRAM password against a tansu that requires a
+//! SASL login) are dead letters and hold nothing else up.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
