@@ -7,8 +7,8 @@
 //! ptraind killed with -9 while its events wait, a refused file's event
 //! among them; misconfigured channels (an exchange that does not exist or
 //! a wrong password, with the broker's words; a topic the cluster does not
-//! list, named; a wrong SCRAM password against a tansu that requires a
-//! SASL login) are dead letters and hold nothing else up.
+//! list, named; a wrong SCRAM password against a tansu reached over TLS
+//! that requires a SASL login) are dead letters and hold nothing else up.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -130,12 +130,14 @@ fn kafka_channel(
     name: &str,
     bootstrap: &str,
     topic: &str,
-    password_file: &Path,
+    (password_file, ca_file): (&Path, &Path),
     events: &str,
 ) -> String {
     format!(
         "[channels.{name}]\nkind = \"kafka\"\nbootstrap_servers = [\"{bootstrap}\"]\ntopic = \"{topic}\"\n\
+         tls = \"tls\"\nca_file = \"{}\"\n\
          sasl_mechanism = \"scram-sha-512\"\nusername = \"{KAFKA_USER}\"\npassword_file = \"{}\"\n{events}\n",
+        ca_file.display(),
         password_file.display()
     )
 }
@@ -153,11 +155,21 @@ impl Bus for KafkaBus {
         let bootstrap = self.0.bootstrap();
         let password = secrets.file("kafka.password", KAFKA_PASSWORD);
         let wrong = secrets.file("wrong.password", "not-the-password");
+        let ca = secrets.file(
+            "kafka-ca.pem",
+            self.0.ca_pem().expect("a broker behind TLS"),
+        );
         let only_ends = "events = [\"succeeded\"]";
         let config = [
-            kafka_channel("bus", &bootstrap, TOPIC, &password, ""),
-            kafka_channel("nowhere", &bootstrap, "no.such.topic", &password, only_ends),
-            kafka_channel("wrongpass", &bootstrap, TOPIC, &wrong, only_ends),
+            kafka_channel("bus", &bootstrap, TOPIC, (&password, &ca), ""),
+            kafka_channel(
+                "nowhere",
+                &bootstrap,
+                "no.such.topic",
+                (&password, &ca),
+                only_ends,
+            ),
+            kafka_channel("wrongpass", &bootstrap, TOPIC, (&wrong, &ca), only_ends),
         ]
         .concat();
         (
@@ -195,9 +207,10 @@ fn a_consumer_reads_every_event_once_in_order_through_a_rabbitmq_outage_and_a_ki
 
 #[test]
 fn a_consumer_reads_every_event_once_in_order_through_a_kafka_outage_and_a_kill_9() {
-    // The broker requires a SCRAM login: the working channels log in,
-    // and one with a wrong password is a dead letter.
-    let tansu = Tansu::start_with_login("kbus", KAFKA_USER, KAFKA_PASSWORD);
+    // The broker is reached over TLS only (a private CA, the channels'
+    // `ca_file`) and requires a SCRAM login: the working channels log
+    // in, and one with a wrong password is a dead letter.
+    let tansu = Tansu::start_with_login("kbus", KAFKA_USER, KAFKA_PASSWORD, true);
     tansu.create_topic(TOPIC, 3);
     every_event_once_in_order("kbus", KafkaBus(tansu));
 }

@@ -9,6 +9,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rskafka::client::partition::{OffsetAt, UnknownTopicHandling};
@@ -35,6 +36,84 @@ pub(crate) struct Tansu {
     /// Set: the broker requires a SASL login (SCRAM-SHA-512), and the
     /// test's own client logs in as this user.
     login: Option<(String, String)>,
+    /// Set: clients reach the broker through TLS only ([`TlsFront`]).
+    tls: Option<TlsFront>,
+}
+
+/// TLS in front of the broker: tansu 0.6 takes `--cert` but still
+/// speaks plain TCP on its listener, so the test ends TLS itself (rustls,
+/// a private CA's certificate for 127.0.0.1) on a port of its own and
+/// relays each connection to the broker, which advertises that port in
+/// its metadata: every connection a client makes, bootstrap or leader,
+/// is TLS. It outlives the broker's stops: while the broker is down a
+/// client's handshake succeeds and its connection is then closed, as
+/// with a broker that is going away.
+struct TlsFront {
+    port: u16,
+    /// The CA's certificate, PEM: a channel's `ca_file`.
+    ca_pem: String,
+    client: Arc<rustls::ClientConfig>,
+    /// Dropped with the front: its runtime, and every relay, end.
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl TlsFront {
+    fn start(broker_port: u16) -> TlsFront {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "ptrain test Kafka CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let server_key = rcgen::KeyPair::generate().unwrap();
+        let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&server_key, &ca_cert, &ca_key)
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into());
+        let server_config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![server.der().clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca_cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
+        runtime.spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut broker) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", broker_port)).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut broker).await;
+                });
+            }
+        });
+        TlsFront {
+            port,
+            ca_pem: ca_cert.pem(),
+            client: Arc::new(client),
+            _runtime: runtime,
+        }
+    }
 }
 
 impl Tansu {
@@ -52,6 +131,7 @@ impl Tansu {
             port: 0,
             child: None,
             login: None,
+            tls: None,
         };
         // A first boot that fails starts afresh on a new port: one another
         // test took in between is the likeliest cause.
@@ -68,7 +148,7 @@ impl Tansu {
     /// tansu adds users through the Kafka protocol only, so the user is
     /// made while the broker still lets anyone in; it then boots again, on
     /// the same data, with `--authentication`.
-    pub(crate) fn start_with_login(test: &str, user: &str, password: &str) -> Tansu {
+    pub(crate) fn start_with_login(test: &str, user: &str, password: &str, tls: bool) -> Tansu {
         let mut tansu = Tansu::start(test);
         let out = Command::new(TANSU)
             .args(["user", "create", user, password, "--mechanism", "scram512"])
@@ -85,8 +165,16 @@ impl Tansu {
         );
         tansu.stop();
         tansu.login = Some((user.to_owned(), password.to_owned()));
+        if tls {
+            tansu.tls = Some(TlsFront::start(tansu.port));
+        }
         tansu.boot();
         tansu
+    }
+
+    /// The CA certificate (PEM) a client must trust, with TLS.
+    pub(crate) fn ca_pem(&self) -> Option<&str> {
+        self.tls.as_ref().map(|t| t.ca_pem.as_str())
     }
 
     /// Starts the broker again on its port and data; returns once it
@@ -103,10 +191,11 @@ impl Tansu {
             .open(self.dir.join("broker.log"))
             .unwrap();
         let url = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = format!("tcp://{}", self.bootstrap());
         let child = Command::new(TANSU)
             .arg("broker")
             .args(["--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
+            .args(["--advertised-listener-url", &advertised])
             // Relative to its working directory: the test's data dir.
             .args(["--storage-engine", "sqlite://tansu.db"])
             .args(self.login.as_ref().map(|_| "--authentication"))
@@ -147,6 +236,9 @@ impl Tansu {
                 deadline: Some(Duration::from_secs(2)),
                 ..Default::default()
             });
+        if let Some(tls) = &self.tls {
+            builder = builder.tls_config(tls.client.clone());
+        }
         if let Some((user, password)) = &self.login {
             builder = builder.sasl_config(rskafka::client::SaslConfig::ScramSha512(
                 rskafka::client::Credentials::new(user.clone(), password.clone()),
@@ -164,7 +256,8 @@ impl Tansu {
 
     /// `host:port`, as a channel's `bootstrap_servers` names it.
     pub(crate) fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        let port = self.tls.as_ref().map_or(self.port, |t| t.port);
+        format!("127.0.0.1:{port}")
     }
 
     /// Stops the broker (SIGTERM to its process group, SIGKILL past
