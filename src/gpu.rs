@@ -901,9 +901,10 @@ impl GpuInventory for PoolMonitor {
             }
         }
         let mut seen = lock(&self.health);
-        if seen.taken.as_ref() != Some(&health_of(&snapshot)) {
-            seen.pending = Some(snapshot.clone());
-        }
+        // The newest look only: one back where the last taken left off
+        // clears an older one not yet taken, which is no longer true.
+        seen.pending =
+            (seen.taken.as_ref() != Some(&health_of(&snapshot))).then(|| snapshot.clone());
         drop(seen);
         Ok(snapshot)
     }
@@ -1876,6 +1877,30 @@ mod tests {
             "{w}"
         );
         assert_eq!(mon.take_new_warnings().len(), 1);
+    }
+
+    #[test]
+    fn the_health_taken_is_the_newest_look_that_differs() {
+        let fixed = std::sync::Arc::new(Mutex::new(vec![gpu(0)]));
+        let mon = PoolMonitor::new(Box::new(Shared(fixed.clone())));
+        mon.snapshot().unwrap();
+        assert!(mon.take_health().is_some(), "the first look is news");
+        assert!(mon.take_health().is_none());
+        // Out and back before anyone took the look: nothing stale is left.
+        let mut sick = gpu(0);
+        sick.unhealthy = Some("lost".into());
+        *lock(&fixed) = vec![sick.clone()];
+        mon.snapshot().unwrap();
+        *lock(&fixed) = vec![gpu(0)];
+        mon.snapshot().unwrap();
+        assert!(mon.take_health().is_none(), "healthy as last taken");
+        // Out, taken: out is what the ledger hears.
+        *lock(&fixed) = vec![sick];
+        mon.snapshot().unwrap();
+        let taken = mon.take_health().unwrap();
+        assert!(taken[0].unhealthy.is_some());
+        mon.snapshot().unwrap();
+        assert!(mon.take_health().is_none(), "the same again is no news");
     }
 
     #[test]

@@ -398,11 +398,37 @@ pub struct RejectRecord {
     pub dev: Option<u64>,
     #[serde(default)]
     pub ino: Option<u64>,
+    /// Its inode's change time (ns): with `dev` and `ino`, which file it
+    /// was, so the same file refused again after a crash (before its
+    /// spool entry went) is the same refusal, not a second one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctime_ns: Option<i64>,
     /// The `refused` event's intents (one per stream channel that takes
     /// it), durable in the same write as the refusal: the quarantine is
     /// their outbox record, as a job's record is for its events.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<Intent>,
+}
+
+impl RejectRecord {
+    /// Which file was refused, when that is known.
+    pub fn refused_file(&self) -> Option<RefusedFile> {
+        Some(RefusedFile {
+            dev: self.dev?,
+            ino: self.ino?,
+            ctime_ns: self.ctime_ns?,
+            file: self.file.clone(),
+        })
+    }
+}
+
+/// A refused file's identity: its name and inode, as it was when refused.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RefusedFile {
+    pub dev: u64,
+    pub ino: u64,
+    pub ctime_ns: i64,
+    pub file: String,
 }
 
 /// One quarantine entry as ptraind keeps track of it.
@@ -411,6 +437,8 @@ pub struct QuarantineEntry {
     pub name: String,
     pub uid: Option<u32>,
     pub notifications: Vec<Intent>,
+    /// The file it is of, and when it was refused.
+    pub refused: Option<(RefusedFile, u64)>,
 }
 
 /// What the unit's own ExecStopPost recorder (`ptraind record-exit`)
@@ -838,12 +866,16 @@ impl Store {
             let record = std::fs::read(entry.path())
                 .ok()
                 .and_then(|b| serde_json::from_slice::<RejectRecord>(&b).ok());
+            let refused = record
+                .as_ref()
+                .and_then(|r| Some((r.refused_file()?, r.rejected_at)));
             let (uid, notifications) =
                 record.map_or((None, Vec::new()), |r| (r.uid, r.notifications));
             out.push(QuarantineEntry {
                 name: base.to_owned(),
                 uid,
                 notifications,
+                refused,
             });
         }
         Ok(out)
@@ -1191,6 +1223,7 @@ mod tests {
             saved_as: None,
             dev: Some(1),
             ino: Some(2),
+            ctime_ns: Some(3),
             notifications: Vec::new(),
         };
         store.reject(rec, Some(b"data")).unwrap();

@@ -185,6 +185,10 @@ pub struct Daemon {
     owners: users::OwnerCache,
     /// Quarantined files by owner, for `[retention]`.
     quarantine: crate::store::QuarantineIndex,
+    /// When each file the quarantine held at the start was refused: one
+    /// a crash left in the spool after it was quarantined is refused
+    /// again under the same entry and event ids, not a second time.
+    refused_before: HashMap<crate::store::RefusedFile, u64>,
     /// Spool entries we could neither claim nor remove (a user's non-empty
     /// directory): refused once, then left alone.
     stuck_entries: HashSet<(u64, u64)>,
@@ -479,6 +483,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
         live: live::Live::default(),
         owners: Default::default(),
         quarantine: Default::default(),
+        refused_before: HashMap::new(),
         by_unit: HashMap::new(),
         stuck_entries: HashSet::new(),
         ptraind: ptraind_path(),
@@ -1488,18 +1493,21 @@ impl Daemon {
         crate::memory::release_freed_memory();
         let per_user = self.config.retention.rejected_per_user;
         let mut unsent = Vec::new();
+        let mut past_retention = Vec::new();
         for entry in self.store.rejected_entries()? {
             // A refusal's event not yet delivered or dead goes out again,
-            // under its key.
+            // under its key, even if its entry is now past [retention]:
+            // it was accepted.
             unsent.extend(
                 entry
                     .notifications
                     .into_iter()
                     .filter(|i| !self.outbox.is_final(&i.key).unwrap_or(false)),
             );
-            for gone in self.quarantine.add(entry.uid, entry.name, per_user) {
-                self.forget_rejected(&gone);
+            if let Some((file, rejected_at)) = entry.refused {
+                self.refused_before.insert(file, rejected_at);
             }
+            past_retention.extend(self.quarantine.add(entry.uid, entry.name, per_user));
         }
         unsent.extend(
             self.gpu_health
@@ -1508,6 +1516,9 @@ impl Daemon {
                 .cloned(),
         );
         self.notifier.deliver(unsent);
+        for gone in past_retention {
+            self.forget_rejected(&gone);
+        }
         let mut members = members;
         members.sort();
         for (_, id, group) in members {
@@ -2217,8 +2228,21 @@ impl Daemon {
             saved_as: None,
             dev: identity.map(|i| i.dev),
             ino: identity.map(|i| i.ino),
+            ctime_ns: identity.and_then(|i| i64::try_from(i.ctime_ns).ok()),
             notifications: Vec::new(),
         };
+        if let Some(at) = record
+            .refused_file()
+            .and_then(|file| self.refused_before.remove(&file))
+        {
+            // Quarantined before a crash that left it in the spool: the
+            // same entry, and its event under the same id.
+            info!(
+                file = name,
+                "refused again after a restart: the same refusal as before it"
+            );
+            record.rejected_at = at;
+        }
         let config = &self.config.notifications;
         if let Some(notice) = crate::notifications::Notice::refused(
             &record,
@@ -2236,6 +2260,7 @@ impl Daemon {
         let told = record.notifications.clone();
         match self.store.reject(record, bytes) {
             Ok(entry) => {
+                crash_point("after-quarantine");
                 self.notifier.deliver(told);
                 let per_user = self.config.retention.rejected_per_user;
                 for gone in self.quarantine.add(uid, entry, per_user) {
@@ -2258,14 +2283,11 @@ impl Daemon {
         }
     }
 
-    /// Drops a quarantine entry past `[retention]`, with its event's
-    /// outbox entries.
+    /// Drops a quarantine entry past `[retention]`. Its event's outbox
+    /// entries go once they are delivered or dead: one still on its way
+    /// is still sent.
     fn forget_rejected(&mut self, entry: &str) {
-        for key in self.store.forget_rejected(entry) {
-            if let Err(e) = self.outbox.remove(&key) {
-                warn!(key, error = %e, "cannot remove a forgotten refusal's outbox entry");
-            }
-        }
+        self.notifier.forget(self.store.forget_rejected(entry));
     }
 
     /// Removes a spool entry only if it is still the one we read: a user
@@ -2535,13 +2557,9 @@ impl Daemon {
                 error!(error = %e, path = %self.config.state_dir.join("gpu-health.json").display(), "cannot record the GPUs' health; check the state directory's disk");
             }
         }
-        for key in replaced {
-            // A change replaced by a newer one is forgotten once done with.
-            if self.outbox.is_final(&key).unwrap_or(false) {
-                let _ = self.outbox.remove(&key);
-            }
-        }
         self.notifier.deliver(told);
+        // A change replaced by a newer one is forgotten once done with.
+        self.notifier.forget(replaced);
     }
 
     /// Tells the inventory which job holds each GPU, so that a GPU leaving

@@ -46,12 +46,13 @@
 //! username = "ptrain"
 //! password_file = "/etc/ptrain/rabbit.password"
 //! exchange = "ptrain.events"                # routing key ptrain.EVENT.OWNER
-//! events = ["started", "succeeded", "failed"]   # all events when unset
+//! events = ["started", "succeeded", "failed"]   # "jobs" (every job event) when unset;
+//!                                           # "all" adds refused, gpu-unhealthy, gpu-healthy
 //!
 //! [channels.stream]                         # the same events on Kafka
 //! kind = "kafka"
 //! bootstrap_servers = ["kafka1.example.com:9093", "kafka2.example.com:9093"]
-//! topic = "ptrain.events"                   # key = job id
+//! topic = "ptrain.events"                   # key = job id (spool/FILE, gpu/UUID)
 //! tls = "tls"                               # or "none" (the default)
 //! sasl_mechanism = "scram-sha-512"          # or "plain", "scram-sha-256"
 //! username = "ptrain"
@@ -184,7 +185,8 @@ pub struct KafkaConfig {
     pub sasl: Option<KafkaSasl>,
     pub username: Option<String>,
     pub password_file: Option<PathBuf>,
-    /// The events it is sent: every one when the admin names none.
+    /// The events it is sent: every event of a job when the admin names
+    /// none.
     pub events: Vec<NotifyEvent>,
 }
 
@@ -217,7 +219,8 @@ pub struct AmqpConfig {
     pub password_file: Option<PathBuf>,
     pub exchange: String,
     pub ca_file: Option<PathBuf>,
-    /// The events it is sent: every one when the admin names none.
+    /// The events it is sent: every event of a job when the admin names
+    /// none.
     pub events: Vec<NotifyEvent>,
 }
 
@@ -852,13 +855,23 @@ fn parse_amqp(
     })
 }
 
-/// A stream channel's `events`: the admin's choice, or all of them.
+/// What a stream channel's `events` may name besides each event: every
+/// event of a job, and every event at all.
+const EVENTS_OF_JOBS: &str = "jobs";
+const EVENTS_ALL: &str = "all";
+
+/// A stream channel's `events`: the admin's choice, or every event of a
+/// job. The events of no job (refused, gpu-unhealthy, gpu-healthy) are
+/// asked for by name or by "all", so a consumer written for a job's
+/// events never gets one it did not ask for (a stream set up before
+/// they existed included).
 fn parse_stream_events(
     key: &dyn Fn(&str) -> String,
     words: Option<Vec<String>>,
 ) -> Result<Vec<NotifyEvent>, InvalidSetting> {
+    let of_jobs = || NotifyEvent::ALL.into_iter().filter(|e| e.is_of_a_job());
     match words {
-        None => Ok(NotifyEvent::ALL.to_vec()),
+        None => Ok(of_jobs().collect()),
         Some(words) if words.is_empty() => Err(InvalidSetting::new(
             key("events"),
             "is empty, so the channel would get nothing; list events or remove the key for all"
@@ -867,19 +880,27 @@ fn parse_stream_events(
         Some(words) => {
             let mut events = Vec::new();
             for (i, word) in words.iter().enumerate() {
-                let event = NotifyEvent::parse(word).ok_or_else(|| {
-                    InvalidSetting::new(
-                        format!("{}[{i}]", key("events")),
-                        format!(
-                            "{word:?} is not an event; use {}",
-                            NotifyEvent::ALL
-                                .map(|e| format!("{:?}", e.as_str()))
-                                .join(", ")
-                        ),
-                    )
-                })?;
-                if !events.contains(&event) {
-                    events.push(event);
+                let named: Vec<NotifyEvent> = match word.as_str() {
+                    EVENTS_OF_JOBS => of_jobs().collect(),
+                    EVENTS_ALL => NotifyEvent::ALL.to_vec(),
+                    word => vec![NotifyEvent::parse(word).ok_or_else(|| {
+                        InvalidSetting::new(
+                            format!("{}[{i}]", key("events")),
+                            format!(
+                                "{word:?} is not an event; use {:?} (every event of a job), {:?} (every event), or {}",
+                                EVENTS_OF_JOBS,
+                                EVENTS_ALL,
+                                NotifyEvent::ALL
+                                    .map(|e| format!("{:?}", e.as_str()))
+                                    .join(", ")
+                            ),
+                        )
+                    })?],
+                };
+                for event in named {
+                    if !events.contains(&event) {
+                        events.push(event);
+                    }
                 }
             }
             Ok(events)

@@ -217,15 +217,22 @@ pub fn intents_not_of_a_job(
         .collect()
 }
 
+/// The subject of a refused file's event is `spool/FILE`, and a GPU's
+/// `gpu/UUID`: no job id has a `/`, so no consumer, Kafka partition or
+/// log line takes either for a job's (say, another user's job named
+/// like the refused file).
+pub const REFUSED_SUBJECT_PREFIX: &str = "spool/";
+pub const GPU_SUBJECT_PREFIX: &str = "gpu/";
+
 impl Notice {
-    /// A refused spool file as an event: its subject is the file's name
-    /// (made printable), its detail the reason its owner was given. `None`
-    /// when the owner is unknown (the file went before it could be
-    /// looked at): no one to name.
+    /// A refused spool file as an event: its subject is
+    /// `spool/` and the file's name (made printable), its detail the
+    /// reason its owner was given. `None` when the owner is unknown (the
+    /// file went before it could be looked at): no one to name.
     pub fn refused(record: &crate::store::RejectRecord, file: &str, host: &str) -> Option<Notice> {
         let uid = record.uid?;
         Some(Notice {
-            job_id: file.to_owned(),
+            job_id: format!("{REFUSED_SUBJECT_PREFIX}{file}"),
             owner: record.owner.clone().unwrap_or_else(|| uid.to_string()),
             uid,
             event: NotifyEvent::Refused,
@@ -246,8 +253,8 @@ impl Notice {
     }
 
     /// A GPU's health change as an event of the host (owner root): its
-    /// subject is the GPU's UUID, its detail why it left the pool (or
-    /// that it is back).
+    /// subject is `gpu/` and the GPU's UUID, its detail why it left the
+    /// pool (or that it is back).
     pub fn gpu_health(gpu: NoticeGpu, unhealthy: Option<&str>, since: u64, host: &str) -> Notice {
         let (event, status, detail) = match unhealthy {
             Some(reason) => (NotifyEvent::GpuUnhealthy, "unhealthy", reason.to_owned()),
@@ -258,7 +265,7 @@ impl Notice {
             ),
         };
         Notice {
-            job_id: gpu.uuid.clone(),
+            job_id: format!("{GPU_SUBJECT_PREFIX}{}", gpu.uuid),
             owner: "root".into(),
             uid: 0,
             event,
@@ -667,6 +674,11 @@ mod tests {
             kind = "amqp"
             url = "amqp://rabbit/%2f"
             exchange = "x"
+            events = ["all"]
+            [channels.legacy]
+            kind = "amqp"
+            url = "amqp://rabbit/%2f"
+            exchange = "x"
         "#;
         let c =
             crate::config::Config::from_toml(std::path::Path::new("/etc/ptrain/ptrain.toml"), text)
@@ -684,6 +696,7 @@ mod tests {
             saved_as: None,
             dev: None,
             ino: None,
+            ctime_ns: None,
             notifications: Vec::new(),
         };
         let notice = Notice::refused(&rejection, "x.json", "gpu01").unwrap();
@@ -712,7 +725,20 @@ mod tests {
         // naming no channel tells the job-named channels nothing here.
         let r = record(r#"{"version": 1, "command": ["true"]}"#, "alice");
         let i = intents_for(&c, &r, NotifyEvent::Succeeded, 1);
-        assert_eq!(keys(&i), ["job1.succeeded.ops", "job1.succeeded.all"]);
+        assert_eq!(
+            keys(&i),
+            [
+                "job1.succeeded.ops",
+                "job1.succeeded.all",
+                "job1.succeeded.legacy"
+            ]
+        );
+        // A stream that names no events (one set up before events of no
+        // job existed) gets every event of a job and none of the others.
+        let legacy = c.channels["legacy"].streamed_events().unwrap();
+        assert!(NotifyEvent::ALL
+            .into_iter()
+            .all(|e| legacy.contains(&e) == e.is_of_a_job()));
         // A webhook stream's `events` is checked like a bus's.
         let bad = crate::config::Config::from_toml(
             std::path::Path::new("/etc/ptrain/ptrain.toml"),

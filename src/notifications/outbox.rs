@@ -57,6 +57,12 @@ pub struct Delivery {
     /// Why the last attempt failed; secrets are redacted before it is kept.
     #[serde(default)]
     pub last_error: Option<String>,
+    /// What it was kept for is gone (a quarantine entry past
+    /// `[retention]`, a GPU's change told again since): the file goes as
+    /// soon as it is delivered or dead, not before, so the event is
+    /// still sent and no status is left behind for nobody.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forget_once_final: bool,
     pub intent: Intent,
 }
 
@@ -70,6 +76,7 @@ impl Delivery {
             next_attempt_at: None,
             delivered_at: None,
             last_error: None,
+            forget_once_final: false,
             intent,
         }
     }

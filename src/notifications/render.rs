@@ -78,7 +78,9 @@ pub fn title(n: &Notice) -> String {
         NotifyEvent::Refused => {
             return format!(
                 "job file {} was refused: {}",
-                n.job_id,
+                n.job_id
+                    .strip_prefix(super::REFUSED_SUBJECT_PREFIX)
+                    .unwrap_or(&n.job_id),
                 clip(&n.detail, 200)
             )
         }
@@ -89,7 +91,9 @@ pub fn title(n: &Notice) -> String {
                 .map_or(String::new(), |g| format!(" {}", g.index));
             let mut t = format!(
                 "GPU{index} ({}) on {} {}",
-                n.job_id,
+                n.job_id
+                    .strip_prefix(super::GPU_SUBJECT_PREFIX)
+                    .unwrap_or(&n.job_id),
                 n.host,
                 outcome_words(n)
             );
@@ -760,6 +764,7 @@ mod tests {
             saved_as: None,
             dev: None,
             ino: None,
+            ctime_ns: None,
             notifications: Vec::new(),
         };
         let gpu = || NoticeGpu {
@@ -770,17 +775,17 @@ mod tests {
             let (notice, subject, kind) = match event {
                 NotifyEvent::Refused => (
                     Notice::refused(&refusal, "bad_job.json", "gpu01").unwrap(),
-                    "bad_job.json",
+                    "spool/bad_job.json",
                     "org.ptrain.job.refused",
                 ),
                 NotifyEvent::GpuUnhealthy => (
                     Notice::gpu_health(gpu(), Some("lost from the bus"), 1, "gpu01"),
-                    "GPU-1",
+                    "gpu/GPU-1",
                     "org.ptrain.host.gpu-unhealthy",
                 ),
                 NotifyEvent::GpuHealthy => (
                     Notice::gpu_health(gpu(), None, 1, "gpu01"),
-                    "GPU-1",
+                    "gpu/GPU-1",
                     "org.ptrain.host.gpu-healthy",
                 ),
                 e => (notice(e), "resnet-lr01", ""),
@@ -800,6 +805,12 @@ mod tests {
                 kind => assert_eq!(v["type"], kind),
             }
             assert_eq!(v["subject"], subject);
+            // An event of no job has a subject no job id can be.
+            assert_eq!(
+                crate::spec::JobId::parse(subject).is_ok(),
+                event.is_of_a_job(),
+                "{subject}"
+            );
             assert_eq!(v["source"], "ptrain://gpu01");
             assert_eq!(v["time"], "2023-11-14T22:13:20.123456Z");
             // The data is the ptrain webhook's payload, byte for byte.

@@ -73,6 +73,8 @@ enum Command {
         RetryTarget,
         oneshot::Sender<Result<String, DeliveriesError>>,
     ),
+    /// Their owners are gone: forget each key's status once it is final.
+    Forget(Vec<String>),
     /// ptraind is stopping: finish the attempts under way and send what is
     /// due now, then answer with how many stay pending and end.
     Drain(oneshot::Sender<Drained>),
@@ -162,6 +164,15 @@ impl Notifier {
     pub fn deliver(&self, intents: Vec<Intent>) {
         if !intents.is_empty() {
             let _ = self.tx.send(Command::Deliver(intents));
+        }
+    }
+
+    /// Forgets the status of `keys` once each is delivered or dead (at
+    /// once for those that are): what they were kept for is gone. Sent
+    /// after the [`Notifier::deliver`] of the same keys, if any.
+    pub fn forget(&self, keys: Vec<String>) {
+        if !keys.is_empty() {
+            let _ = self.tx.send(Command::Forget(keys));
         }
     }
 
@@ -441,7 +452,50 @@ impl Sender {
             Command::Retry(target, reply) => {
                 let _ = reply.send(self.retry(target));
             }
+            Command::Forget(keys) => {
+                for key in keys {
+                    self.forget(&key);
+                }
+            }
             Command::Drain(reply) => self.draining = Some(reply),
+        }
+    }
+
+    /// Marks `key` to be forgotten once final, or forgets it now if it is.
+    /// Marked on disk too, so a restart before it is done still forgets it.
+    fn forget(&mut self, key: &str) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.delivery.forget_once_final = true;
+            let d = entry.delivery.clone();
+            self.persist(&d);
+            return;
+        }
+        match self.outbox.load(key) {
+            Ok(Some(d)) if d.state.is_final() => self.remove(key),
+            Ok(Some(mut d)) => {
+                // Waiting on disk beyond max_backlog.
+                d.forget_once_final = true;
+                self.persist(&d);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                error!(key, error = %e, "cannot read a notification's status to forget it; it stays in the outbox");
+            }
+        }
+    }
+
+    fn remove(&self, key: &str) {
+        if let Err(e) = self.outbox.remove(key) {
+            warn!(key, error = %e, "cannot remove a forgotten notification's status");
+        }
+    }
+
+    /// Records a delivered or dead status, or forgets it if it was to be.
+    fn persist_final(&self, d: &Delivery) {
+        if d.forget_once_final {
+            self.remove(&d.intent.key);
+        } else {
+            self.persist(d);
         }
     }
 
@@ -683,7 +737,7 @@ impl Sender {
         delivery.state = DeliveryState::Dead;
         delivery.next_attempt_at = None;
         delivery.last_error = Some(why);
-        self.persist(&delivery);
+        self.persist_final(&delivery);
     }
 
     /// Starts an attempt on every idle channel with something due.
@@ -817,7 +871,7 @@ impl Sender {
                         attempts = d.attempts,
                         "notification delivered"
                     );
-                    self.persist(d);
+                    self.persist_final(d);
                 }
                 Verdict::Retry(why) => {
                     match self
@@ -1097,6 +1151,56 @@ pub(crate) mod tests {
         n.deliver(vec![i.clone()]);
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(fake.log.lock().unwrap().len(), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forgotten_key_is_still_sent_then_leaves_no_status_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::open(dir.path()).unwrap();
+        let fake = scripted([Verdict::Retry("broker down".into())]);
+        let cfg = config(5, 5, 3600);
+        let n = start(&cfg, dir.path(), &fake);
+        let done = intent("a", NotifyEvent::Refused, "ch");
+        n.deliver(vec![done.clone()]);
+        let pending = intent("b", NotifyEvent::Refused, "ch");
+        // Its first attempt fails: it is retrying when its owner goes.
+        wait_state(&n, &done.key, DeliveryState::Delivered).await;
+        assert!(outbox.load(&done.key).unwrap().is_some());
+        fake.script
+            .lock()
+            .unwrap()
+            .push_back(Verdict::Retry("broker down".into()));
+        n.deliver(vec![pending.clone()]);
+        wait_state(&n, &pending.key, DeliveryState::Retrying).await;
+        n.forget(vec![done.key.clone(), pending.key.clone()]);
+        // A final one goes at once; the other stays, marked, while on its way.
+        let _ = n.deliveries().await.unwrap();
+        assert!(outbox.load(&done.key).unwrap().is_none());
+        let kept = outbox
+            .load(&pending.key)
+            .unwrap()
+            .expect("still on its way");
+        assert!(kept.forget_once_final && !kept.state.is_final());
+        // A restart resumes it from the outbox alone, mark and all; sent, it goes.
+        drop(n);
+        tokio::task::yield_now().await;
+        let n = start(&cfg, dir.path(), &fake);
+        for _ in 0..1000 {
+            if outbox.load(&pending.key).unwrap().is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(outbox.load(&pending.key).unwrap().is_none());
+        let sent: Vec<String> = fake
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert!(sent.contains(&pending.key), "{sent:?}");
+        assert!(n.deliveries().await.unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

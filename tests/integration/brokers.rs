@@ -26,6 +26,9 @@ use crate::tansu::Tansu;
 const EXCHANGE: &str = "ptrain.events";
 const QUEUE: &str = "ptrain-test-events";
 const TOPIC: &str = "ptrain.events";
+/// The bus channel: every event of a job, and refused files (an event of
+/// no job, asked for by name).
+const JOBS_AND_REFUSED: &str = "events = [\"jobs\", \"refused\"]";
 
 /// A broker the scenario runs against, as its consumer sees it.
 trait Bus {
@@ -70,7 +73,7 @@ impl Bus for AmqpBus {
         let wrong = secrets.file("wrong.password", "not-the-password");
         let only_ends = "events = [\"succeeded\"]";
         let config = [
-            amqp_channel("bus", rabbit.port, EXCHANGE, &password, ""),
+            amqp_channel("bus", rabbit.port, EXCHANGE, &password, JOBS_AND_REFUSED),
             amqp_channel(
                 "nowhere",
                 rabbit.port,
@@ -161,7 +164,7 @@ impl Bus for KafkaBus {
         );
         let only_ends = "events = [\"succeeded\"]";
         let config = [
-            kafka_channel("bus", &bootstrap, TOPIC, (&password, &ca), ""),
+            kafka_channel("bus", &bootstrap, TOPIC, (&password, &ca), JOBS_AND_REFUSED),
             kafka_channel(
                 "nowhere",
                 &bootstrap,
@@ -418,7 +421,7 @@ fn every_event_once_in_order(test: &str, mut bus: impl Bus) {
             "{j}: out of order"
         );
     }
-    assert_eq!(per_job["broken.json"], ["refused"]);
+    assert_eq!(per_job["spool/broken.json"], ["refused"]);
     let prep_end = received
         .iter()
         .find(|e| e["id"] == "prep.succeeded.bus")

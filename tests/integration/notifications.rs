@@ -1148,7 +1148,8 @@ fn a_refused_file_is_a_stream_event_once_through_a_kill_9() {
     let event = all[1].json();
     assert_eq!(event["type"], "org.ptrain.job.refused", "{event:#}");
     assert_eq!(event["id"], id.as_str());
-    assert_eq!(event["subject"], "bad_job.json");
+    // No job id has a `/`: not even another user's job named like the file.
+    assert_eq!(event["subject"], "spool/bad_job.json");
     let data = &event["data"];
     assert_eq!(data["event"], "refused");
     assert_eq!(data["owner"], BOB);
@@ -1198,4 +1199,52 @@ fn a_refused_file_is_a_stream_event_once_through_a_kill_9() {
         4,
         "only the interrupted one went twice: {keys:?}"
     );
+
+    // Killed after the quarantine is written and before the spool entry
+    // goes: the file is refused again after the restart as the same
+    // refusal, one entry and one event id.
+    let pid = || d.unit_property("ptraind.service", "MainPID");
+    let (ok, out) = d
+        .harness
+        .systemctl(&["set-environment", "PTRAIN_CRASH_AT=after-quarantine"]);
+    assert!(ok, "{out}");
+    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
+    assert!(ok, "{out}");
+    let crashed = pid();
+    d.drop_job(BOB, "crash.json", r#"{"version": 1, "gpus": "two"}"#);
+    wait_for("ptraind to crash after the quarantine", WAIT, || {
+        (pid() != crashed).then_some(())
+    });
+    let (ok, out) = d
+        .harness
+        .systemctl(&["unset-environment", "PTRAIN_CRASH_AT"]);
+    assert!(ok, "{out}");
+    d.harness.systemctl(&["reset-failed", "ptraind.service"]);
+    let (ok, out) = d.harness.systemctl(&["start", "ptraind.service"]);
+    assert!(ok, "{out}\n{}", d.daemon_log());
+    d.wait_rejected(BOB, "crash.json");
+    let crash_keys = wait_for("the crashed refusal's event", WAIT, || {
+        let keys: Vec<String> = server
+            .requests()
+            .iter()
+            .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
+            .filter(|k| k.ends_with("-crash.json.bus"))
+            .collect();
+        (!keys.is_empty()).then_some(keys)
+    });
+    wait_delivery(&d, &crash_keys[0], "delivered");
+    assert!(
+        d.daemon_log().contains("PTRAIN_CRASH_AT"),
+        "the crash point was never reached"
+    );
+    let listing = d.rejected(BOB);
+    let entries = listing.iter().filter(|r| r["file"] == "crash.json").count();
+    assert_eq!(entries, 1, "one refusal, one entry: {listing:#?}");
+    let crash_keys: Vec<String> = server
+        .requests()
+        .iter()
+        .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
+        .filter(|k| k.ends_with("-crash.json.bus"))
+        .collect();
+    assert_eq!(crash_keys.len(), 1, "{crash_keys:?}");
 }

@@ -695,7 +695,7 @@ fn nvml_gpu_health_reaches_a_stream_once_with_no_job_and_across_restarts() {
     let out = wait_events(1, REPLAN_WAIT);
     let e = &out[0];
     assert_eq!(e["type"], "org.ptrain.host.gpu-unhealthy", "{e:#}");
-    assert_eq!(e["subject"], UUID1);
+    assert_eq!(e["subject"], format!("gpu/{UUID1}"));
     assert_eq!(e["data"]["gpus"][0]["index"], 1);
     assert_eq!(e["data"]["owner"], "root");
     let detail = e["data"]["detail"].as_str().unwrap();
@@ -717,7 +717,7 @@ fn nvml_gpu_health_reaches_a_stream_once_with_no_job_and_across_restarts() {
         "{:#}",
         out[1]
     );
-    assert_eq!(out[1]["subject"], UUID1);
+    assert_eq!(out[1]["subject"], format!("gpu/{UUID1}"));
 
     // GPU 0 fails while ptraind is down; GPU 1 stays healthy. After the
     // start, GPU 0 is told once and GPU 1's earlier changes are not told
@@ -734,7 +734,7 @@ fn nvml_gpu_health_reaches_a_stream_once_with_no_job_and_across_restarts() {
         "{:#}",
         out[2]
     );
-    assert_eq!(out[2]["subject"], UUID0);
+    assert_eq!(out[2]["subject"], format!("gpu/{UUID0}"));
     let ids: Vec<String> = wait_for("every event delivered", crate::daemon::WAIT, || {
         let list = crate::notifications::deliveries(&d);
         let ids: Vec<String> = list
@@ -751,13 +751,25 @@ fn nvml_gpu_health_reaches_a_stream_once_with_no_job_and_across_restarts() {
         gpus_view(&d);
     }
     d.assert_alive();
-    let posted: std::collections::BTreeSet<String> = events()
+    // A sentinel after those looks: GPU 1 fails again. Anything they told
+    // (wrongly) was handed to the sender before it, and comes first.
+    gpus[1].ecc_uncorrected = 3;
+    set_state(&d, &gpus);
+    gpus_view(&d);
+    let out = wait_events(4, REPLAN_WAIT);
+    let last = &out[3];
+    assert_eq!(
+        last["type"], "org.ptrain.host.gpu-unhealthy",
+        "told again before the sentinel: {out:#?}"
+    );
+    assert_eq!(last["subject"], format!("gpu/{UUID1}"), "{out:#?}");
+    let posted: std::collections::BTreeSet<String> = out[..3]
         .iter()
         .map(|e| e["id"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(posted.len(), 3, "{:#?}", events());
-    assert_eq!(events().len(), 3, "told once each: {:#?}", events());
+    assert_eq!(posted.len(), 3, "told once each: {out:#?}");
     assert!(ids.iter().all(|k| posted.contains(k)), "{ids:?} {posted:?}");
+    assert_ne!(last["id"], out[0]["id"], "a new change, a new id");
 }
 
 #[test]
