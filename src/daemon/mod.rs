@@ -2530,13 +2530,17 @@ impl Daemon {
     /// before they are handed to the sender.
     fn tell_gpu_health(&mut self, snapshot: &[crate::gpu::GpuInfo]) {
         let now = now_micros();
+        let (switched, dropped) = self.gpu_health.for_backend(self.inventory.backend());
+        self.notifier.forget(dropped);
         let (changes, changed) = self.gpu_health.observe(snapshot, now);
+        let changed = changed || switched;
         let config = &self.config.notifications;
         let host = config.host();
         let mut told = Vec::new();
         let mut replaced = Vec::new();
         for change in changes {
             let uuid = change.gpu.uuid.clone();
+            let index = change.gpu.index;
             let since = self.gpu_health.since(&uuid).unwrap_or(now);
             let notice = crate::notifications::Notice::gpu_health(
                 change.gpu,
@@ -2544,7 +2548,12 @@ impl Daemon {
                 since,
                 &host,
             );
-            let which = format!("{since}-{}", crate::store::printable_file_name(&uuid));
+            // The index tells apart two GPUs of one look whose UUIDs print
+            // the same (a UUID is made printable and cut short).
+            let which = format!(
+                "{since}-{index}-{}",
+                crate::store::printable_file_name(&uuid)
+            );
             let intents =
                 crate::notifications::intents_not_of_a_job(config, &notice, &which, since);
             told.extend(intents.iter().cloned());
