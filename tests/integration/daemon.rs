@@ -302,6 +302,40 @@ impl TestDaemon {
     }
 
     /// A property of a unit, from `systemctl show`.
+    /// Restarts ptraind with `PTRAIN_CRASH_AT=point` (`POINT` or
+    /// `POINT:N`, the daemon's `crash_point`), runs `trigger`, waits until
+    /// ptraind has killed itself there, and starts it again without it.
+    pub fn crash_at(&self, point: &str, trigger: impl FnOnce()) {
+        let pid = || self.unit_property("ptraind.service", "MainPID");
+        let before = pid();
+        // systemd passes its manager environment to the services it starts.
+        let (ok, out) = self
+            .harness
+            .systemctl(&["set-environment", &format!("PTRAIN_CRASH_AT={point}")]);
+        assert!(ok, "{out}");
+        let (ok, out) = self.harness.systemctl(&["restart", "ptraind.service"]);
+        assert!(ok, "{out}");
+        let crashed = pid();
+        assert_ne!(before, crashed);
+        trigger();
+        wait_for(&format!("ptraind to crash at {point}"), WAIT, || {
+            (pid() != crashed).then_some(())
+        });
+        let (ok, out) = self
+            .harness
+            .systemctl(&["unset-environment", "PTRAIN_CRASH_AT"]);
+        assert!(ok, "{out}");
+        // Restart=on-failure brings it back; start now rather than wait,
+        // past systemd's start rate limit that crash rounds add up to.
+        self.harness.systemctl(&["reset-failed", "ptraind.service"]);
+        let (ok, out) = self.harness.systemctl(&["start", "ptraind.service"]);
+        assert!(ok, "{out}\n{}", self.daemon_log());
+        assert!(
+            self.daemon_log().contains("PTRAIN_CRASH_AT"),
+            "the crash point {point} was never reached"
+        );
+    }
+
     pub fn unit_property(&self, unit: &str, prop: &str) -> String {
         let (_, out) = self
             .harness

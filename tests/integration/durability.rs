@@ -99,42 +99,17 @@ fn kill_9_at_each_named_point_runs_every_job_exactly_once() {
     ];
     let mut all_ids = Vec::new();
     for (round, point) in points.iter().enumerate() {
-        let before = main_pid(&d);
-        // systemd passes its manager environment to the services it starts.
-        let (ok, out) = d
-            .harness
-            .systemctl(&["set-environment", &format!("PTRAIN_CRASH_AT={point}:3")]);
-        assert!(ok, "{out}");
-        let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
-        assert!(ok, "{out}");
-        let crashed_pid = main_pid(&d);
-        assert_ne!(before, crashed_pid);
         let ids: Vec<String> = (0..8).map(|i| format!("r{round}-{i}")).collect();
-        for id in &ids {
-            d.drop_job(ALICE, &format!("{id}.json"), &counted_job(&d, ""));
-        }
-        wait_for(&format!("ptraind to crash at {point}"), WAIT, || {
-            (main_pid(&d) != crashed_pid).then_some(())
+        d.crash_at(&format!("{point}:3"), || {
+            for id in &ids {
+                d.drop_job(ALICE, &format!("{id}.json"), &counted_job(&d, ""));
+            }
         });
-        let (ok, out) = d
-            .harness
-            .systemctl(&["unset-environment", "PTRAIN_CRASH_AT"]);
-        assert!(ok, "{out}");
-        // Restart=on-failure brings it back; start now rather than wait,
-        // past systemd's start rate limit that the crash rounds add up to.
-        d.harness.systemctl(&["reset-failed", "ptraind.service"]);
-        let (ok, out) = d.harness.systemctl(&["start", "ptraind.service"]);
-        assert!(ok, "{out}\n{}", d.daemon_log());
         for id in &ids {
             let s = d.wait_ended(id);
             assert_eq!(s["status"], "succeeded", "after crash at {point}: {s}");
         }
         all_ids.extend(ids);
-        let journal = d.daemon_log();
-        assert!(
-            journal.contains("PTRAIN_CRASH_AT"),
-            "the crash point {point} was never reached"
-        );
     }
     let counts = run_counts(&d);
     for id in &all_ids {

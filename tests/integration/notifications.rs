@@ -1203,48 +1203,25 @@ fn a_refused_file_is_a_stream_event_once_through_a_kill_9() {
     // Killed after the quarantine is written and before the spool entry
     // goes: the file is refused again after the restart as the same
     // refusal, one entry and one event id.
-    let pid = || d.unit_property("ptraind.service", "MainPID");
-    let (ok, out) = d
-        .harness
-        .systemctl(&["set-environment", "PTRAIN_CRASH_AT=after-quarantine"]);
-    assert!(ok, "{out}");
-    let (ok, out) = d.harness.systemctl(&["restart", "ptraind.service"]);
-    assert!(ok, "{out}");
-    let crashed = pid();
-    d.drop_job(BOB, "crash.json", r#"{"version": 1, "gpus": "two"}"#);
-    wait_for("ptraind to crash after the quarantine", WAIT, || {
-        (pid() != crashed).then_some(())
+    d.crash_at("after-quarantine", || {
+        d.drop_job(BOB, "crash.json", r#"{"version": 1, "gpus": "two"}"#);
     });
-    let (ok, out) = d
-        .harness
-        .systemctl(&["unset-environment", "PTRAIN_CRASH_AT"]);
-    assert!(ok, "{out}");
-    d.harness.systemctl(&["reset-failed", "ptraind.service"]);
-    let (ok, out) = d.harness.systemctl(&["start", "ptraind.service"]);
-    assert!(ok, "{out}\n{}", d.daemon_log());
     d.wait_rejected(BOB, "crash.json");
-    let crash_keys = wait_for("the crashed refusal's event", WAIT, || {
-        let keys: Vec<String> = server
+    let crash_keys = || -> Vec<String> {
+        server
             .requests()
             .iter()
             .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
             .filter(|k| k.ends_with("-crash.json.bus"))
-            .collect();
-        (!keys.is_empty()).then_some(keys)
+            .collect()
+    };
+    let key = wait_for("the crashed refusal's event", WAIT, || {
+        crash_keys().first().cloned()
     });
-    wait_delivery(&d, &crash_keys[0], "delivered");
-    assert!(
-        d.daemon_log().contains("PTRAIN_CRASH_AT"),
-        "the crash point was never reached"
-    );
+    wait_delivery(&d, &key, "delivered");
     let listing = d.rejected(BOB);
     let entries = listing.iter().filter(|r| r["file"] == "crash.json").count();
     assert_eq!(entries, 1, "one refusal, one entry: {listing:#?}");
-    let crash_keys: Vec<String> = server
-        .requests()
-        .iter()
-        .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
-        .filter(|k| k.ends_with("-crash.json.bus"))
-        .collect();
+    let crash_keys = crash_keys();
     assert_eq!(crash_keys.len(), 1, "{crash_keys:?}");
 }
