@@ -773,10 +773,13 @@ pub(crate) fn deliveries(d: &TestDaemon) -> Vec<Value> {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Waits for `key` to be `state`, through a restart of ptraind: its
+/// sender is at work before its API answers.
 fn wait_delivery(d: &TestDaemon, key: &str, state: &str) -> Value {
     wait_for(&format!("{key} to be {state}"), WAIT, || {
-        deliveries(d)
-            .into_iter()
+        let out = d.ptrain("root", &["notifications", "--json"]);
+        let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        list.into_iter()
             .find(|v| v["key"] == key && v["state"] == state)
     })
 }
