@@ -137,8 +137,28 @@ pub fn check(config: &Config, host: &Host) -> Vec<Finding> {
     check_gpus(config, host, &mut findings);
     check_accounts(config, host, &mut findings);
     check_controllers(config, &host.cgroup_root, &mut findings);
+    check_default_channels(config, &mut findings);
     findings.sort_by_key(|f| f.severity);
     findings
+}
+
+/// A stream among the defaults does nothing there: it hears every job's
+/// events it takes whatever the job names. A warning, not an error: a
+/// config that loaded before streams were told apart still starts.
+fn check_default_channels(config: &Config, findings: &mut Vec<Finding>) {
+    let notify = &config.notifications;
+    for (i, name) in notify.default_channels.iter().enumerate() {
+        if notify
+            .channels
+            .get(name)
+            .is_some_and(|c| c.streamed_events().is_some())
+        {
+            findings.push(Finding::warning(
+                format!("notify.default_channels[{i}]"),
+                format!("{name:?} is a stream: it hears every job's events its `events` lists whatever a job names, so naming it here changes nothing; remove it"),
+            ));
+        }
+    }
 }
 
 /// The channels whose secret sits in the config file itself: a WeCom
@@ -733,6 +753,23 @@ mod tests {
             "{f:?}"
         );
         assert!(f[0].message.contains("getent passwd alcie"), "{f:?}");
+    }
+
+    #[test]
+    fn a_stream_among_the_default_channels_is_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[notify]\ndefault_channels = [\"ops\", \"bus\"]\n\
+                    [channels.ops]\nkind = \"webhook\"\nurl = \"https://h.example/ops\"\n\
+                    [channels.bus]\nkind = \"amqp\"\nurl = \"amqp://r/%2f\"\nexchange = \"x\"\n";
+        controllers(dir.path(), "pids");
+        let f = check(&config(dir.path(), text, 0o644), &host(dir.path()));
+        assert_eq!(
+            keys(&f, Severity::Warning),
+            ["notify.default_channels[1]"],
+            "{f:?}"
+        );
+        assert!(f[0].message.contains("is a stream"), "{f:?}");
+        assert!(keys(&f, Severity::Error).is_empty(), "{f:?}");
     }
 
     #[test]

@@ -485,20 +485,11 @@ impl NotificationsConfig {
         }
         let default_channels = notify.default_channels.unwrap_or_default();
         for (i, name) in default_channels.iter().enumerate() {
-            match parsed.get(name) {
-                None => {
-                    return Err(InvalidSetting::new(
-                        format!("notify.default_channels[{i}]"),
-                        format!("{name:?} is not a configured channel; add a [channels.{name}] table or remove it"),
-                    ))
-                }
-                Some(channel) if channel.streamed_events().is_some() => {
-                    return Err(InvalidSetting::new(
-                        format!("notify.default_channels[{i}]"),
-                        format!("{name:?} is a stream: it hears every job's events its `events` lists already, whatever a job names; remove it here"),
-                    ))
-                }
-                Some(_) => {}
+            if !parsed.contains_key(name) {
+                return Err(InvalidSetting::new(
+                    format!("notify.default_channels[{i}]"),
+                    format!("{name:?} is not a configured channel; add a [channels.{name}] table or remove it"),
+                ));
             }
         }
         Ok(NotificationsConfig {

@@ -316,12 +316,6 @@ pub fn check_job(
                  use a configured channel name or drop it"
             ));
         };
-        if channel.streamed_events().is_some() {
-            return Err(format!(
-                "field `notify` names channel {name:?}, a stream that hears every job's events the admin \
-                 chose for it already (this job's too; `notify_on` does not apply to it); drop it"
-            ));
-        }
         if !channel.reaches(&config.owner_email, owner) {
             return Err(format!(
                 "field `notify` names email channel {name:?}, which mails a job's owner, but no address \
@@ -756,20 +750,19 @@ mod tests {
             bad.contains("channels.h.events[0]") && bad.contains("\"refused\""),
             "{bad}"
         );
-        // A job naming a stream, or defaults naming one, is told so: the
-        // stream hears its events anyway, notify_on or not.
-        let why = check_job(&c, Some(&["bus".to_owned()]), "alice").unwrap_err();
-        assert!(why.contains("a stream") && why.contains("drop it"), "{why}");
-        let bad = crate::config::Config::from_toml(
-            std::path::Path::new("/etc/ptrain/ptrain.toml"),
-            "[notify]\ndefault_channels = [\"s\"]\n[channels.s]\nkind = \"amqp\"\nurl = \"amqp://r/%2f\"\nexchange = \"x\"\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            bad.contains("notify.default_channels[0]") && bad.contains("is a stream"),
-            "{bad}"
+        // A job naming a stream is accepted; the stream hears what its
+        // `events` lists, of every job, once (`notify_on` does not narrow
+        // it, nor does naming it add to it).
+        assert_eq!(check_job(&c, Some(&["bus".to_owned()]), "alice"), Ok(()));
+        let named = record(
+            r#"{"version": 1, "command": ["true"], "notify": ["bus"], "notify_on": ["failed"]}"#,
+            "alice",
         );
+        let i = intents_for(&c, &named, NotifyEvent::Submitted, 1);
+        assert_eq!(keys(&i), ["job1.submitted.all", "job1.submitted.legacy"]);
+        // "bus" takes refusals and GPU health only: naming it adds nothing.
+        let i = intents_for(&c, &named, NotifyEvent::Failed, 1);
+        assert_eq!(keys(&i), ["job1.failed.all", "job1.failed.legacy"]);
         // And a job cannot ask for an event of no job.
         let why =
             crate::spec::notify::parse_notify_on(&serde_json::json!(["gpu-healthy"])).unwrap_err();
