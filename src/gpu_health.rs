@@ -48,22 +48,7 @@ pub struct Change {
 #[derive(Debug, Default)]
 pub struct Ledger {
     told: BTreeMap<String, Told>,
-    /// The inventory backend the entries are of (`nvml`, `declared`):
-    /// another one's GPUs are not these GPUs gone.
-    backend: Option<String>,
     path: Option<PathBuf>,
-}
-
-/// The file: the backend and each GPU's entry. The first release wrote
-/// the entries alone (backend unknown).
-#[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum LedgerFile {
-    Current {
-        backend: Option<String>,
-        gpus: BTreeMap<String, Told>,
-    },
-    First(BTreeMap<String, Told>),
 }
 
 /// What a GPU ptraind knew and the inventory no longer lists is marked
@@ -77,21 +62,19 @@ impl Ledger {
     /// told afresh.
     pub fn load(state_dir: &Path) -> io::Result<Ledger> {
         let path = state_dir.join("gpu-health.json");
-        let (backend, told) = match std::fs::read(&path) {
+        let told = match std::fs::read(&path) {
             Ok(bytes) => match serde_json::from_slice(&bytes) {
-                Ok(LedgerFile::Current { backend, gpus }) => (backend, gpus),
-                Ok(LedgerFile::First(told)) => (None, told),
+                Ok(told) => told,
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "unreadable GPU health ledger; GPUs are told afresh");
-                    (None, BTreeMap::new())
+                    BTreeMap::new()
                 }
             },
-            Err(e) if e.kind() == io::ErrorKind::NotFound => (None, BTreeMap::new()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => return Err(e),
         };
         Ok(Ledger {
             told,
-            backend,
             path: Some(path),
         })
     }
@@ -101,41 +84,10 @@ impl Ledger {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let file = LedgerFile::Current {
-            backend: self.backend.clone(),
-            gpus: self.told.clone(),
-        };
-        let bytes = serde_json::to_vec_pretty(&file).expect("the ledger always serialises");
+        let bytes = serde_json::to_vec_pretty(&self.told).expect("the ledger always serialises");
         let dir = path.parent().expect("the ledger is in the state directory");
         let name = path.file_name().expect("the ledger has a name");
         crate::fsutil::write_atomic(dir, &name.to_string_lossy(), &bytes)
-    }
-
-    /// Sets the inventory backend the looks come from. When it is not the
-    /// one on record (`auto` fell back to the declared list, or the admin
-    /// changed `[gpus] backend`), the entries are of GPUs seen another
-    /// way: they are dropped, not told as gone, and the next look starts
-    /// afresh. Returns whether the ledger changed, and the dropped
-    /// intents' keys (for the outbox to forget once final).
-    pub fn for_backend(&mut self, backend: &str) -> (bool, Vec<String>) {
-        match self.backend.as_deref() {
-            Some(b) if b == backend => (false, Vec::new()),
-            None => {
-                self.backend = Some(backend.to_owned());
-                (true, Vec::new())
-            }
-            Some(before) => {
-                tracing::info!(before, now = backend, "the GPU inventory is read another way now; GPU health is told afresh from its first look");
-                self.backend = Some(backend.to_owned());
-                let dropped = std::mem::take(&mut self.told);
-                let keys = dropped
-                    .into_values()
-                    .flat_map(|t| t.notifications)
-                    .map(|i| i.key)
-                    .collect();
-                (true, keys)
-            }
-        }
     }
 
     /// Every intent on record, for the sender again after a restart (it
@@ -307,53 +259,5 @@ mod tests {
         assert_eq!(again.intents().cloned().collect::<Vec<_>>(), vec![intent]);
         let (changes, changed) = again.observe(&[gpu(0, "A", Some("ECC"))], 8);
         assert!(changes.is_empty() && !changed, "still out: nothing new");
-    }
-
-    #[test]
-    fn another_backend_starts_afresh_without_telling_the_old_gpus_gone() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::load(dir.path()).unwrap();
-        assert_eq!(ledger.for_backend("nvml"), (true, Vec::new()));
-        assert_eq!(ledger.for_backend("nvml"), (false, Vec::new()));
-        ledger.observe(&[gpu(0, "A", Some("ECC")), gpu(1, "B", None)], 1);
-        let intent = crate::notifications::sender::tests::intent(
-            "x",
-            crate::notifications::NotifyEvent::GpuUnhealthy,
-            "bus",
-        );
-        ledger.record_intents("A", vec![intent.clone()]);
-        ledger.save().unwrap();
-        // NVML failed at this start: `auto` read the declared list.
-        let mut again = Ledger::load(dir.path()).unwrap();
-        assert_eq!(again.for_backend("declared"), (true, vec![intent.key]));
-        let (changes, _) = again.observe(&[gpu(0, "GPU-declared-0", None)], 2);
-        assert!(changes.is_empty(), "A and B are not gone: {changes:?}");
-        again.save().unwrap();
-        let mut third = Ledger::load(dir.path()).unwrap();
-        assert_eq!(third.for_backend("declared"), (false, Vec::new()));
-    }
-
-    #[test]
-    fn the_first_releases_file_is_read_with_its_backend_unknown() {
-        let dir = tempfile::tempdir().unwrap();
-        let told = BTreeMap::from([(
-            "A".to_owned(),
-            Told {
-                index: 0,
-                unhealthy: Some("ECC".into()),
-                since: 1,
-                notifications: Vec::new(),
-            },
-        )]);
-        std::fs::write(
-            dir.path().join("gpu-health.json"),
-            serde_json::to_vec(&told).unwrap(),
-        )
-        .unwrap();
-        let mut ledger = Ledger::load(dir.path()).unwrap();
-        // Taken as this backend's: A is still out, nothing to tell.
-        assert_eq!(ledger.for_backend("nvml"), (true, Vec::new()));
-        let (changes, _) = ledger.observe(&[gpu(0, "A", Some("ECC"))], 2);
-        assert!(changes.is_empty());
     }
 }

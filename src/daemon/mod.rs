@@ -36,6 +36,13 @@ use crate::systemd::{Systemd, SystemdError, UnitSignal, UnitState};
 use crate::views::{GpuView, GpusView, JobView};
 use crate::{now_micros, unit, users, DBUS_NAME, DBUS_PATH};
 
+/// Which bound of `[retention]` a quarantine entry went past.
+#[derive(Clone, Copy)]
+enum QuarantineBound {
+    MaxAge,
+    PerUser,
+}
+
 /// Fault injection for the crash tests: with `PTRAIN_CRASH_AT=POINT` (or
 /// `POINT:N`, the Nth time) ptraind kills itself with SIGKILL when it
 /// reaches that named point, exactly as the OOM killer would.
@@ -577,6 +584,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), Daemon
     // queued as events, claimed by the loop after READY=1, so thousands of
     // leftovers never hold up the start.
     daemon.rescan();
+    daemon.forget_refused_before_once_listed();
     daemon.schedule().await;
 
     // Before READY=1: an endpoint the admin asked for that cannot listen
@@ -1494,18 +1502,19 @@ impl Daemon {
         let per_user = self.config.retention.rejected_per_user;
         let mut unsent = Vec::new();
         let mut past_retention = Vec::new();
+        let mut refused_at_start = HashMap::new();
         for entry in self.store.rejected_entries()? {
             // A refusal's event not yet delivered or dead goes out again,
-            // under its key, even if its entry is now past [retention]:
-            // it was accepted.
+            // under its key (unless its entry is now past the per-user
+            // bound: then it is dropped below).
             unsent.extend(
                 entry
                     .notifications
                     .into_iter()
                     .filter(|i| !self.outbox.is_final(&i.key).unwrap_or(false)),
             );
-            if let Some((file, rejected_at)) = entry.refused {
-                self.refused_before.insert(file, rejected_at);
+            if let Some(refused) = entry.refused {
+                refused_at_start.insert(entry.name.clone(), refused);
             }
             past_retention.extend(self.quarantine.add(entry.uid, entry.name, per_user));
         }
@@ -1517,8 +1526,10 @@ impl Daemon {
         );
         self.notifier.deliver(unsent);
         for gone in past_retention {
-            self.forget_rejected(&gone);
+            refused_at_start.remove(&gone);
+            self.forget_rejected(&gone, QuarantineBound::PerUser);
         }
+        self.refused_before = refused_at_start.into_values().collect();
         let mut members = members;
         members.sort();
         for (_, id, group) in members {
@@ -1826,6 +1837,16 @@ impl Daemon {
             if pass.elapsed() >= PASS_BUDGET || self.callers_waiting() {
                 break;
             }
+        }
+        self.forget_refused_before_once_listed();
+    }
+
+    /// A file a crash left in the spool is in the listing made at the
+    /// start, so once that listing is handled (the intake empty) what was
+    /// refused before the start is needed no more.
+    fn forget_refused_before_once_listed(&mut self) {
+        if self.intake.is_empty() && !self.refused_before.is_empty() {
+            self.refused_before = HashMap::new();
         }
     }
 
@@ -2264,7 +2285,7 @@ impl Daemon {
                 self.notifier.deliver(told);
                 let per_user = self.config.retention.rejected_per_user;
                 for gone in self.quarantine.add(uid, entry, per_user) {
-                    self.forget_rejected(&gone);
+                    self.forget_rejected(&gone, QuarantineBound::PerUser);
                 }
             }
             Err(e) => {
@@ -2283,11 +2304,19 @@ impl Daemon {
         }
     }
 
-    /// Drops a quarantine entry past `[retention]`. Its event's outbox
-    /// entries go once they are delivered or dead: one still on its way
-    /// is still sent.
-    fn forget_rejected(&mut self, entry: &str) {
-        self.notifier.forget(self.store.forget_rejected(entry));
+    /// Drops a quarantine entry past `[retention]`.
+    ///
+    /// Past `rejected_max_age` its event's outbox entries go once they
+    /// are delivered or dead (one still on its way is still sent). Past
+    /// `rejected_per_user` they go at once, sent or not: a user can
+    /// refuse files at will, and while a broker is down their events
+    /// would otherwise pile up on disk without a bound.
+    fn forget_rejected(&mut self, entry: &str, past: QuarantineBound) {
+        let keys = self.store.forget_rejected(entry);
+        match past {
+            QuarantineBound::MaxAge => self.notifier.forget(keys),
+            QuarantineBound::PerUser => self.notifier.discard(keys),
+        }
     }
 
     /// Removes a spool entry only if it is still the one we read: a user
@@ -2530,10 +2559,7 @@ impl Daemon {
     /// before they are handed to the sender.
     fn tell_gpu_health(&mut self, snapshot: &[crate::gpu::GpuInfo]) {
         let now = now_micros();
-        let (switched, dropped) = self.gpu_health.for_backend(self.inventory.backend());
-        self.notifier.forget(dropped);
         let (changes, changed) = self.gpu_health.observe(snapshot, now);
-        let changed = changed || switched;
         let config = &self.config.notifications;
         let host = config.host();
         let mut told = Vec::new();
@@ -2559,16 +2585,23 @@ impl Daemon {
             told.extend(intents.iter().cloned());
             replaced.extend(self.gpu_health.record_intents(&uuid, intents));
         }
-        if changed {
-            if let Err(e) = self.gpu_health.save() {
-                // Sent all the same; a restart before they are delivered
-                // tells the GPUs' health afresh.
-                error!(error = %e, path = %self.config.state_dir.join("gpu-health.json").display(), "cannot record the GPUs' health; check the state directory's disk");
-            }
-        }
+        let saved = !changed
+            || {
+                let saved = self.gpu_health.save();
+                if let Err(e) = &saved {
+                    // Sent all the same; a restart before they are delivered
+                    // tells the GPUs' health afresh.
+                    error!(error = %e, path = %self.config.state_dir.join("gpu-health.json").display(), "cannot record the GPUs' health; check the state directory's disk");
+                }
+                saved.is_ok()
+            };
         self.notifier.deliver(told);
-        // A change replaced by a newer one is forgotten once done with.
-        self.notifier.forget(replaced);
+        // A change replaced by a newer one is forgotten once done with,
+        // and only once the ledger no longer lists it: a restart with the
+        // old ledger would send again what the outbox had forgotten.
+        if saved {
+            self.notifier.forget(replaced);
+        }
     }
 
     /// Tells the inventory which job holds each GPU, so that a GPU leaving
@@ -3445,7 +3478,7 @@ impl Daemon {
         let now = now_micros();
         let cutoff = now.saturating_sub(retention.rejected_max_age.as_micros() as u64);
         for gone in self.quarantine.expire(cutoff) {
-            self.forget_rejected(&gone);
+            self.forget_rejected(&gone, QuarantineBound::MaxAge);
         }
         loop {
             let oldest = match self.end_order.oldest() {
@@ -3496,11 +3529,7 @@ impl Daemon {
             }
             // Its notifications go first: one still being retried keeps
             // the job (and its outbox entry) until it is delivered or dead.
-            let keys: Vec<&str> = record
-                .notifications
-                .iter()
-                .map(|i| i.key.as_str())
-                .collect();
+            let keys: Vec<String> = record.notifications.iter().map(|i| i.key.clone()).collect();
             if !keys
                 .iter()
                 .all(|k| self.outbox.is_final(k).unwrap_or(false))
@@ -3512,11 +3541,9 @@ impl Daemon {
                 self.store_failed();
                 break;
             }
-            for key in keys {
-                if let Err(e) = self.outbox.remove(key) {
-                    warn!(job = %id, PTRAIN_JOB = %id, key, error = %e, "cannot remove a compacted job's outbox entry");
-                }
-            }
+            // Removed by the sender, the outbox's only writer: a dead
+            // letter root re-sent meanwhile goes once it is final again.
+            self.notifier.forget(keys);
             // Its id is free again: the old unit must be gone before a new
             // job of that id starts, or systemd would answer UnitExists and
             // the old end be taken for the new job's. The Unref is sent

@@ -874,7 +874,7 @@ fn parse_stream_events(
         None => Ok(of_jobs().collect()),
         Some(words) if words.is_empty() => Err(InvalidSetting::new(
             key("events"),
-            "is empty, so the channel would get nothing; list events or remove the key for all"
+            "is empty, so the channel would get nothing; list events, or remove the key for every event of a job"
                 .into(),
         )),
         Some(words) => {

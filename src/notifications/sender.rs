@@ -75,6 +75,8 @@ enum Command {
     ),
     /// Their owners are gone: forget each key's status once it is final.
     Forget(Vec<String>),
+    /// Dropped by a bound: forget each key now, sent or not.
+    Discard(Vec<String>),
     /// ptraind is stopping: finish the attempts under way and send what is
     /// due now, then answer with how many stay pending and end.
     Drain(oneshot::Sender<Drained>),
@@ -173,6 +175,16 @@ impl Notifier {
     pub fn forget(&self, keys: Vec<String>) {
         if !keys.is_empty() {
             let _ = self.tx.send(Command::Forget(keys));
+        }
+    }
+
+    /// Drops `keys` now, whether or not they were sent: their owners went
+    /// past a bound (a user's quarantine is full), and what a bound drops
+    /// must not stay on disk either. An attempt under way may still
+    /// deliver one; nothing is recorded of it.
+    pub fn discard(&self, keys: Vec<String>) {
+        if !keys.is_empty() {
+            let _ = self.tx.send(Command::Discard(keys));
         }
     }
 
@@ -457,6 +469,11 @@ impl Sender {
                     self.forget(&key);
                 }
             }
+            Command::Discard(keys) => {
+                for key in keys {
+                    self.discard(&key);
+                }
+            }
             Command::Drain(reply) => self.draining = Some(reply),
         }
     }
@@ -481,6 +498,21 @@ impl Sender {
             Err(e) => {
                 error!(key, error = %e, "cannot read a notification's status to forget it; it stays in the outbox");
             }
+        }
+    }
+
+    fn discard(&mut self, key: &str) {
+        if let Some(entry) = self.entries.remove(key) {
+            let channel = &entry.delivery.intent.channel;
+            if let Some(queue) = self.channels.get_mut(channel) {
+                queue.backlog = queue.backlog.saturating_sub(1);
+                queue.reading.remove(&(entry.seq, key.to_owned()));
+                // Left in `due`, it is skipped when reached (no entry).
+            }
+            warn!(key, PTRAIN_JOB = %entry.delivery.intent.notice.job_id, channel = %channel, "notification dropped before it was delivered: its record went past a bound of [retention]");
+        }
+        if let Ok(Some(_)) = self.outbox.load(key) {
+            self.remove(key);
         }
     }
 
@@ -1184,6 +1216,7 @@ pub(crate) mod tests {
         // A restart resumes it from the outbox alone, mark and all; sent, it goes.
         drop(n);
         tokio::task::yield_now().await;
+        fake.seen.lock().unwrap().clear();
         let n = start(&cfg, dir.path(), &fake);
         for _ in 0..1000 {
             if outbox.load(&pending.key).unwrap().is_none() {
@@ -1201,6 +1234,37 @@ pub(crate) mod tests {
             .collect();
         assert!(sent.contains(&pending.key), "{sent:?}");
         assert!(n.deliveries().await.unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_discarded_key_is_not_sent_and_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::open(dir.path()).unwrap();
+        let fake = scripted([Verdict::Retry("broker down".into())]);
+        let cfg = config(5, 5, 3600);
+        let n = start(&cfg, dir.path(), &fake);
+        let waiting = intent("a", NotifyEvent::Refused, "ch");
+        let later = intent("b", NotifyEvent::Refused, "ch");
+        n.deliver(vec![waiting.clone()]);
+        wait_state(&n, &waiting.key, DeliveryState::Retrying).await;
+        n.deliver(vec![later.clone()]);
+        n.discard(vec![waiting.key.clone()]);
+        wait_state(&n, &later.key, DeliveryState::Delivered).await;
+        assert!(outbox.load(&waiting.key).unwrap().is_none());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let sent: Vec<String> = fake
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert_eq!(
+            sent,
+            [waiting.key.clone(), later.key.clone()],
+            "tried once, then dropped"
+        );
+        assert!(outbox.load(&waiting.key).unwrap().is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -301,7 +301,6 @@ impl TestDaemon {
         self.wait_status(id, |s| s == "running")
     }
 
-    /// A property of a unit, from `systemctl show`.
     /// Restarts ptraind with `PTRAIN_CRASH_AT=point` (`POINT` or
     /// `POINT:N`, the daemon's `crash_point`), runs `trigger`, waits until
     /// ptraind has killed itself there, and starts it again without it.
@@ -336,6 +335,7 @@ impl TestDaemon {
         );
     }
 
+    /// A property of a unit, from `systemctl show`.
     pub fn unit_property(&self, unit: &str, prop: &str) -> String {
         let (_, out) = self
             .harness
