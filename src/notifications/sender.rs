@@ -1185,13 +1185,19 @@ pub(crate) mod tests {
         assert_eq!(fake.log.lock().unwrap().len(), 6);
     }
 
+    /// A sender whose first attempt finds the broker down (retried 5 s
+    /// on), with its outbox to look into.
+    fn down_once(dir: &Path) -> (Outbox, Arc<Fake>, NotificationsConfig, Notifier) {
+        let fake = scripted([Verdict::Retry("broker down".into())]);
+        let cfg = config(5, 5, 3600);
+        let n = start(&cfg, dir, &fake);
+        (Outbox::open(dir).unwrap(), fake, cfg, n)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_forgotten_key_is_still_sent_then_leaves_no_status_across_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let outbox = Outbox::open(dir.path()).unwrap();
-        let fake = scripted([Verdict::Retry("broker down".into())]);
-        let cfg = config(5, 5, 3600);
-        let n = start(&cfg, dir.path(), &fake);
+        let (outbox, fake, cfg, n) = down_once(dir.path());
         let done = intent("a", NotifyEvent::Refused, "ch");
         n.deliver(vec![done.clone()]);
         let pending = intent("b", NotifyEvent::Refused, "ch");
@@ -1216,7 +1222,7 @@ pub(crate) mod tests {
         // A restart resumes it from the outbox alone, mark and all; sent, it goes.
         drop(n);
         tokio::task::yield_now().await;
-        fake.seen.lock().unwrap().clear();
+        fake.log.lock().unwrap().clear();
         let n = start(&cfg, dir.path(), &fake);
         for _ in 0..1000 {
             if outbox.load(&pending.key).unwrap().is_none() {
@@ -1225,13 +1231,7 @@ pub(crate) mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert!(outbox.load(&pending.key).unwrap().is_none());
-        let sent: Vec<String> = fake
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(k, _)| k.clone())
-            .collect();
+        let sent = sent_keys(&fake);
         assert!(sent.contains(&pending.key), "{sent:?}");
         assert!(n.deliveries().await.unwrap().is_empty());
     }
@@ -1239,10 +1239,7 @@ pub(crate) mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_discarded_key_is_not_sent_and_leaves_nothing_behind() {
         let dir = tempfile::tempdir().unwrap();
-        let outbox = Outbox::open(dir.path()).unwrap();
-        let fake = scripted([Verdict::Retry("broker down".into())]);
-        let cfg = config(5, 5, 3600);
-        let n = start(&cfg, dir.path(), &fake);
+        let (outbox, fake, _, n) = down_once(dir.path());
         let waiting = intent("a", NotifyEvent::Refused, "ch");
         let later = intent("b", NotifyEvent::Refused, "ch");
         n.deliver(vec![waiting.clone()]);
@@ -1252,13 +1249,7 @@ pub(crate) mod tests {
         wait_state(&n, &later.key, DeliveryState::Delivered).await;
         assert!(outbox.load(&waiting.key).unwrap().is_none());
         tokio::time::sleep(Duration::from_secs(60)).await;
-        let sent: Vec<String> = fake
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(k, _)| k.clone())
-            .collect();
+        let sent = sent_keys(&fake);
         assert_eq!(
             sent,
             [waiting.key.clone(), later.key.clone()],

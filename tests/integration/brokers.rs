@@ -330,8 +330,10 @@ fn every_event_once_in_order(test: &str, mut bus: impl Bus) {
             }
         }
     };
+    let mut attempts_when_dead = HashMap::new();
     for (name, words) in &misconfigured {
         let letter = dead(&format!("prep.succeeded.{name}"));
+        attempts_when_dead.insert(*name, letter["attempts"].clone());
         let why = letter["last_error"].as_str().unwrap();
         for word in words {
             assert!(why.contains(word), "{name}: {why}");
@@ -437,13 +439,16 @@ fn every_event_once_in_order(test: &str, mut bus: impl Bus) {
         .find(|e| e["id"] == "prep.succeeded.bus")
         .unwrap();
     assert_eq!(prep_end["data"]["results"]["rows"], 3, "{prep_end}");
-    // The misconfigured channels held nothing up and were tried no more.
+    // The misconfigured channels held nothing up and, dead, were tried no
+    // more. (Mostly dead at the first attempt; tansu under load may drop
+    // a failed login's connection instead of answering, which reads as a
+    // network error and is tried again until it answers.)
     let all = deliveries(&d);
     for (name, _) in &misconfigured {
         let key = format!("prep.succeeded.{name}");
         let v = all.iter().find(|v| v["key"] == key).unwrap();
         assert_eq!(v["state"], "dead");
-        assert_eq!(v["attempts"], 1, "{v}");
+        assert_eq!(v["attempts"], attempts_when_dead[name], "{v}");
     }
     d.assert_alive();
 }

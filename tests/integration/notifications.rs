@@ -1124,6 +1124,7 @@ fn a_refused_file_is_a_stream_event_once_through_a_kill_9() {
         Opts {
             extra_config: format!(
                 "[notify]\nattempt_timeout = \"2m\"\n\
+                 [retention]\nrejected_per_user = 2\n\
                  [channels.bus]\nkind = \"webhook\"\nurl = \"{}\"\nformat = \"cloudevents\"\n\
                  events = [\"refused\", \"submitted\"]\n",
                 server.url("/bus")
@@ -1227,4 +1228,19 @@ fn a_refused_file_is_a_stream_event_once_through_a_kill_9() {
     assert_eq!(entries, 1, "one refusal, one entry: {listing:#?}");
     let crash_keys = crash_keys();
     assert_eq!(crash_keys.len(), 1, "{crash_keys:?}");
+
+    // Bob's third refusal is past `rejected_per_user = 2`: his oldest
+    // entry goes, and its event's outbox entry with it.
+    d.drop_job(BOB, "third.json", "[");
+    d.wait_rejected(BOB, "third.json");
+    wait_for("the oldest refusal's outbox entry to go", WAIT, || {
+        let out = d.ptrain("root", &["notifications", "--json"]);
+        let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        (!list.iter().any(|v| v["key"] == id.as_str())).then_some(())
+    });
+    let files: Vec<Value> = d.rejected(BOB);
+    assert!(
+        !files.iter().any(|r| r["file"] == "bad job.json") && files.len() == 2,
+        "{files:#?}"
+    );
 }
