@@ -1500,24 +1500,28 @@ impl Daemon {
         // The newest ends were read and dropped: the blocks go back.
         crate::memory::release_freed_memory();
         let per_user = self.config.retention.rejected_per_user;
-        let mut unsent = Vec::new();
+        let mut refusals = HashMap::new();
         let mut past_retention = Vec::new();
-        let mut refused_at_start = HashMap::new();
         for entry in self.store.rejected_entries()? {
-            // A refusal's event not yet delivered or dead goes out again,
-            // under its key (unless its entry is now past the per-user
-            // bound: then it is dropped below).
+            past_retention.extend(self.quarantine.add(entry.uid, entry.name.clone(), per_user));
+            refusals.insert(entry.name, (entry.notifications, entry.refused));
+        }
+        for gone in &past_retention {
+            refusals.remove(gone);
+        }
+        // A kept refusal's event not yet delivered or dead goes out again,
+        // under its key; one past the per-user bound is dropped below.
+        let mut unsent = Vec::new();
+        let mut refused_before = HashMap::new();
+        for (intents, refused) in refusals.into_values() {
             unsent.extend(
-                entry
-                    .notifications
+                intents
                     .into_iter()
                     .filter(|i| !self.outbox.is_final(&i.key).unwrap_or(false)),
             );
-            if let Some(refused) = entry.refused {
-                refused_at_start.insert(entry.name.clone(), refused);
-            }
-            past_retention.extend(self.quarantine.add(entry.uid, entry.name, per_user));
+            refused_before.extend(refused);
         }
+        self.refused_before = refused_before;
         unsent.extend(
             self.gpu_health
                 .intents()
@@ -1526,10 +1530,8 @@ impl Daemon {
         );
         self.notifier.deliver(unsent);
         for gone in past_retention {
-            refused_at_start.remove(&gone);
             self.forget_rejected(&gone, QuarantineBound::PerUser);
         }
-        self.refused_before = refused_at_start.into_values().collect();
         let mut members = members;
         members.sort();
         for (_, id, group) in members {

@@ -511,9 +511,7 @@ impl Sender {
             }
             warn!(key, PTRAIN_JOB = %entry.delivery.intent.notice.job_id, channel = %channel, "notification dropped before it was delivered: its record went past a bound of [retention]");
         }
-        if let Ok(Some(_)) = self.outbox.load(key) {
-            self.remove(key);
-        }
+        self.remove(key);
     }
 
     fn remove(&self, key: &str) {
@@ -1220,8 +1218,7 @@ pub(crate) mod tests {
             .expect("still on its way");
         assert!(kept.forget_once_final && !kept.state.is_final());
         // A restart resumes it from the outbox alone, mark and all; sent, it goes.
-        drop(n);
-        tokio::task::yield_now().await;
+        assert_eq!(n.drain().await, Some(Drained { pending: 1 }));
         fake.log.lock().unwrap().clear();
         let n = start(&cfg, dir.path(), &fake);
         for _ in 0..1000 {

@@ -311,24 +311,17 @@ fn every_event_once_in_order(test: &str, mut bus: impl Bus) {
     // The misconfigured channels: dead letters with the broker's reason.
     // A wrong SCRAM password is known only once the client's own retries
     // give up (half an attempt's time), and an attempt that ran out its
-    // time on a loaded host is tried again: allow a few attempts, and say
-    // where it stood if it never got there.
+    // time on a loaded host is tried again: allow a few attempts.
     let dead = |key: &str| {
-        let until = Instant::now() + Duration::from_secs(90);
-        loop {
-            let list = deliveries(&d);
-            let entry = list.into_iter().find(|v| v["key"] == key);
-            match entry {
-                Some(v) if v["state"] == "dead" => return v,
-                entry if Instant::now() > until => {
-                    panic!(
-                        "{key} is not dead after 90 s: {entry:#?}\n{}",
-                        d.daemon_log()
-                    )
-                }
-                _ => std::thread::sleep(Duration::from_millis(200)),
-            }
-        }
+        wait_for(
+            &format!("{key} to be dead"),
+            Duration::from_secs(90),
+            || {
+                deliveries(&d)
+                    .into_iter()
+                    .find(|v| v["key"] == key && v["state"] == "dead")
+            },
+        )
     };
     let mut attempts_when_dead = HashMap::new();
     for (name, words) in &misconfigured {
