@@ -123,6 +123,12 @@
 //! needs (device allow-list, read-only binds, variables, the symlinks and
 //! library folders of nvidia's hooks, which are never run); mixed: only
 //! [`cdi::load`] does I/O.
+//! [`slurm`] is the start of the Slurm backend (issue 24): the pure room
+//! that turns a job, or a sweep as one job array, into an `sbatch`
+//! submission with Slurm's meanings kept and the fields Slurm cannot
+//! honour refused by name ([`slurm::prepare`]); `tests/integration/slurm.rs`
+//! runs what it builds on the tests' multi-node cluster
+//! (`tests/harness/slurm/`). ptraind does not use it yet.
 //!
 //! # Floors
 //!
@@ -195,6 +201,7 @@ pub mod resources;
 pub mod runtime;
 pub mod scheduler;
 pub mod setting;
+pub mod slurm;
 pub mod spec;
 pub mod spool;
 pub mod store;

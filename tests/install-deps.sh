@@ -21,8 +21,11 @@ set -euo pipefail
 # skopeo to a real registry on loopback and writes its archives;
 # apache2-utils: htpasswd, for a registry that asks for credentials;
 # rabbitmq-server: the AMQP broker the event-stream test
-# (tests/integration/brokers.rs) starts on loopback ports of its own.
-PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck docker-registry skopeo umoci busybox-static apache2-utils rabbitmq-server)
+# (tests/integration/brokers.rs) starts on loopback ports of its own;
+# slurm-wlm, munge, iproute2: the Slurm cluster of the Slurm test
+# (tests/harness/slurm/boot.sh: a controller and two nodes in network
+# namespaces of their own; tests/integration/slurm.rs).
+PKGS=(systemd libsystemd0 dbus util-linux python3 python3-aiosmtpd passwd make gcc libc6-dev binutils gzip init-system-helpers lintian shellcheck docker-registry skopeo umoci busybox-static apache2-utils rabbitmq-server slurm-wlm munge iproute2)
 
 die() { echo "tests/install-deps.sh: $*" >&2; exit 1; }
 

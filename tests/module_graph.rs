@@ -58,6 +58,7 @@ const PURE_FILES: &[&str] = &[
     "src/images/manifest.rs",
     "src/images/reference.rs",
     "src/images/settings.rs",
+    "src/slurm/batch.rs",
 ];
 
 /// What the pure core must not name: a path equal to or under one of

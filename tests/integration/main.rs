@@ -26,5 +26,6 @@ mod notifications;
 mod nvml;
 mod package;
 mod rabbit;
+mod slurm;
 mod tansu;
 mod test_server;
