@@ -18,15 +18,22 @@
 //! | `priority` ≤ 0 | `--nice=-PRIORITY` (a user may only lower their own) |
 //! | `hold` | `--hold` |
 //! | `begin` | `--begin=now+SECONDS` |
-//! | `workdir` | `--chdir` (the owner's home by default) |
+//! | `workdir` | `--chdir`, and the script's `cd` (the owner's home by default): a workdir that cannot be entered fails the job with 200, as on the host, where Slurm would run it in `/tmp` |
 //! | `env`, `command` | the batch script's `export` lines and `exec` |
 //!
 //! Every submission also carries `--no-requeue` (a job Slurm loses to a
 //! node failure ends as such: it is never run twice behind ptrain's
-//! back), `--export=NONE` (nothing of the submitting process's
-//! environment reaches the job; the script sets what a job gets on the
-//! host: `HOME`, `USER`, `LOGNAME`, `PATH`, `PTRAIN_JOB`, then the
-//! descriptor's `env`) and `--parsable` (the answer is the job id).
+//! back), `--comment=TOKEN` (the submission's own token: ptraind checks
+//! as root that the job it was told of is the owner's and carries it,
+//! and finds a submission again by it after a crash), `--export=ALL`
+//! (of sbatch's own environment, which [`super::SlurmCommands`] empties:
+//! `NONE` would make slurmd load the owner's login environment, and
+//! make every `srun` inside the job drop the job's variables) and
+//! `--parsable` (the answer is the job id). The script sets what a job
+//! gets on the host: `HOME`, `USER`, `LOGNAME`, `PATH`, `PTRAIN_JOB_ID`,
+//! `PTRAIN_ATTEMPT`, `PTRAIN_GPUS` (Slurm's GPU indices) and
+//! `CUDA_DEVICE_ORDER=PCI_BUS_ID` for a GPU job (Slurm sets
+//! `CUDA_VISIBLE_DEVICES`), then the descriptor's `env`.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -43,8 +50,14 @@ const JOB_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 #[derive(Clone, Debug)]
 pub struct Submission<'a> {
     pub members: &'a [&'a JobSpec],
+    /// A sweep: a job array, even of one member.
+    pub array: bool,
     /// The sweep's `max_parallel`: at most this many tasks at once.
     pub max_parallel: Option<u32>,
+    /// The job's attempt (`PTRAIN_ATTEMPT`).
+    pub attempt: u32,
+    /// This submission's own token (`--comment`): letters, digits, `-`.
+    pub token: &'a str,
     /// The name Slurm shows (`squeue`'s NAME): the job's or the sweep's id.
     pub name: &'a str,
     pub owner: &'a Owner,
@@ -58,9 +71,12 @@ pub struct Submission<'a> {
     /// set one, ptrain's (the job's) wins, as the last of an option does.
     pub site_options: &'a [String],
     /// The parents still in Slurm's hands; a parent that has ended is
-    /// settled by ptrain before the submission (its outcome known).
+    /// settled by ptrain before the submission (its outcome known):
+    /// Slurm counts a dependency on a job it no longer remembers (purged
+    /// `MinJobAge` after its end) as satisfied, even a failed one.
     pub after: &'a [SlurmDependency],
-    /// How long from now the job may start (its `begin`, resolved).
+    /// How long from now the job may start: its `begin`, resolved by the
+    /// caller against its record and clock at each submission.
     pub begin_in: Option<Duration>,
 }
 
@@ -115,6 +131,9 @@ fn refuse(field: &'static str, why: impl Into<String>) -> Unsupported {
     }
 }
 
+/// Slurm's default `max_script_size`: a longer batch script is refused.
+pub const MAX_SCRIPT_BYTES: usize = 4 << 20;
+
 /// The submission of `s`, or the first field Slurm cannot honour.
 pub fn prepare(s: &Submission) -> Result<Batch, Unsupported> {
     let Some(first) = s.members.first() else {
@@ -122,10 +141,30 @@ pub fn prepare(s: &Submission) -> Result<Batch, Unsupported> {
     };
     for member in s.members {
         check_supported(member)?;
+        if !same_but_command_and_env(first, member) {
+            return Err(refuse(
+                "sweep",
+                "one job array runs members that differ only in `command` and `env`",
+            ));
+        }
+    }
+    if first.begin.is_some() && s.begin_in.is_none() {
+        return Err(refuse("begin", "it was not resolved to a delay"));
+    }
+    let token_ok = !s.token.is_empty()
+        && s.token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if !token_ok {
+        return Err(refuse(
+            "id",
+            "the submission's token is not letters, digits and `-`",
+        ));
     }
     let mut args = vec!["--parsable".to_owned()];
     args.extend(s.site_options.iter().cloned());
     args.push(format!("--job-name={}", s.name));
+    args.push(format!("--comment={}", s.token));
     if let Some(partition) = s.partition {
         args.push(format!("--partition={partition}"));
     }
@@ -138,7 +177,7 @@ pub fn prepare(s: &Submission) -> Result<Batch, Unsupported> {
         .unwrap_or_else(|| s.owner.home.clone());
     args.push(format!("--chdir={}", workdir.display()));
     args.push(format!("--output={}", s.output));
-    args.extend(["--no-requeue".to_owned(), "--export=NONE".to_owned()]);
+    args.extend(["--no-requeue".to_owned(), "--export=ALL".to_owned()]);
     args.extend(resources(first)?);
     if first.priority < 0 {
         args.push(format!("--nice={}", -i64::from(first.priority)));
@@ -162,17 +201,36 @@ pub fn prepare(s: &Submission) -> Result<Batch, Unsupported> {
         // this job at once, rather than leaving it pending for ever.
         args.push("--kill-on-invalid-dep=yes".to_owned());
     }
-    if s.members.len() > 1 {
+    if s.array {
         let last = s.members.len() - 1;
         args.push(match s.max_parallel {
             Some(max) => format!("--array=0-{last}%{max}"),
             None => format!("--array=0-{last}"),
         });
     }
-    Ok(Batch {
-        args,
-        script: script(s),
-    })
+    let script = script(s, &workdir);
+    if script.len() > MAX_SCRIPT_BYTES {
+        return Err(refuse(
+            "sweep",
+            format!(
+                "its batch script would be {} bytes, over Slurm's max_script_size ({MAX_SCRIPT_BYTES}); split the sweep or shorten its `env`",
+                script.len()
+            ),
+        ));
+    }
+    Ok(Batch { args, script })
+}
+
+/// Whether two members of a sweep are the same job but for what the
+/// sweep substitutes (and their ids).
+fn same_but_command_and_env(a: &JobSpec, b: &JobSpec) -> bool {
+    let bare = |s: &JobSpec| JobSpec {
+        id: a.id.clone(),
+        command: Vec::new(),
+        env: Default::default(),
+        ..s.clone()
+    };
+    bare(a) == bare(b)
 }
 
 /// Refuses what Slurm cannot do as the descriptor means it.
@@ -246,7 +304,7 @@ fn check_supported(spec: &JobSpec) -> Result<(), Unsupported> {
         (
             "checkpoint_signal",
             spec.checkpoint.is_some(),
-            "Slurm's `--signal` is the site's to allow with its preemption; leave it out",
+            "Slurm's `--signal` may come up to 60 s earlier than asked, so `checkpoint_lead` would not be kept; leave it out",
         ),
         (
             "stop_grace",
@@ -278,6 +336,21 @@ fn check_supported(spec: &JobSpec) -> Result<(), Unsupported> {
             format!("`{name}`: Slurm sets the SLURM_ variables of a job"),
         ));
     }
+    // sbatch refuses a script with a carriage return before a line feed
+    // ("DOS line breaks"), so none goes into one.
+    let cr = |t: &String| t.contains('\r');
+    if let Some(name) = spec.env.iter().find(|(_, v)| cr(v)).map(|(k, _)| k) {
+        return Err(refuse(
+            "env",
+            format!("`{name}` holds a carriage return, which sbatch refuses in a batch script"),
+        ));
+    }
+    if spec.command.iter().any(cr) {
+        return Err(refuse(
+            "command",
+            "it holds a carriage return, which sbatch refuses in a batch script",
+        ));
+    }
     Ok(())
 }
 
@@ -304,7 +377,7 @@ fn resources(spec: &JobSpec) -> Result<Vec<String>, Unsupported> {
 
 /// The batch script: the owner's variables, then each member's own and
 /// its command; a sweep picks its member by `SLURM_ARRAY_TASK_ID`.
-fn script(s: &Submission) -> String {
+fn script(s: &Submission, workdir: &std::path::Path) -> String {
     let mut out = String::from("#!/bin/sh\n");
     let _ = writeln!(
         out,
@@ -320,8 +393,17 @@ fn script(s: &Submission) -> String {
         quote(&owner.name),
         quote(JOB_PATH)
     );
+    let _ = writeln!(out, "export PTRAIN_ATTEMPT={}", s.attempt);
+    if s.members[0].gpus.count > 0 {
+        out.push_str("export CUDA_DEVICE_ORDER=PCI_BUS_ID PTRAIN_GPUS=\"${SLURM_JOB_GPUS-}\"\n");
+    }
+    let dir = quote(&workdir.display().to_string());
+    let _ = writeln!(
+        out,
+        "cd -- {dir} || {{ echo \"ptrain: cannot enter the workdir \"{dir} >&2; exit 200; }}"
+    );
     match s.members {
-        [one] => out.push_str(&member(one)),
+        [one] if !s.array => out.push_str(&member(one)),
         members => {
             out.push_str("case \"${SLURM_ARRAY_TASK_ID-}\" in\n");
             for (i, spec) in members.iter().enumerate() {
@@ -339,7 +421,7 @@ fn script(s: &Submission) -> String {
 
 /// One job's variables and its `exec`.
 fn member(spec: &JobSpec) -> String {
-    let mut out = format!("export PTRAIN_JOB={}\n", quote(spec.id.as_str()));
+    let mut out = format!("export PTRAIN_JOB_ID={}\n", quote(spec.id.as_str()));
     for (name, value) in &spec.env {
         // Names are checked by the descriptor: shell-safe as they are.
         let _ = writeln!(out, "export {name}={}", quote(value));
@@ -384,7 +466,10 @@ mod tests {
         let owner = owner();
         prepare(&Submission {
             members: specs,
+            array: false,
             max_parallel: None,
+            attempt: 1,
+            token: "t-1",
             name: "ptrain-train",
             owner: &owner,
             output: "/home/alice/ptrain-%j.out",
@@ -421,11 +506,12 @@ mod tests {
                 "--parsable",
                 "--qos=normal",
                 "--job-name=ptrain-train",
+                "--comment=t-1",
                 "--partition=gpu",
                 "--chdir=/srv/work",
                 "--output=/home/alice/ptrain-%j.out",
                 "--no-requeue",
-                "--export=NONE",
+                "--export=ALL",
                 "--gres=gpu:a100:2",
                 "--mem=1572864K",
                 "--cpus-per-task=4",
@@ -438,7 +524,7 @@ mod tests {
         );
         assert!(b.script.starts_with("#!/bin/sh\n"), "{}", b.script);
         assert!(
-            b.script.contains("export PTRAIN_JOB='train'\n"),
+            b.script.contains("export PTRAIN_JOB_ID='train'\n"),
             "{}",
             b.script
         );
@@ -489,7 +575,7 @@ mod tests {
     fn a_sweep_is_one_array_whose_tasks_run_its_members_in_order() {
         let base = spec(
             r#"{"version": 1, "id": "sw", "command": ["train", "--lr", "{lr}"],
-                "sweep": {"lr": ["0.1", "0.01"]}, "max_parallel": 1, "gpus": 1}"#,
+                "sweep": {"lr": ["0.1", "0.01"]}, "max_parallel": 1, "gpus": 1, "workdir": "/"}"#,
         );
         let sweep = base.sweep.clone().unwrap();
         let members: Vec<JobSpec> = crate::chain::expand(&base, &sweep)
@@ -500,7 +586,10 @@ mod tests {
         let owner = owner();
         let b = prepare(&Submission {
             members: &refs,
+            array: true,
             max_parallel: sweep.max_parallel,
+            attempt: 1,
+            token: "t-2",
             name: "ptrain-sw",
             owner: &owner,
             output: "/home/alice/ptrain-%A_%a.out",
@@ -516,7 +605,9 @@ mod tests {
         assert!(b.args.contains(&"--begin=now+2".to_owned()));
         // Each task runs its own member, checked by a real shell.
         for (task, lr) in [("0", "0.1"), ("1", "0.01")] {
-            let script = b.script.replace("exec ", "printf '%s ' \"$PTRAIN_JOB\" ");
+            let script = b
+                .script
+                .replace("exec ", "printf '%s ' \"$PTRAIN_JOB_ID\" ");
             let out = std::process::Command::new("sh")
                 .arg("-c")
                 .arg(&script)
@@ -543,6 +634,39 @@ mod tests {
     }
 
     #[test]
+    fn a_workdir_that_cannot_be_entered_fails_the_job_as_on_the_host() {
+        let s = spec(
+            r#"{"version": 1, "id": "w", "command": ["true"], "workdir": "/nonexistent/ptrain-w"}"#,
+        );
+        let b = submit(&[&s], &[]).unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&b.script)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(200));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("cannot enter the workdir /nonexistent/ptrain-w"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_sweep_whose_members_differ_beyond_command_and_env_is_no_array() {
+        let a = spec(r#"{"version": 1, "id": "a", "command": ["x"], "gpus": 1}"#);
+        let b = spec(r#"{"version": 1, "id": "b", "command": ["y"], "gpus": 2}"#);
+        let err = submit(&[&a, &b], &[]).unwrap_err();
+        assert_eq!(err.field, "sweep", "{err}");
+        let c =
+            spec(r#"{"version": 1, "id": "c", "command": ["y"], "gpus": 1, "env": {"K": "v"}}"#);
+        assert!(submit(&[&a, &c], &[]).is_ok());
+        // A `begin` the caller did not resolve is not dropped.
+        let later = spec(r#"{"version": 1, "id": "l", "command": ["x"], "begin": "1h"}"#);
+        assert_eq!(submit(&[&later], &[]).unwrap_err().field, "begin");
+    }
+
+    #[test]
     fn what_slurm_cannot_honour_is_refused_naming_the_field() {
         let cases = [
             (r#""timeout": "90s""#, "timeout"),
@@ -564,6 +688,11 @@ mod tests {
             (r#""preemptible": true"#, "preemptible"),
             (r#""image": "busybox:latest""#, "image"),
             (r#""env": {"SLURM_JOB_ID": "1"}"#, "env"),
+            (r#""env": {"A": "x\r\ny"}"#, "env"),
+            (
+                r#""checkpoint_signal": "USR1", "checkpoint_lead": "60s""#,
+                "checkpoint_signal",
+            ),
         ];
         for (field, named) in cases {
             let json = format!(r#"{{"version": 1, "id": "x", "command": ["true"], {field}}}"#);

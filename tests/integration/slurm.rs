@@ -2,23 +2,25 @@
 //! Slurm: Debian's slurm-wlm 22.05 in the multi-node harness
 //! (`tests/harness/slurm/boot.sh`: one slurmctld and two slurmd hosts,
 //! each in a network namespace of its own with its own hostname, two fake
-//! GPUs each). What `batch` builds is submitted by `sbatch` run as the
-//! job's owner (`setpriv`, an empty environment but `SLURM_CONF`), as the
-//! backend will; each job's end is read from the cluster's completion
-//! records (`jobcomp/script`, written by slurmctld as root).
+//! GPUs each). What `prepare` builds is submitted by `SlurmCommands`
+//! (`sbatch` run as the job's owner, its environment emptied but
+//! `SLURM_CONF`), as the backend will; each job's end is read from the
+//! cluster's completion records (`jobcomp/script`, written by slurmctld
+//! as root).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ptrain::slurm::{prepare, Batch, DependencyKind, SlurmDependency, Submission};
+use ptrain::slurm::{
+    prepare, DependencyKind, SlurmCommands, SlurmDependency, SlurmError, Submission,
+};
 use ptrain::spec::{parse_spec, JobSpec};
 use ptrain::users::Owner;
 
-use crate::daemon::{chown, ALICE};
+use crate::daemon::{chown, ALICE, BOB};
 use crate::harness::{ensure_user, wait_for};
 
 const HARNESS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/harness/slurm");
@@ -36,7 +38,10 @@ impl Cluster {
             Path::new("/usr/sbin/slurmctld").exists() && Path::new("/usr/sbin/munged").exists(),
             "slurm-wlm and munge are missing: bash tests/install-deps.sh installs them"
         );
-        let state = PathBuf::from(format!("/tmp/{name}"));
+        // Root's, not /tmp: slurmctld runs the state dir's jobcomp script
+        // as root.
+        let state = PathBuf::from(format!("/srv/ptrain-tests/{name}-cluster"));
+        std::fs::create_dir_all("/srv/ptrain-tests").unwrap();
         let teardown = || {
             Command::new(format!("{HARNESS}/teardown.sh"))
                 .env("SLURM_HARNESS_NAME", name)
@@ -71,39 +76,13 @@ impl Cluster {
         }
     }
 
-    /// `sbatch` of `batch` as `user`, as the backend runs it: the id, or
-    /// sbatch's words.
-    fn sbatch_as(&self, user: &str, batch: &Batch) -> Result<u64, String> {
-        let mut child = Command::new("setpriv")
-            .args(["--reuid", user, "--regid", user, "--init-groups", "--"])
-            .arg("sbatch")
-            .args(&batch.args)
-            .env_clear()
-            .env("SLURM_CONF", &self.conf)
-            .env("PATH", "/usr/bin:/bin")
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run sbatch");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(batch.script.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            return Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)));
+    /// Slurm's commands as ptraind runs them, for this cluster.
+    fn commands(&self) -> SlurmCommands {
+        SlurmCommands {
+            slurm_conf: Some(self.conf.clone().into()),
+            timeout: Duration::from_secs(30),
+            ..SlurmCommands::default()
         }
-        // `--parsable`: `ID` or `ID;CLUSTER`.
-        text.trim()
-            .split(';')
-            .next()
-            .and_then(|id| id.parse().ok())
-            .ok_or_else(|| format!("sbatch's answer is no job id: {text:?}"))
     }
 
     /// The completion record of Slurm job `id` once slurmctld wrote it.
@@ -157,9 +136,10 @@ fn spec(json: &str) -> JobSpec {
 }
 
 /// What each job of the test writes, one line per job into `out`: its
-/// ptrain id, host, uid, GPUs, and its `MSG`.
+/// ptrain id, host, uid, GPUs, home, and its `MSG`; then it sleeps 2 s,
+/// so that what runs at once overlaps by the records' whole seconds.
 fn reporting(id: &str, work: &Path, extra: &str) -> JobSpec {
-    let line = r#"echo "$PTRAIN_JOB $(hostname) $(id -u) ${CUDA_VISIBLE_DEVICES-none} $HOME [$MSG]" >> out"#;
+    let line = r#"echo "$PTRAIN_JOB_ID $(hostname) $(id -u) ${CUDA_VISIBLE_DEVICES-none} $HOME [$MSG]" >> out; sleep 2"#;
     spec(&format!(
         r#"{{"version": 1, "id": "{id}", "command": ["sh", "-c", {line:?}],
             "workdir": {work:?}, "env": {{"MSG": "it's {id}"}} {extra}}}"#
@@ -189,21 +169,38 @@ fn jobs_chains_and_a_sweep_run_on_slurm_as_their_owner_with_the_mapped_options()
         groups: vec![],
     };
     let output = format!("{}/slurm-%j.out", work.display());
-    let submit = |members: &[&JobSpec], max_parallel, after: &[SlurmDependency]| {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let commands = cluster.commands();
+    let tokens = std::cell::Cell::new(0);
+    let submit_to = |partition: &str,
+                     members: &[&JobSpec],
+                     max_parallel: Option<u32>,
+                     after: &[SlurmDependency]| {
+        tokens.set(tokens.get() + 1);
+        let token = format!("t{}-{}", std::process::id(), tokens.get());
         let b = prepare(&Submission {
             members,
+            array: max_parallel.is_some(),
             max_parallel,
+            attempt: 1,
+            token: &token,
             name: &format!("ptrain-{}", members[0].id.as_str()),
             owner: &owner,
             output: &output,
-            partition: Some("gpu"),
+            partition: Some(partition),
             account: None,
             site_options: &[],
             after,
             begin_in: None,
         })
         .unwrap_or_else(|e| panic!("{e}"));
-        cluster.sbatch_as(ALICE, &b)
+        rt.block_on(commands.submit_as(&owner, &b, &token))
+    };
+    let submit = |members: &[&JobSpec], max_parallel, after: &[SlurmDependency]| {
+        submit_to("gpu", members, max_parallel, after)
     };
     let after_ok = |job| {
         [SlurmDependency {
@@ -217,7 +214,7 @@ fn jobs_chains_and_a_sweep_run_on_slurm_as_their_owner_with_the_mapped_options()
     let train = reporting(
         "train",
         &work,
-        r#", "gpus": 1, "resources": {"memory": "300M", "cpus": 1}, "timeout": "10m""#,
+        r#", "gpus": 1, "resources": {"memory": "300M", "cpus": 2}, "timeout": "10m""#,
     );
     let eval = reporting("eval", &work, "");
     let prep_id = submit(&[&prep], None, &[]).unwrap();
@@ -244,13 +241,64 @@ fn jobs_chains_and_a_sweep_run_on_slurm_as_their_owner_with_the_mapped_options()
     let refs: Vec<&JobSpec> = members.iter().collect();
     let array_id = submit(&refs, sweep.max_parallel, &[]).unwrap();
 
-    // More GPUs than any node has: Slurm refuses it at submit time.
+    // More GPUs than any node has, a partition that does not exist: Slurm
+    // refuses each at submit time, told with the fix.
     let greedy = reporting("greedy", &work, r#", "gpus": 3"#);
-    let refused = submit(&[&greedy], None, &[]).unwrap_err();
+    let refused = submit(&[&greedy], None, &[]).unwrap_err().to_string();
     assert!(
-        refused.contains("Requested node configuration is not available"),
+        refused.contains("Requested node configuration is not available")
+            && refused.contains("ask for less"),
         "{refused}"
     );
+    let nowhere = reporting("nowhere", &work, "");
+    match submit_to("no-such-partition", &[&nowhere], None, &[]) {
+        Err(e @ SlurmError::Refused { .. }) => {
+            assert!(e.to_string().contains("[cluster] partition"), "{e}")
+        }
+        other => panic!("a missing partition: {other:?}"),
+    }
+    // sbatch's answer is believed only when slurmctld says the job is the
+    // owner's and carries the submission's token.
+    let unconfirmed = {
+        let b = prepare(&Submission {
+            members: &[&nowhere],
+            array: false,
+            max_parallel: None,
+            attempt: 1,
+            token: "token-a",
+            name: "ptrain-nowhere",
+            owner: &owner,
+            output: &output,
+            partition: Some("gpu"),
+            account: None,
+            site_options: &["--hold".to_owned()],
+            after: &[],
+            begin_in: None,
+        })
+        .unwrap();
+        rt.block_on(commands.submit_as(&owner, &b, "token-b"))
+    };
+    assert!(
+        matches!(&unconfirmed, Err(SlurmError::Unknown { words, .. }) if words.contains("not ptrain-alice's job of this submission")),
+        "{unconfirmed:?}"
+    );
+    // A stop: the owner's scancel ends the job; another user's is refused.
+    let long = spec(&format!(
+        r#"{{"version": 1, "id": "long", "command": ["sleep", "300"], "workdir": {work:?}}}"#
+    ));
+    let long_id = submit(&[&long], None, &[]).unwrap();
+    let (bob_uid, bob_gid) = ensure_user(BOB);
+    let bob = Owner {
+        uid: bob_uid,
+        gid: bob_gid,
+        name: BOB.into(),
+        home: work.clone(),
+        groups: vec![],
+    };
+    let denied = rt.block_on(commands.cancel_as(&bob, long_id)).unwrap_err();
+    assert!(matches!(denied, SlurmError::Refused { .. }), "{denied}");
+    rt.block_on(commands.cancel_as(&owner, long_id)).unwrap();
+    assert_eq!(cluster.wait_record(long_id)["JOBSTATE"], "CANCELLED");
 
     let ended: BTreeMap<&str, BTreeMap<String, String>> = [
         ("prep", prep_id),
@@ -290,12 +338,16 @@ fn jobs_chains_and_a_sweep_run_on_slurm_as_their_owner_with_the_mapped_options()
         ended["orphan"]
     );
     // Each stage started once its parent had ended (epoch seconds).
+    // Each job runs 2 s: a stage that did not wait would start with its
+    // parent, not 2 s later.
     let at = |name: &str, key: &str| ended[name][key].parse::<u64>().unwrap();
     assert!(at("train", "START") >= at("prep", "END"));
-    assert!(at("eval", "START") >= at("train", "END"));
+    assert!(at("train", "START") >= at("prep", "START") + 2);
+    assert!(at("eval", "START") >= at("train", "START") + 2);
     // The mapped options reached Slurm.
     assert_eq!(ended["train"]["PARTITION"], "gpu");
     assert_eq!(ended["train"]["LIMIT"], "00:10:00", "{:?}", ended["train"]);
+    assert_eq!(ended["train"]["PROCS"], "2", "{:?}", ended["train"]);
     for task in &tasks {
         assert_eq!(state(task), "COMPLETED", "{task:?}");
         assert_eq!(task["UID"], uid.to_string());
@@ -347,6 +399,36 @@ fn jobs_chains_and_a_sweep_run_on_slurm_as_their_owner_with_the_mapped_options()
             gpus == "0" || gpus == "1",
             "{id} got one of its node's two GPUs: {gpus}"
         );
+    }
+    // The array: at most `max_parallel` tasks at once, and two tasks at
+    // once on one node never on the same GPU (each task runs 2 s).
+    let span = |t: &BTreeMap<String, String>| {
+        let at = |k: &str| t[k].parse::<u64>().unwrap();
+        (at("START"), at("END"))
+    };
+    for a in &tasks {
+        let (a_start, a_end) = span(a);
+        let alongside = tasks.iter().filter(|b| {
+            let (b_start, b_end) = span(b);
+            b_start < a_end && a_start < b_end
+        });
+        assert!(alongside.clone().count() <= 2, "max_parallel 2: {tasks:?}");
+        for b in alongside.filter(|b| b["JOBID"] != a["JOBID"] && b["NODES"] == a["NODES"]) {
+            let member = |t: &BTreeMap<String, String>| {
+                members[t["ARRAYTASKID"].parse::<usize>().unwrap()]
+                    .id
+                    .as_str()
+                    .to_owned()
+            };
+            assert_ne!(
+                gpus_of(&member(a)),
+                gpus_of(&member(b)),
+                "{} and {} ran at once on {} on one GPU",
+                member(a),
+                member(b),
+                a["NODES"]
+            );
+        }
     }
     drop(cluster);
     let _ = std::fs::remove_dir_all(&root);

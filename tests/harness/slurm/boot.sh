@@ -293,7 +293,6 @@ DefMemPerCPU=256
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1,sched_interval=2,batch_sched_delay=0,sched_min_interval=0
 PriorityType=priority/basic
-DependencyParameters=kill_invalid_depend
 EnforcePartLimits=ALL
 MaxArraySize=100001
 MaxJobCount=100000

@@ -171,12 +171,12 @@ J_ARRAY=$(as "$U1" sbatch --parsable -J array --array=0-1%1 --nice=10 -o "$STATE
     "$STATE/users/$U1/probe.sh" 1) || fail "sbatch --array=0-1%1 was refused"
 nice=$(scontrol show job "$J_ARRAY" 2>/dev/null | sed -n 's/.*Nice=\([-0-9]*\).*/\1/p' | head -n1)
 [ "$nice" = 10 ] || fail "array job $J_ARRAY: Nice=$nice, expected 10"
-# an afterok chain, and a failing parent whose dependent is cancelled (kill_invalid_depend)
+# an afterok chain, and a failing parent whose dependent is cancelled (--kill-on-invalid-dep)
 J_A=$(submit "$U1" chain-a -- 1)
 J_B=$(submit "$U1" chain-b -d "afterok:$J_A" -- 0)
 J_C=$(submit "$U1" chain-c -d "afterok:$J_B" -- 0)
 J_F=$(submit "$U2" fail-f -- 0 3)
-J_G=$(submit "$U2" fail-g -d "afterok:$J_F" -- 0)
+J_G=$(submit "$U2" fail-g -d "afterok:$J_F" --kill-on-invalid-dep=yes -- 0)
 
 # a user stops their own job, and not another user's
 J_STOP=$(submit "$U1" stop -- 300)
