@@ -148,6 +148,9 @@ pub fn prepare(s: &Submission) -> Result<Batch, Unsupported> {
             ));
         }
     }
+    if s.members.len() > 1 && !s.array {
+        return Err(refuse("sweep", "its members go to Slurm as one job array"));
+    }
     if first.begin.is_some() && s.begin_in.is_none() {
         return Err(refuse("begin", "it was not resolved to a delay"));
     }
@@ -178,7 +181,7 @@ pub fn prepare(s: &Submission) -> Result<Batch, Unsupported> {
     args.push(format!("--chdir={}", workdir.display()));
     args.push(format!("--output={}", s.output));
     args.extend(["--no-requeue".to_owned(), "--export=ALL".to_owned()]);
-    args.extend(resources(first)?);
+    args.extend(resources(first));
     if first.priority < 0 {
         args.push(format!("--nice={}", -i64::from(first.priority)));
     }
@@ -355,7 +358,7 @@ fn check_supported(spec: &JobSpec) -> Result<(), Unsupported> {
 }
 
 /// `--gres`, `--mem`, `--cpus-per-task`, `--time` of the job.
-fn resources(spec: &JobSpec) -> Result<Vec<String>, Unsupported> {
+fn resources(spec: &JobSpec) -> Vec<String> {
     let mut args = Vec::new();
     if spec.gpus.count > 0 {
         args.push(match &spec.gpus.model {
@@ -372,7 +375,7 @@ fn resources(spec: &JobSpec) -> Result<Vec<String>, Unsupported> {
     if let Some(timeout) = spec.timeout {
         args.push(format!("--time={}", timeout.as_secs() / 60));
     }
-    Ok(args)
+    args
 }
 
 /// The batch script: the owner's variables, then each member's own and
@@ -466,7 +469,7 @@ mod tests {
         let owner = owner();
         prepare(&Submission {
             members: specs,
-            array: false,
+            array: specs.len() > 1,
             max_parallel: None,
             attempt: 1,
             token: "t-1",

@@ -103,11 +103,9 @@ impl Cluster {
         let tasks: Vec<_> = dir
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
             .filter_map(|job| self.record(job))
-            .filter(|r| {
-                r.get("ARRAYJOBID").map(String::as_str) == Some(&id.to_string())
-                    || (r.get("JOBID").map(String::as_str) == Some(&id.to_string())
-                        && r.get("ARRAYJOBID").is_some_and(|a| a != "0"))
-            })
+            // Every task names its array, the one whose id is the
+            // array's own too.
+            .filter(|r| r.get("ARRAYJOBID").map(String::as_str) == Some(&id.to_string()))
             .collect();
         (tasks.len() == n).then_some(tasks)
     }
